@@ -1,0 +1,236 @@
+"""Output types, the per-tensor type policy, and the quantizers.
+
+Policy: norms, 1-D tensors and the DFlash2 conv base kernels stay F32 for
+every output type. Other tensors take the output type, except where a row is
+not a whole number of quantization blocks (then F16). F16/BF16/Q8_0/Q4_0/Q5_0
+are made here with ``gguf.quants``; the K-quant mixes (Q4_K_M, Q5_K_M, Q6_K)
+are made by libllama's own ``llama_model_quantize`` (through llama-cpp-python)
+from an intermediate F32 GGUF.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from gguf.quants import dequantize, quantize
+
+from .errors import ConversionError
+from .tensor_map import Kind
+
+Q = GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class OutType:
+    name: str  # lower case, as the user writes it and as {ftype} expands
+    file_type: LlamaFileType
+    base: Q  # the type of a quantizable tensor (for K mixes: the mix's main type)
+    kquant: bool  # made by libllama's llama_model_quantize
+
+
+OUT_TYPES: dict[str, OutType] = {
+    t.name: t
+    for t in (
+        OutType("f32", LlamaFileType.ALL_F32, Q.F32, False),
+        OutType("f16", LlamaFileType.MOSTLY_F16, Q.F16, False),
+        OutType("bf16", LlamaFileType.MOSTLY_BF16, Q.BF16, False),
+        OutType("q8_0", LlamaFileType.MOSTLY_Q8_0, Q.Q8_0, False),
+        OutType("q4_0", LlamaFileType.MOSTLY_Q4_0, Q.Q4_0, False),
+        OutType("q5_0", LlamaFileType.MOSTLY_Q5_0, Q.Q5_0, False),
+        OutType("q4_k_m", LlamaFileType.MOSTLY_Q4_K_M, Q.Q4_K, True),
+        OutType("q5_k_m", LlamaFileType.MOSTLY_Q5_K_M, Q.Q5_K, True),
+        OutType("q6_k", LlamaFileType.MOSTLY_Q6_K, Q.Q6_K, True),
+    )
+}
+
+# names llama-quantize also accepts for the same mixes
+_ALIASES = {"q4_k": "q4_k_m", "q5_k": "q5_k_m", "float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def parse_outtype(name: str) -> OutType:
+    """Case-insensitive, like llama-quantize's type names."""
+    key = name.strip().lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
+    if key not in OUT_TYPES:
+        raise ConversionError(
+            f"--outtype: unknown type '{name}' (expected one of {', '.join(OUT_TYPES)})"
+        )
+    return OUT_TYPES[key]
+
+
+def keeps_f32(kind: Kind, shape: tuple[int, ...]) -> bool:
+    """Norms, 1-D tensors and conv base kernels are always written as F32."""
+    return kind in (Kind.NORM, Kind.CONV_BASE) or len(shape) < 2
+
+
+def choose_type(out: OutType, kind: Kind, shape: tuple[int, ...]) -> tuple[Q, str]:
+    """The GGUF type written by *this* converter for one tensor, and why.
+
+    For K-quant outputs this is the type of the intermediate file (F32); the
+    final type is libllama's choice, read back after quantizing.
+    """
+    if keeps_f32(kind, shape):
+        return Q.F32, "kept F32 (norm / 1-D / conv base)"
+    if out.kquant:
+        return Q.F32, f"F32 intermediate, {out.name.upper()} chosen by libllama"
+    block, _ = GGML_QUANT_SIZES[out.base]
+    if shape[-1] % block != 0:
+        return Q.F16, f"F16 fallback: row of {shape[-1]} is not a multiple of {out.base.name}'s block {block}"
+    return out.base, out.base.name
+
+
+def nbytes(qtype: Q, shape: tuple[int, ...]) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = 1
+    for s in shape:
+        n *= s
+    return n // block * size
+
+
+class RangeError(ValueError):
+    pass
+
+
+def encode_rows(rows: np.ndarray, qtype: Q) -> np.ndarray:
+    """float32 rows (n, cols) -> the stored bytes of that type, as uint8 (n, row_bytes)."""
+    n = rows.shape[0]
+    if qtype == Q.F32:
+        out = np.ascontiguousarray(rows, dtype=np.float32)
+    elif qtype == Q.F16:
+        with np.errstate(over="ignore"):
+            out = rows.astype(np.float16)
+        if not np.isfinite(out).all():
+            bad = np.isfinite(rows) & ~np.isfinite(out)
+            if bad.any():
+                raise RangeError(
+                    f"value {float(rows[bad][0])!r} does not fit in F16 (max 65504); use --outtype bf16 or f32"
+                )
+    else:
+        out = quantize(np.ascontiguousarray(rows, dtype=np.float32), qtype)
+    return out.view(np.uint8).reshape(n, -1)
+
+
+def decode_rows(raw: np.ndarray, qtype: Q, cols: int) -> np.ndarray:
+    """Stored bytes (n, row_bytes) -> float32 rows (n, cols)."""
+    n = raw.shape[0]
+    if qtype == Q.F32:
+        return raw.view(np.float32).reshape(n, cols)
+    if qtype == Q.F16:
+        return raw.view(np.float16).astype(np.float32).reshape(n, cols)
+    return dequantize(raw, qtype).astype(np.float32, copy=False).reshape(n, cols)
+
+
+# Maximum |dequantized - source| allowed for a quantized type, as a fraction of the
+# largest |source| value in the same quantization block (a loose bound: it is
+# there to catch a wrong or shuffled tensor, not to grade the quantizer).
+BLOCK_TOLERANCE: dict[Q, float] = {
+    Q.Q8_0: 0.01,
+    Q.Q6_K: 0.05,
+    Q.Q5_0: 0.07,
+    Q.Q5_1: 0.07,
+    Q.Q5_K: 0.09,
+    Q.Q4_0: 0.14,
+    Q.Q4_1: 0.14,
+    Q.Q4_K: 0.17,
+    Q.Q3_K: 0.35,
+    Q.Q2_K: 0.6,
+}
+
+
+def check_close(src: np.ndarray, got: np.ndarray, qtype: Q) -> str | None:
+    """None if ``got`` (decoded) matches ``src`` for a stored type ``qtype``; else a reason."""
+    if qtype == Q.F32:
+        same = (src.view(np.uint32) == got.view(np.uint32)) | (np.isnan(src) & np.isnan(got))
+        if not same.all():
+            i = int(np.argmin(same.reshape(-1)))
+            return f"F32 value differs at flat index {i}: {got.reshape(-1)[i]!r} != {src.reshape(-1)[i]!r}"
+        return None
+    if qtype in (Q.F16, Q.BF16):
+        if qtype == Q.F16:
+            want = src.astype(np.float16).astype(np.float32)
+        else:
+            want = decode_rows(quantize(src, Q.BF16).view(np.uint8).reshape(src.shape[0], -1), Q.BF16, src.shape[1])
+        same = (want == got) | (np.isnan(want) & np.isnan(got))
+        if not same.all():
+            i = int(np.argmin(same.reshape(-1)))
+            return f"{qtype.name} value differs at flat index {i}: {got.reshape(-1)[i]!r} != {want.reshape(-1)[i]!r}"
+        return None
+    tol = BLOCK_TOLERANCE.get(qtype)
+    if tol is None:
+        return f"no tolerance known for {qtype.name}"
+    block, _ = GGML_QUANT_SIZES[qtype]
+    n, cols = src.shape
+    if cols % block != 0 or not np.isfinite(got).all():
+        return f"{qtype.name} data is not finite or rows do not fit its blocks"
+    s = src.reshape(n, cols // block, block)
+    g = got.reshape(n, cols // block, block)
+    amax = np.abs(s).max(axis=2, keepdims=True)
+    err = np.abs(g - s)
+    limit = tol * amax + 1e-6
+    bad = err > limit
+    if bad.any():
+        r, b, k = (int(x[0]) for x in np.nonzero(bad))
+        return (
+            f"{qtype.name} value at row {r}, column {b * block + k} is {g[r, b, k]!r}, source {s[r, b, k]!r}: "
+            f"error {err[r, b, k]:.3g} exceeds {tol} x block max {amax[r, b, 0]:.3g}"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------
+# libllama's quantizer (K-quant mixes)
+# ----------------------------------------------------------------------------
+
+def llama_quantize(src: Path, dst: Path, out: OutType, *, nthread: int | None = None) -> None:
+    """Run libllama's ``llama_model_quantize`` (llama-cpp-python's ctypes binding) src -> dst."""
+    try:
+        import llama_cpp
+    except Exception as exc:  # noqa: BLE001 - a broken install raises many things
+        raise ConversionError(
+            f"--outtype {out.name}: K-quants come from libllama, but llama_cpp cannot be imported ({exc}); "
+            "install llama-cpp-python==0.3.36"
+        ) from None
+
+    messages: list[str] = []
+
+    @llama_cpp.llama_log_callback
+    def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        messages.append(text.decode("utf-8", "replace"))
+
+    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+    try:
+        llama_cpp.llama_backend_init()
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = int(out.file_type)
+        params.nthread = nthread if nthread is not None else (os.cpu_count() or 1)
+        params.allow_requantize = False
+        params.quantize_output_tensor = True
+        params.only_copy = False
+        params.pure = False
+        rc = llama_cpp.llama_model_quantize(
+            str(src).encode("utf-8"), str(dst).encode("utf-8"), ctypes.byref(params)
+        )
+    finally:
+        _restore_llama_log(llama_cpp)
+    if rc != 0:
+        tail = "".join(messages[-5:]).strip().replace("\n", " | ")
+        raise ConversionError(
+            f"{dst}: libllama's llama_model_quantize to {out.name.upper()} failed (rc={rc}): {tail}"
+        )
+
+
+def _restore_llama_log(llama_cpp: object) -> None:
+    """Put llama-cpp-python's own log callback back (it is module-level, so it stays alive)."""
+    try:
+        from llama_cpp import _logger  # type: ignore[attr-defined]
+
+        cb = getattr(_logger, "llama_log_callback", None)
+        if cb is not None:
+            llama_cpp.llama_log_set(cb, ctypes.c_void_p(0))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001
+        pass
