@@ -1,0 +1,111 @@
+// dflash_gguf._core.Drafter: the draft graph usable on its own (inject, draft,
+// rollback) with introspection for tests: logits, candidates, selector scores, q.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "busy.h"
+#include "dflash/drafter.h"
+#include "register.h"
+
+namespace {
+
+template <typename T>
+py::array_t<T> to_array(const std::vector<T> & v, std::vector<py::ssize_t> shape) {
+    py::array_t<T> a(shape);
+    if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+    return a;
+}
+
+struct PyDrafter {
+    std::unique_ptr<dflash::Drafter> d;
+    std::mutex mu;
+};
+
+}  // namespace
+
+void register_drafter(py::module_ & m) {
+    py::class_<PyDrafter>(m, "Drafter")
+        .def(py::init([](const std::string & draft, const std::string & target, const std::string & device,
+                         int n_threads, uint32_t n_ctx) {
+                 dflash::DrafterOptions o;
+                 o.device = device;
+                 o.n_threads = n_threads;
+                 o.n_ctx = n_ctx;
+                 auto p = std::make_unique<PyDrafter>();
+                 py::gil_scoped_release nogil;
+                 p->d = std::make_unique<dflash::Drafter>(draft, target, o);
+                 return p;
+             }),
+             py::arg("draft"), py::arg("target") = "", py::arg("device") = "auto", py::arg("n_threads") = 0,
+             py::arg("n_ctx") = 4096)
+        .def_property_readonly("hparams", [](PyDrafter & p) { return hparams_dict(p.d->hparams()); })
+        .def_property_readonly("n_vocab", [](PyDrafter & p) { return p.d->n_vocab(); })
+        .def_property_readonly("n_ctx", [](PyDrafter & p) { return p.d->n_ctx(); })
+        .def_property_readonly("n_cached", [](PyDrafter & p) { return p.d->n_cached(); })
+        .def_property_readonly("device", [](PyDrafter & p) { return p.d->device_name(); })
+        .def_property_readonly("head_zero_copy", [](PyDrafter & p) { return p.d->head_zero_copy(); })
+        .def_property_readonly("counters",
+                               [](PyDrafter & p) {
+                                   const auto & c = p.d->counters();
+                                   py::dict d;
+                                   d["graphs_built"] = c.graphs_built;
+                                   d["sched_reallocs"] = c.sched_reallocs;
+                                   d["n_splits_last"] = c.n_splits_last;
+                                   return d;
+                               })
+        .def(
+            "inject",
+            [](PyDrafter & p, py::array_t<float, py::array::c_style | py::array::forcecast> features,
+               py::array_t<int32_t, py::array::c_style | py::array::forcecast> positions) {
+                Busy busy(p.mu, "this Drafter");
+                const size_t width = p.d->hparams().n_target_features();
+                if (features.ndim() != 2 || (size_t) features.shape(1) != width) {
+                    throw dflash::Error("inject: features must have shape [n, " + std::to_string(width) + "]");
+                }
+                if (positions.ndim() != 1 || positions.shape(0) != features.shape(0)) {
+                    throw dflash::Error("inject: positions must have shape [n] matching features");
+                }
+                py::gil_scoped_release nogil;
+                p.d->inject(features.data(), positions.data(), (uint32_t) features.shape(0));
+            },
+            py::arg("features"), py::arg("positions"))
+        .def(
+            "truncate",
+            [](PyDrafter & p, uint32_t n) {
+                Busy busy(p.mu, "this Drafter");
+                p.d->truncate(n);
+            },
+            py::arg("n"))
+        .def("reset", [](PyDrafter & p) {
+            Busy busy(p.mu, "this Drafter");
+            p.d->reset();
+        })
+        .def(
+            "draft",
+            [](PyDrafter & p, int32_t anchor, int32_t position, int n, bool details) -> py::object {
+                Busy busy(p.mu, "this Drafter");
+                const uint32_t B = p.d->hparams().block_size;
+                const uint32_t n_draft = n < 0 ? B - 1 : (uint32_t) n;
+                dflash::DraftResult r;
+                {
+                    py::gil_scoped_release nogil;
+                    r = p.d->draft(anchor, position, n_draft, details);
+                }
+                if (!details) return py::cast(r.tokens);
+                py::dict d;
+                const py::ssize_t rows = B - 1, k = r.top_k, V = p.d->n_vocab();
+                d["tokens"] = r.tokens;
+                d["argmax"] = to_array(r.argmax, {(py::ssize_t) B});
+                d["logits"] = to_array(r.logits, {(py::ssize_t) B, V});
+                if (k > 0) {
+                    d["candidates"] = to_array(r.candidates, {rows, k});
+                    d["scores"] = to_array(r.scores, {rows, k, k});
+                    d["walk_q"] = to_array(r.walk_q, {rows, k});
+                    d["walk_index"] = to_array(r.walk_index, {rows});
+                }
+                return d;
+            },
+            py::arg("anchor"), py::arg("position"), py::arg("n") = -1, py::arg("details") = false,
+            "Draft the block [anchor, MASK...] at position..; returns n tokens, or a dict with logits, "
+            "candidates, selector scores and the walk's q when details=True.");
+}

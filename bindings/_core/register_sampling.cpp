@@ -1,0 +1,65 @@
+// The sampler pieces exposed for statistical tests of exactness.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "dflash/error.h"
+#include "dflash/sampling.h"
+#include "register.h"
+
+namespace {
+
+dflash::SparseDist dense_to_sparse(const py::array_t<float, py::array::c_style | py::array::forcecast> & a) {
+    dflash::SparseDist d;
+    for (py::ssize_t i = 0; i < a.shape(0); ++i) {
+        if (a.at(i) > 0.0f) {
+            d.ids.push_back((int32_t) i);
+            d.probs.push_back(a.at(i));
+        }
+    }
+    return d;
+}
+
+}  // namespace
+
+void register_sampling(py::module_ & m) {
+    m.def(
+        "speculative_sample_histogram",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> p,
+           py::array_t<float, py::array::c_style | py::array::forcecast> q, uint64_t n_draws, uint64_t seed) {
+            if (p.ndim() != 1 || q.ndim() != 1 || p.shape(0) != q.shape(0)) {
+                throw dflash::Error("p and q must be 1-D arrays of the same length");
+            }
+            const dflash::SparseDist ps = dense_to_sparse(p), qs = dense_to_sparse(q);
+            if (ps.ids.empty() || qs.ids.empty()) throw dflash::Error("p and q need positive mass");
+            py::array_t<int64_t> counts(p.shape(0));
+            std::fill(counts.mutable_data(), counts.mutable_data() + p.shape(0), 0);
+            uint64_t accepted = 0;
+            {
+                py::gil_scoped_release nogil;
+                dflash::Rng rng(seed);
+                int64_t * c = counts.mutable_data();
+                for (uint64_t i = 0; i < n_draws; ++i) {
+                    const int32_t d = dflash::sample(qs, rng);
+                    const auto o = dflash::verify_draft_token(ps, qs, d, rng);
+                    c[o.token]++;
+                    accepted += o.accepted;
+                }
+            }
+            return py::make_tuple(counts, accepted);
+        },
+        py::arg("p"), py::arg("q"), py::arg("n_draws"), py::arg("seed") = 0,
+        "Draw d ~ q, verify it against p with the rejection step; histogram of the emitted token and the accept count.");
+    m.def(
+        "target_distribution",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature, int32_t top_k,
+           float top_p, float min_p) {
+            dflash::SamplingParams sp{temperature, top_k, top_p, min_p};
+            if (sp.greedy()) throw dflash::Error("temperature must be > 0 for a distribution");
+            const auto d = dflash::target_distribution(logits.data(), (uint32_t) logits.shape(0), sp);
+            py::array_t<float> out(logits.shape(0));
+            std::fill(out.mutable_data(), out.mutable_data() + logits.shape(0), 0.0f);
+            for (size_t i = 0; i < d.ids.size(); ++i) out.mutable_data()[d.ids[i]] = d.probs[i];
+            return out;
+        },
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f);
+}

@@ -1,0 +1,179 @@
+// dflash_gguf._core.Speculator: the C++ speculative loop driven step by step
+// from Python (streaming, stop strings and finish reasons live in Python).
+#include <pybind11/stl.h>
+
+#include "busy.h"
+#include "dflash/speculator.h"
+#include "register.h"
+
+namespace {
+
+struct PySpeculator {
+    std::unique_ptr<dflash::Speculator> s;
+    std::mutex mu;
+};
+
+dflash::DraftQ parse_q(const std::string & q) {
+    if (q == "logits") return dflash::DraftQ::Logits;
+    if (q == "selector") return dflash::DraftQ::Selector;
+    throw dflash::Error("draft_q must be 'logits' or 'selector', got '" + q + "'");
+}
+
+py::tuple step_tuple(const dflash::StepOutput & o) { return py::make_tuple(o.tokens, o.context_full); }
+
+}  // namespace
+
+void register_speculator(py::module_ & m) {
+    py::class_<PySpeculator>(m, "Speculator")
+        .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
+                         int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max,
+                         const std::string & draft_q, bool fallback) {
+                 auto p = std::make_unique<PySpeculator>();
+                 dflash::SpeculatorOptions sopt;
+                 sopt.n_max = n_max;
+                 sopt.draft_q = parse_q(draft_q);
+                 sopt.fallback = fallback;
+                 py::gil_scoped_release nogil;
+                 dflash::TargetOptions topt;
+                 topt.n_ctx = n_ctx;
+                 topt.n_batch = n_batch;
+                 topt.n_gpu_layers = n_gpu_layers;
+                 topt.n_threads = n_threads;
+                 // the drafter is validated first: a bad drafter should not cost a target load
+                 (void) dflash::inspect_draft_file(draft);
+                 auto t = std::make_unique<dflash::Target>(target, topt);
+                 dflash::DrafterOptions dopt;
+                 dopt.device = device;
+                 dopt.n_threads = n_threads;
+                 dopt.n_ctx = t->n_ctx() + 64;
+                 auto d = std::make_unique<dflash::Drafter>(draft, target, dopt);
+                 p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
+                 return p;
+             }),
+             py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
+             py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
+             py::arg("draft_q") = "logits", py::arg("fallback") = true)
+        .def_static(
+            "adopt",
+            [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,
+               int n_threads, const std::string & device, uint32_t n_max, const std::string & draft_q, bool fallback) {
+                auto p = std::make_unique<PySpeculator>();
+                dflash::SpeculatorOptions sopt;
+                sopt.n_max = n_max;
+                sopt.draft_q = parse_q(draft_q);
+                sopt.fallback = fallback;
+                py::gil_scoped_release nogil;
+                (void) dflash::inspect_draft_file(draft);
+                auto t = std::make_unique<dflash::Target>((llama_model *) model_ptr, (llama_context *) ctx_ptr);
+                dflash::DrafterOptions dopt;
+                dopt.device = device;
+                dopt.n_threads = n_threads;
+                dopt.n_ctx = t->n_ctx() + 64;
+                auto d = std::make_unique<dflash::Drafter>(draft, target_path, dopt);
+                p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
+                return p;
+            },
+            py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"), py::arg("n_threads") = 0,
+            py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("draft_q") = "logits", py::arg("fallback") = true,
+            "Use the model and context of an existing llama_cpp.Llama as the target (they stay owned by it).")
+        .def(
+            "start",
+            [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,
+               float min_p, uint64_t seed) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                dflash::SamplingParams sp;
+                sp.temperature = temperature;
+                sp.top_k = top_k;
+                sp.top_p = top_p;
+                sp.min_p = min_p;
+                py::gil_scoped_release nogil;
+                return p.s->start(prompt, sp, seed);
+            },
+            py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+            py::arg("min_p") = 0.0f, py::arg("seed") = 0)
+        .def("step",
+             [](PySpeculator & p) {
+                 Busy busy(p.mu, "this SpeculativeLlama");
+                 dflash::StepOutput o;
+                 {
+                     py::gil_scoped_release nogil;
+                     o = p.s->step();
+                 }
+                 return step_tuple(o);
+             })
+        .def("step_plain",
+             [](PySpeculator & p) {
+                 Busy busy(p.mu, "this SpeculativeLlama");
+                 dflash::StepOutput o;
+                 {
+                     py::gil_scoped_release nogil;
+                     o = p.s->step_plain();
+                 }
+                 return step_tuple(o);
+             })
+        .def_property("n_max", [](PySpeculator & p) { return p.s->n_max(); },
+                      [](PySpeculator & p, uint32_t n) { p.s->set_n_max(n); })
+        .def_property_readonly("n_past", [](PySpeculator & p) { return p.s->n_past(); })
+        .def_property_readonly("n_ctx", [](PySpeculator & p) { return p.s->target().n_ctx(); })
+        .def_property_readonly("n_vocab", [](PySpeculator & p) { return p.s->target().n_vocab(); })
+        .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(p.s->drafter().hparams()); })
+        .def_property_readonly("draft_device", [](PySpeculator & p) { return p.s->drafter().device_name(); })
+        .def_property_readonly("stats",
+                               [](PySpeculator & p) {
+                                   const auto & s = p.s->stats();
+                                   py::dict d;
+                                   d["steps"] = s.steps;
+                                   d["plain_steps"] = s.plain_steps;
+                                   d["drafted"] = s.drafted;
+                                   d["accepted"] = s.accepted;
+                                   d["emitted"] = s.emitted;
+                                   d["pos_reached"] = s.pos_reached;
+                                   d["pos_accepted"] = s.pos_accepted;
+                                   d["prefill_ms"] = s.prefill_ms;
+                                   d["draft_ms"] = s.draft_ms;
+                                   d["verify_ms"] = s.verify_ms;
+                                   d["inject_ms"] = s.inject_ms;
+                                   d["sample_ms"] = s.sample_ms;
+                                   d["prompt_tokens"] = s.prompt_tokens;
+                                   d["reused_tokens"] = s.reused_tokens;
+                                   return d;
+                               })
+        .def(
+            "tokenize",
+            [](PySpeculator & p, const std::string & text, bool add_special, bool parse_special) {
+                const llama_vocab * v = p.s->target().vocab();
+                std::vector<int32_t> out(text.size() + 16);
+                int32_t n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(),
+                                           add_special, parse_special);
+                if (n < 0) {
+                    out.resize((size_t) -n);
+                    n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(),
+                                       add_special, parse_special);
+                }
+                if (n < 0) throw dflash::Error("tokenization failed");
+                out.resize((size_t) n);
+                return out;
+            },
+            py::arg("text"), py::arg("add_special") = false, py::arg("parse_special") = true)
+        .def(
+            "token_to_piece",
+            [](PySpeculator & p, int32_t tok, bool special) {
+                if (tok < 0 || (uint32_t) tok >= p.s->target().n_vocab()) throw dflash::Error("token id out of range");
+                std::string buf(256, '\0');
+                int32_t n = llama_token_to_piece(p.s->target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
+                if (n < 0) {
+                    buf.resize((size_t) -n);
+                    n = llama_token_to_piece(p.s->target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
+                }
+                buf.resize((size_t) std::max(n, 0));
+                return py::bytes(buf);
+            },
+            py::arg("token"), py::arg("special") = false)
+        .def("is_eog", [](PySpeculator & p, int32_t tok) { return p.s->target().is_eog(tok); })
+        .def_property_readonly("chat_template",
+                               [](PySpeculator & p) -> py::object {
+                                   const char * t = llama_model_chat_template(p.s->target().model(), nullptr);
+                                   if (!t) return py::none();
+                                   return py::str(t);
+                               });
+}

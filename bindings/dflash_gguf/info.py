@@ -1,0 +1,81 @@
+"""Human and JSON descriptions of a drafter GGUF, read through the C++ loader."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+
+def summarize(info: dict[str, Any]) -> dict[str, Any]:
+    """The facts `dflash info` shows, as one JSON-ready dict."""
+    hp = info["hparams"]
+    by_type: Counter[str] = Counter(t["type"] for t in info["tensors"])
+    bytes_by_type: Counter[str] = Counter()
+    for t in info["tensors"]:
+        bytes_by_type[t["type"]] += t["nbytes"]
+    out: dict[str, Any] = {
+        "path": info["path"],
+        "dflash_version": hp["version"],
+        "block_size": hp["block_size"],
+        "target_layers": hp["target_layers"],
+        "mask_token_id": hp["mask_token_id"],
+        "n_layer": hp["n_layer"],
+        "n_embd": hp["n_embd"],
+        "n_head": hp["n_head"],
+        "n_head_kv": hp["n_head_kv"],
+        "head_dim": hp["head_dim"],
+        "n_ff": hp["n_ff"],
+        "n_vocab": hp["n_vocab"],
+        "target_hidden": hp["target_hidden"],
+        "rms_eps": hp["rms_eps"],
+        "rope_freq_base": hp["rope_freq_base"],
+        "context_length": hp["context_length"],
+        "embeds_target_head": bool(info["has_token_embd"] and info["has_output"]),
+        "tensor_count": len(info["tensors"]),
+        "tensors_by_type": dict(sorted(by_type.items())),
+        "bytes_by_type": dict(sorted(bytes_by_type.items())),
+        "tensor_bytes": sum(t["nbytes"] for t in info["tensors"]),
+        "file_size": info["file_size"],
+    }
+    if hp["version"] == 2:
+        out["conv"] = {"kernel_size": hp["conv_kernel_size"], "group_size": hp["conv_group_size"]}
+        out["selector"] = {"rank": hp["selector_rank"], "top_k": hp["selector_top_k"]}
+    scales = {
+        k: hp[k]
+        for k in ("logit_scale", "final_logit_softcapping", "embedding_scale", "attention_value_scale")
+        if hp[k]
+    }
+    if scales:
+        out["scales"] = scales
+    if hp["causal"]:
+        out["causal"] = True
+    return out
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def format_text(s: dict[str, Any]) -> str:
+    lines = [
+        f"file            {s['path']} ({_mib(s['file_size'])})",
+        f"DFlash version  {s['dflash_version']}",
+        f"block size      {s['block_size']}",
+        f"target layers   {s['target_layers']} (layer inputs; = HF target_layer_ids + 1)",
+        f"mask token      {s['mask_token_id']}",
+        f"layers          {s['n_layer']}",
+        f"hidden          {s['n_embd']}  heads {s['n_head']}  kv heads {s['n_head_kv']}  "
+        f"head dim {s['head_dim']}  ff {s['n_ff']}",
+        f"target hidden   {s['target_hidden']}  vocab {s['n_vocab'] or '(from target)'}",
+        f"rope base       {s['rope_freq_base']:g}  rms eps {s['rms_eps']:g}",
+    ]
+    if "conv" in s:
+        lines.append(f"conv            kernel {s['conv']['kernel_size']}  group size {s['conv']['group_size']}")
+        lines.append(f"selector        rank {s['selector']['rank']}  top-k {s['selector']['top_k']}")
+    if "scales" in s:
+        lines.append("scales          " + "  ".join(f"{k} {v:g}" for k, v in s["scales"].items()))
+    lines.append(f"target head     {'embedded in the drafter' if s['embeds_target_head'] else 'shared from the target GGUF'}")
+    types = "  ".join(f"{t}: {n} ({_mib(s['bytes_by_type'][t])})" for t, n in s["tensors_by_type"].items())
+    lines.append(f"tensors         {s['tensor_count']}  ({types})")
+    lines.append(f"total size      {_mib(s['tensor_bytes'])} of tensor data")
+    return "\n".join(lines)

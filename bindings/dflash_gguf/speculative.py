@@ -1,0 +1,344 @@
+"""SpeculativeLlama: llama-cpp-python-shaped completions, decoded speculatively.
+
+The target runs in libllama and the DFlash drafter in our ggml graph; the
+C++ speculator does one draft/verify/accept step per call with the GIL
+released, and this module turns steps into completions: streaming, stop
+strings, finish reasons and statistics.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._core import DFlashError, Speculator
+from .text import TextStream
+
+
+@dataclass
+class GenerationStats:
+    """Figures of the last call, all measured."""
+
+    prompt_tokens: int = 0
+    reused_prompt_tokens: int = 0
+    completion_tokens: int = 0
+    steps: int = 0                 # target verify passes
+    plain_steps: int = 0           # of which without drafting (fallback)
+    drafted: int = 0
+    accepted: int = 0
+    mean_accepted_length: float = 0.0   # tokens per target pass, bonus token included
+    per_position_acceptance: list[float] = field(default_factory=list)
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    inject_ms: float = 0.0
+    tokens_per_second: float = 0.0     # completion tokens / decode time (prefill excluded)
+
+    def line(self) -> str:
+        return (
+            f"{self.completion_tokens} tokens, {self.tokens_per_second:.1f} tok/s, "
+            f"mean accepted length {self.mean_accepted_length:.2f} over {self.steps} steps "
+            f"({self.accepted}/{self.drafted} drafts accepted), draft {self.draft_ms:.1f} ms, "
+            f"verify {self.verify_ms:.1f} ms, prefill {self.prefill_ms:.1f} ms"
+        )
+
+
+def _check_sampling(temperature: float, top_p: float, top_k: int, min_p: float, max_tokens: int | None) -> None:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    if max_tokens is not None and not isinstance(max_tokens, int):
+        raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
+
+
+class SpeculativeLlama:
+    """A target GGUF plus a DFlash drafter GGUF, used like `llama_cpp.Llama`."""
+
+    def __init__(
+        self,
+        target: str,
+        draft: str,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_gpu_layers: int = 0,
+        n_threads: int = 0,
+        n_max: int = 0,
+        draft_q: str = "logits",
+        device: str = "auto",
+        fallback: bool = True,
+        _core: Speculator | None = None,
+    ) -> None:
+        if _core is None:
+            for what, path in (("target", target), ("draft", draft)):
+                if not isinstance(path, str) or not path:
+                    raise ValueError(f"{what} must be a GGUF file path, got {path!r}")
+            if n_ctx < 16:
+                raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
+            if n_max < 0:
+                raise ValueError(f"n_max must be >= 0 (0 = block_size - 1), got {n_max}")
+            _core = Speculator(
+                target, draft, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
+                device=device, n_max=n_max, draft_q=draft_q, fallback=fallback,
+            )
+        self._spec = _core
+        self.model_path = target
+        self.draft_path = draft
+        self._lock = threading.Lock()
+        self._llama: Any = None  # an adopted llama_cpp.Llama, kept alive
+        self.stats = GenerationStats()
+        block = self._spec.draft_hparams["block_size"]
+        if n_max > block - 1:
+            import warnings
+
+            warnings.warn(f"n_max {n_max} clamped to block_size - 1 = {block - 1}", stacklevel=2)
+
+    @classmethod
+    def from_llama(cls, llm: Any, draft: str, *, n_max: int = 0, draft_q: str = "logits", device: str = "auto",
+                   fallback: bool = True) -> SpeculativeLlama:
+        """Adopt an existing llama_cpp.Llama as the target (its model and context are reused)."""
+        try:
+            model_ptr = int(llm._model.model)
+            ctx_ptr = int(llm._ctx.ctx)
+            path = llm.model_path
+        except AttributeError as e:
+            raise ValueError(f"from_llama needs a llama_cpp.Llama instance, got {type(llm).__name__}") from e
+        core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0), device=device,
+                                n_max=n_max, draft_q=draft_q, fallback=fallback)
+        # llama_cpp.Llama keeps its own idea of what its KV cache holds; ours differs now
+        llm.n_tokens = 0
+        obj = cls(path, draft, n_max=n_max, _core=core)
+        obj._llama = llm
+        return obj
+
+    # --- tokens and text -------------------------------------------------
+
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        return self._spec.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens: Sequence[int]) -> bytes:
+        return b"".join(self._spec.token_to_piece(t) for t in tokens)
+
+    @property
+    def n_ctx(self) -> int:
+        return self._spec.n_ctx
+
+    @property
+    def n_max(self) -> int:
+        return self._spec.n_max
+
+    @n_max.setter
+    def n_max(self, n: int) -> None:
+        self._spec.n_max = n
+
+    # --- generation ------------------------------------------------------
+
+    def generate_tokens(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        max_tokens: int | None = 16,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        seed: int | None = None,
+        plain: bool = False,
+    ) -> Iterator[int]:
+        """Token ids as the loop emits them; stops at an end-of-generation token,
+        max_tokens or a full context (then `self.finish_reason` is "length")."""
+        _check_sampling(temperature, top_p, top_k, min_p, max_tokens)
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
+        try:
+            yield from self._generate_locked(list(prompt_tokens), max_tokens, temperature, top_p, top_k, min_p,
+                                             seed, plain)
+        finally:
+            self._lock.release()
+
+    def _generate_locked(self, prompt: list[int], max_tokens: int | None, temperature: float, top_p: float,
+                         top_k: int, min_p: float, seed: int | None, plain: bool) -> Iterator[int]:
+        limit = self.n_ctx - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
+        if seed is None or seed < 0:
+            seed = random.getrandbits(63)
+        self.finish_reason = "length"
+        t0 = time.perf_counter()
+        first = self._spec.start(prompt, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        t_decode = time.perf_counter()
+        n_out = 0
+        pending = [first]
+        step = self._spec.step_plain if plain else self._spec.step
+        try:
+            while True:
+                for tok in pending:
+                    if self._spec.is_eog(tok):
+                        self.finish_reason = "stop"
+                        return
+                    n_out += 1
+                    yield tok
+                    if n_out >= limit:
+                        self.finish_reason = "length"
+                        return
+                pending, full = step()
+                if full:
+                    self.finish_reason = "length"
+                    return
+        finally:
+            self._record_stats(n_out, time.perf_counter() - t_decode, t0)
+
+    def _record_stats(self, n_out: int, decode_s: float, t0: float) -> None:
+        s = self._spec.stats
+        reached, acc = s["pos_reached"], s["pos_accepted"]
+        drafted_steps = s["steps"] - s["plain_steps"]
+        self.stats = GenerationStats(
+            prompt_tokens=s["prompt_tokens"],
+            reused_prompt_tokens=s["reused_tokens"],
+            completion_tokens=n_out,
+            steps=s["steps"],
+            plain_steps=s["plain_steps"],
+            drafted=s["drafted"],
+            accepted=s["accepted"],
+            mean_accepted_length=(s["accepted"] + drafted_steps) / drafted_steps if drafted_steps else 1.0,
+            per_position_acceptance=[a / r if r else 0.0 for a, r in zip(acc, reached)],
+            prefill_ms=s["prefill_ms"],
+            decode_ms=decode_s * 1e3,
+            draft_ms=s["draft_ms"],
+            verify_ms=s["verify_ms"],
+            inject_ms=s["inject_ms"],
+            tokens_per_second=n_out / decode_s if decode_s > 0 else 0.0,
+        )
+
+    def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, temperature: float,
+                           top_p: float, top_k: int, min_p: float, stop: str | list[str] | None,
+                           seed: int | None) -> Iterator[tuple[str, str | None, int, int]]:
+        """(text delta, finish_reason or None, prompt tokens, completion tokens)"""
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        stream = TextStream(stops)
+        n = 0
+        for tok in self.generate_tokens(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                        top_k=top_k, min_p=min_p, seed=seed):
+            n += 1
+            delta = stream.feed(self._spec.token_to_piece(tok))
+            if delta:
+                yield delta, None, len(tokens), n
+            if stream.stopped:
+                break
+        reason = "stop" if stream.stopped else self.finish_reason
+        yield stream.flush(), reason, len(tokens), n
+
+    def create_completion(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int | None = 16,
+        temperature: float = 0.8,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Same arguments and result shapes as llama_cpp.Llama.create_completion."""
+        _check_sampling(temperature, top_p, top_k, min_p, max_tokens)
+        cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
+        chunks = self._completion_chunks(prompt, max_tokens, temperature, top_p, top_k, min_p, stop, seed)
+
+        def shape(text: str, reason: str | None) -> dict[str, Any]:
+            return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
+                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}]}
+
+        if stream:
+            def gen() -> Iterator[dict[str, Any]]:
+                for text, reason, _, _ in chunks:
+                    if text or reason:
+                        yield shape(text, reason)
+            return gen()
+        parts, reason, n_prompt, n_out = [], None, 0, 0
+        for text, reason, n_prompt, n_out in chunks:
+            parts.append(text)
+        out = shape("".join(parts), reason)
+        out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        return out
+
+    def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        return self.create_completion(prompt, **kwargs)
+
+    def create_chat_completion(
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int | None = None,
+        temperature: float = 0.2,
+        top_p: float = 0.95,
+        top_k: int = 40,
+        min_p: float = 0.05,
+        stop: str | list[str] | None = None,
+        seed: int | None = None,
+        stream: bool = False,
+    ) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """Chat with the target GGUF's chat template (ChatML when it has none)."""
+        prompt, template_stops = self._format_chat(messages)
+        stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
+        _check_sampling(temperature, top_p, top_k, min_p, max_tokens)
+        cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
+        chunks = self._completion_chunks(prompt, max_tokens, temperature, top_p, top_k, min_p, stops, seed)
+        if stream:
+            def gen() -> Iterator[dict[str, Any]]:
+                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_path,
+                       "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
+                                    "finish_reason": None}]}
+                for text, reason, _, _ in chunks:
+                    if text:
+                        yield {"id": cid, "object": "chat.completion.chunk", "created": created,
+                               "model": self.model_path,
+                               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None,
+                                            "finish_reason": None}]}
+                    if reason:
+                        yield {"id": cid, "object": "chat.completion.chunk", "created": created,
+                               "model": self.model_path,
+                               "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]}
+            return gen()
+        parts, reason, n_prompt, n_out = [], None, 0, 0
+        for text, reason, n_prompt, n_out in chunks:
+            parts.append(text)
+        return {"id": cid, "object": "chat.completion", "created": created, "model": self.model_path,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
+                             "logprobs": None, "finish_reason": reason}],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+    def _format_chat(self, messages: list[dict[str, str]]) -> tuple[str, list[str]]:
+        from llama_cpp import llama_chat_format
+
+        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        template = self._spec.chat_template
+        if template:
+            eos = self._spec.token_to_piece(self._eos_id(), True).decode("utf-8", "replace")
+            fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
+            resp = fmt(messages=messages)
+        else:
+            resp = llama_chat_format.format_chatml(messages=messages)
+        stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
+        return resp.prompt, stop
+
+    def _eos_id(self) -> int:
+        for tok in range(self._spec.n_vocab):
+            if self._spec.is_eog(tok):
+                return tok
+        return 0
+
+
+__all__ = ["DFlashError", "GenerationStats", "SpeculativeLlama"]

@@ -1,0 +1,73 @@
+#pragma once
+// The DFlash draft runtime on ggml: weights + the target's head on one device,
+// the draft context cache, and the two graphs (inject and block) of
+// shared/GGUF-DFLASH.md section 4, scheduled with CPU fallback.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dflash/draft_model.h"
+#include "dflash/target_head.h"
+
+namespace dflash {
+
+struct DrafterOptions {
+    std::string device = "auto";  // "auto" (first GPU, else CPU), "cpu", or a ggml device name
+    int n_threads = 0;            // CPU threads; 0 = number of cores
+    uint32_t n_ctx = 4096;        // draft cache capacity in context rows
+};
+
+struct DraftResult {
+    uint32_t block_size = 0;
+    uint32_t top_k = 0;                // DFlash2 selector k (0 for DFlash1)
+    std::vector<int32_t> tokens;       // the draft: rows 1..n (walk for DFlash2, argmax for DFlash1)
+    // DFlash2, rows 1..B-1, candidates sorted by logit (descending):
+    std::vector<int32_t> candidates;   // [B-1][k]
+    std::vector<float> scores;         // [B-1][k pred][k succ]; row 1's k pred rows all use the anchor
+    std::vector<float> walk_q;         // [B-1][k] softmax of the walked row's scores (the sampler's q)
+    std::vector<int32_t> walk_index;   // [B-1] index of the walked token in its row's candidates
+    std::vector<int32_t> argmax;       // [B] per-row argmax of the logits (both versions)
+    std::vector<float> logits;         // [B][n_vocab] when requested
+};
+
+// Statistics that show the per-step work stays bounded (issue: no per-step allocation).
+struct DrafterCounters {
+    uint64_t graphs_built = 0;
+    uint64_t sched_reallocs = 0;   // compute-buffer growth after the initial reservation
+    int n_splits_last = 0;         // backend splits of the last graph (1 = all on one device)
+};
+
+class Drafter {
+  public:
+    Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts);
+    ~Drafter();
+    Drafter(const Drafter &) = delete;
+    Drafter & operator=(const Drafter &) = delete;
+
+    const DraftHparams & hparams() const;
+    const DraftFileInfo & info() const;
+    uint32_t n_vocab() const;
+    uint32_t n_ctx() const;
+    uint32_t n_cached() const;      // context rows in the draft cache
+    std::string device_name() const;
+    bool head_zero_copy() const;
+    const DrafterCounters & counters() const;
+
+    // Appends context rows: features [n][n_target_layers * target_hidden] at
+    // positions p_0..p_{n-1}, which must continue the cache (p_i = n_cached() + i).
+    void inject(const float * features, const int32_t * positions, uint32_t n);
+    // Rollback: keep the first n context rows.
+    void truncate(uint32_t n);
+    void reset() { truncate(0); }
+
+    // Drafts the block [anchor, MASK...] at positions position..position+B-1
+    // over the cached context; keeps n <= B-1 tokens.
+    DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false);
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dflash

@@ -1,0 +1,84 @@
+#pragma once
+// The speculative loop of shared/GGUF-DFLASH.md section 5 for one sequence:
+// draft -> verify -> accept -> rollback -> inject, greedy (lossless) or with
+// exact rejection sampling, with prompt-prefix reuse and a fallback to plain
+// decoding when drafting does not pay.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dflash/drafter.h"
+#include "dflash/sampling.h"
+#include "dflash/target.h"
+
+namespace dflash {
+
+enum class DraftQ {
+    Selector,  // DFlash2: walk sampled from softmax(selector scores) on the row's top-k
+    Logits,    // each row sampled from the softmax of its full logits
+};
+
+struct SpeculatorOptions {
+    uint32_t n_max = 0;             // drafted tokens verified per step; 0 = block_size - 1
+    DraftQ draft_q = DraftQ::Logits;
+    bool fallback = true;           // stop drafting while acceptance stays too low to pay
+};
+
+struct SpecStats {
+    uint64_t steps = 0;             // target verify passes (including plain ones)
+    uint64_t drafted = 0;
+    uint64_t accepted = 0;
+    uint64_t emitted = 0;           // tokens produced by steps (excludes the prefill's first token)
+    uint64_t plain_steps = 0;       // steps without drafting (fallback)
+    std::vector<uint64_t> pos_reached, pos_accepted;  // per draft position 1..n_max
+    double prefill_ms = 0, draft_ms = 0, verify_ms = 0, inject_ms = 0, sample_ms = 0;
+    uint32_t prompt_tokens = 0, reused_tokens = 0;
+};
+
+struct StepOutput {
+    std::vector<int32_t> tokens;    // emitted this step (>= 1 unless context_full)
+    bool context_full = false;
+    uint32_t drafted = 0, accepted = 0;
+};
+
+class Speculator {
+  public:
+    Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter, const SpeculatorOptions & opts);
+
+    // Prefills (reusing the longest common prefix with the previous sequence)
+    // and returns the first generated token.
+    int32_t start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed);
+    StepOutput step();
+    // Plain decoding (no drafter) of the same target, for baselines and tests.
+    StepOutput step_plain();
+
+    void set_n_max(uint32_t n);
+    uint32_t n_max() const { return n_max_; }
+    const SpecStats & stats() const { return stats_; }
+    Target & target() { return *target_; }
+    Drafter & drafter() { return *drafter_; }
+    uint32_t n_past() const { return (uint32_t) committed_.size(); }
+
+  private:
+    void flush_features();
+    // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
+    SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
+
+    std::unique_ptr<Target> target_;
+    std::unique_ptr<Drafter> drafter_;
+    SpeculatorOptions opts_;
+    uint32_t n_max_ = 0;
+    SamplingParams params_;
+    Rng rng_;
+    std::vector<int32_t> committed_;     // tokens whose K/V the target holds (positions 0..n-1)
+    int32_t anchor_ = -1;                // newest token, not yet decoded
+    std::vector<float> pending_;         // features of committed rows not yet in the draft cache
+    uint32_t pending_rows_ = 0;
+    SpecStats stats_;
+    // fallback controller
+    double accept_ema_ = 1.0;
+    uint32_t plain_left_ = 0;
+};
+
+}  // namespace dflash

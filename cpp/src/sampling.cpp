@@ -1,0 +1,114 @@
+#include "dflash/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <unordered_map>
+
+namespace dflash {
+
+float SparseDist::prob_of(int32_t id) const {
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] == id) return probs[i];
+    }
+    return 0.0f;
+}
+
+int32_t argmax(const float * logits, uint32_t n_vocab) {
+    return (int32_t) (std::max_element(logits, logits + n_vocab) - logits);
+}
+
+SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, float temperature) {
+    SparseDist d;
+    d.ids.assign(ids, ids + n);
+    d.probs.resize(n);
+    const float mx = *std::max_element(values, values + n);
+    double z = 0.0;
+    for (uint32_t i = 0; i < n; ++i) z += std::exp(((double) values[i] - mx) / temperature);
+    for (uint32_t i = 0; i < n; ++i) d.probs[i] = (float) (std::exp(((double) values[i] - mx) / temperature) / z);
+    return d;
+}
+
+SparseDist target_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params) {
+    // order: top-k, softmax with temperature, top-p, min-p (renormalising after each cut),
+    // the same order llama.cpp's default chain applies them
+    std::vector<int32_t> ids(n_vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    size_t keep = n_vocab;
+    if (params.top_k > 0 && (uint32_t) params.top_k < n_vocab) keep = (size_t) params.top_k;
+    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
+        return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
+    });
+    ids.resize(keep);
+    std::vector<float> vals(keep);
+    for (size_t i = 0; i < keep; ++i) vals[i] = logits[ids[i]];
+    SparseDist d = softmax_on(ids.data(), vals.data(), (uint32_t) keep, params.temperature);
+    size_t n = keep;
+    if (params.top_p < 1.0f) {
+        double cum = 0.0;
+        size_t i = 0;
+        for (; i < n; ++i) {
+            cum += d.probs[i];
+            if (cum >= params.top_p) { ++i; break; }
+        }
+        n = std::max<size_t>(1, std::min(n, i));
+    }
+    if (params.min_p > 0.0f) {
+        const float thr = d.probs[0] * params.min_p;
+        size_t i = 1;
+        while (i < n && d.probs[i] >= thr) ++i;
+        n = i;
+    }
+    if (n < keep) {
+        d.ids.resize(n);
+        d.probs.resize(n);
+        const double z = std::accumulate(d.probs.begin(), d.probs.end(), 0.0);
+        for (auto & p : d.probs) p = (float) (p / z);
+    }
+    return d;
+}
+
+int32_t sample(const SparseDist & d, Rng & rng) {
+    std::uniform_real_distribution<double> uni(0.0, 1.0);
+    const double total = std::accumulate(d.probs.begin(), d.probs.end(), 0.0);
+    double u = uni(rng) * total;
+    for (size_t i = 0; i < d.ids.size(); ++i) {
+        u -= d.probs[i];
+        if (u < 0.0) return d.ids[i];
+    }
+    // rounding: the last id with mass
+    for (size_t i = d.ids.size(); i-- > 0;) {
+        if (d.probs[i] > 0.0f) return d.ids[i];
+    }
+    return d.ids.empty() ? 0 : d.ids[0];
+}
+
+RejectionOutcome verify_draft_token(const SparseDist & p, const SparseDist & q, int32_t drafted, Rng & rng) {
+    const double pd = p.prob_of(drafted);
+    const double qd = q.prob_of(drafted);
+    std::uniform_real_distribution<double> uni(0.0, 1.0);
+    if (qd > 0.0 && uni(rng) * qd < pd) {  // u < p/q, written without dividing
+        return {drafted, true};
+    }
+    // residual max(p - q, 0) lives on p's support
+    std::unordered_map<int32_t, float> qmap;
+    qmap.reserve(q.ids.size() * 2);
+    for (size_t i = 0; i < q.ids.size(); ++i) qmap[q.ids[i]] = q.probs[i];
+    SparseDist r;
+    r.ids.reserve(p.ids.size());
+    r.probs.reserve(p.ids.size());
+    double mass = 0.0;
+    for (size_t i = 0; i < p.ids.size(); ++i) {
+        auto it = qmap.find(p.ids[i]);
+        const float diff = p.probs[i] - (it == qmap.end() ? 0.0f : it->second);
+        if (diff > 0.0f) {
+            r.ids.push_back(p.ids[i]);
+            r.probs.push_back(diff);
+            mass += diff;
+        }
+    }
+    if (mass <= 0.0) return {sample(p, rng), false};
+    return {sample(r, rng), false};
+}
+
+}  // namespace dflash

@@ -1,0 +1,246 @@
+#include "dflash/speculator.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "dflash/error.h"
+
+namespace dflash {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Fallback: when the running mean of accepted drafts per step stays below this,
+// verification costs more than it saves; decode plainly for a while, then probe.
+constexpr double kFallbackAccept = 0.35;
+constexpr uint32_t kFallbackWarmup = 8;
+constexpr uint32_t kFallbackSteps = 32;
+
+}  // namespace
+
+Speculator::Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter, const SpeculatorOptions & opts)
+    : target_(std::move(target)), drafter_(std::move(drafter)), opts_(opts) {
+    const DraftHparams & h = drafter_->hparams();
+    if (target_->n_vocab() != drafter_->n_vocab()) {
+        throw Error("vocabulary mismatch: the target has " + std::to_string(target_->n_vocab()) +
+                    " tokens, the drafter " + std::to_string(drafter_->n_vocab()));
+    }
+    if (target_->n_embd() != h.target_hidden) {
+        throw Error("hidden size mismatch: the target's hidden size is " + std::to_string(target_->n_embd()) +
+                    ", the drafter expects features of width " + std::to_string(h.target_hidden));
+    }
+    if (drafter_->n_ctx() < target_->n_ctx() + h.block_size) {
+        throw Error("the draft cache (" + std::to_string(drafter_->n_ctx()) + " rows) must hold the target context (" +
+                    std::to_string(target_->n_ctx()) + ") plus one block");
+    }
+    target_->set_feature_layers(h.target_layers);
+    set_n_max(opts.n_max);
+}
+
+void Speculator::set_n_max(uint32_t n) {
+    const uint32_t cap = drafter_->hparams().block_size - 1;
+    n_max_ = (n == 0 || n > cap) ? cap : n;
+}
+
+void Speculator::flush_features() {
+    if (pending_rows_ == 0) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint32_t first = drafter_->n_cached();
+    std::vector<int32_t> pos(pending_rows_);
+    for (uint32_t i = 0; i < pending_rows_; ++i) pos[i] = (int32_t) (first + i);
+    drafter_->inject(pending_.data(), pos.data(), pending_rows_);
+    pending_.clear();
+    pending_rows_ = 0;
+    stats_.inject_ms += ms_since(t0);
+}
+
+int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed) {
+    if (prompt.empty()) throw Error("the prompt is empty");
+    if (prompt.size() + 1 > target_->n_ctx()) {
+        throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
+                    std::to_string(target_->n_ctx()) + " (n_ctx); nothing would be generated");
+    }
+    for (int32_t t : prompt) {
+        if (t < 0 || (uint32_t) t >= target_->n_vocab()) {
+            throw Error("prompt token " + std::to_string(t) + " is outside the vocabulary (" +
+                        std::to_string(target_->n_vocab()) + ")");
+        }
+    }
+    params_ = params;
+    rng_.seed(seed);
+    stats_ = SpecStats{};
+    stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
+    stats_.pos_accepted.assign(drafter_->hparams().block_size - 1, 0);
+    accept_ema_ = 1.0;
+    plain_left_ = 0;
+
+    // reuse the longest common prefix; the last prompt token is always decoded for its logits
+    size_t reuse = 0;
+    while (reuse < committed_.size() && reuse < prompt.size() && committed_[reuse] == prompt[reuse]) ++reuse;
+    reuse = std::min(reuse, prompt.size() - 1);
+    const auto t0 = std::chrono::steady_clock::now();
+    target_->truncate((int32_t) reuse);
+    committed_.resize(reuse);
+    const uint32_t cached = drafter_->n_cached();
+    if (reuse < cached) {
+        drafter_->truncate((uint32_t) reuse);
+        pending_.clear();
+        pending_rows_ = 0;
+    } else {
+        pending_rows_ = (uint32_t) reuse - cached;
+        pending_.resize((size_t) pending_rows_ * drafter_->hparams().n_target_features());
+    }
+
+    const uint32_t n_new = (uint32_t) (prompt.size() - reuse);
+    target_->decode(prompt.data() + reuse, n_new, (int32_t) reuse, false);
+    const auto & f = target_->features();
+    pending_.insert(pending_.end(), f.begin(), f.end());
+    pending_rows_ += n_new;
+    committed_ = prompt;
+    const float * logits = target_->logits(0);
+    anchor_ = params_.greedy() ? argmax(logits, target_->n_vocab())
+                               : sample(target_distribution(logits, target_->n_vocab(), params_), rng_);
+    stats_.prefill_ms = ms_since(t0);
+    stats_.prompt_tokens = (uint32_t) prompt.size();
+    stats_.reused_tokens = (uint32_t) reuse;
+    return anchor_;
+}
+
+SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const {
+    const float T = params_.temperature;
+    if (r.top_k > 0 && opts_.draft_q == DraftQ::Selector) {
+        const uint32_t k = r.top_k;
+        return softmax_on(&r.candidates[(size_t) row * k], &r.scores[((size_t) row * k + (uint32_t) pred_index) * k], k, T);
+    }
+    const uint32_t V = drafter_->n_vocab();
+    std::vector<int32_t> ids(V);
+    for (uint32_t i = 0; i < V; ++i) ids[i] = (int32_t) i;
+    return softmax_on(ids.data(), &r.logits[(size_t) (row + 1) * V], V, T);
+}
+
+StepOutput Speculator::step() {
+    StepOutput out;
+    if (anchor_ < 0) throw Error("step() before start()");
+    const uint32_t n = (uint32_t) committed_.size();
+    if (n + 1 > target_->n_ctx()) {
+        out.context_full = true;
+        return out;
+    }
+    uint32_t m = plain_left_ > 0 ? 0 : n_max_;
+    m = std::min(m, target_->n_ctx() - n - 1);
+    if (m == 0) {
+        if (plain_left_ > 0) --plain_left_;
+        stats_.plain_steps++;
+        return step_plain();
+    }
+    flush_features();
+
+    // draft
+    auto t0 = std::chrono::steady_clock::now();
+    const bool greedy = params_.greedy();
+    const bool need_logits = !greedy && (drafter_->hparams().version == 1 || opts_.draft_q == DraftQ::Logits);
+    DraftResult r = drafter_->draft(anchor_, (int32_t) n, m, need_logits);
+    std::vector<int32_t> seq(m + 1);
+    seq[0] = anchor_;
+    std::vector<SparseDist> q;
+    if (greedy) {
+        std::copy(r.tokens.begin(), r.tokens.end(), seq.begin() + 1);
+    } else {
+        int32_t pred_index = 0;  // row 1: every predecessor row is the anchor
+        for (uint32_t t = 0; t < m; ++t) {
+            q.push_back(draft_distribution(r, t, pred_index));
+            seq[t + 1] = sample(q.back(), rng_);
+            if (r.top_k > 0) {
+                const int32_t * c = &r.candidates[(size_t) t * r.top_k];
+                pred_index = (int32_t) (std::find(c, c + r.top_k, seq[t + 1]) - c);
+                if ((uint32_t) pred_index >= r.top_k) pred_index = 0;  // logits mode: drafted outside the lattice
+            }
+        }
+    }
+    stats_.draft_ms += ms_since(t0);
+
+    // verify
+    t0 = std::chrono::steady_clock::now();
+    target_->decode(seq.data(), m + 1, (int32_t) n, true);
+    stats_.verify_ms += ms_since(t0);
+
+    // accept
+    t0 = std::chrono::steady_clock::now();
+    const uint32_t V = target_->n_vocab();
+    uint32_t j = 0;
+    int32_t next = -1;
+    for (; j < m; ++j) {
+        const float * lg = target_->logits(j);
+        if (greedy) {
+            const int32_t best = argmax(lg, V);
+            if (best != seq[j + 1]) { next = best; break; }
+        } else {
+            const RejectionOutcome o = verify_draft_token(target_distribution(lg, V, params_), q[j], seq[j + 1], rng_);
+            if (!o.accepted) { next = o.token; break; }
+        }
+    }
+    if (j == m) {
+        const float * lg = target_->logits(m);
+        next = greedy ? argmax(lg, V) : sample(target_distribution(lg, V, params_), rng_);
+    }
+    stats_.sample_ms += ms_since(t0);
+
+    // commit a, d_1..d_j; roll the target back past the rejected rows
+    target_->truncate((int32_t) (n + j + 1));
+    const size_t width = drafter_->hparams().n_target_features();
+    const auto & f = target_->features();
+    pending_.insert(pending_.end(), f.begin(), f.begin() + (size_t) (j + 1) * width);
+    pending_rows_ += j + 1;
+    committed_.insert(committed_.end(), seq.begin(), seq.begin() + j + 1);
+    anchor_ = next;
+
+    out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
+    out.tokens.push_back(next);
+    out.drafted = m;
+    out.accepted = j;
+    stats_.steps++;
+    stats_.drafted += m;
+    stats_.accepted += j;
+    stats_.emitted += out.tokens.size();
+    for (uint32_t i = 0; i < m && i <= j; ++i) {
+        stats_.pos_reached[i]++;
+        if (i < j) stats_.pos_accepted[i]++;
+    }
+    if (opts_.fallback) {
+        accept_ema_ = 0.85 * accept_ema_ + 0.15 * j;
+        if (stats_.steps - stats_.plain_steps >= kFallbackWarmup && accept_ema_ < kFallbackAccept) {
+            plain_left_ = kFallbackSteps;
+            accept_ema_ = 1.0;  // probe afresh after the plain stretch
+        }
+    }
+    return out;
+}
+
+StepOutput Speculator::step_plain() {
+    StepOutput out;
+    const uint32_t n = (uint32_t) committed_.size();
+    if (n + 1 > target_->n_ctx()) {
+        out.context_full = true;
+        return out;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    target_->decode(&anchor_, 1, (int32_t) n, false);
+    const float * lg = target_->logits(0);
+    const int32_t next = params_.greedy() ? argmax(lg, target_->n_vocab())
+                                          : sample(target_distribution(lg, target_->n_vocab(), params_), rng_);
+    stats_.verify_ms += ms_since(t0);
+    const auto & f = target_->features();
+    pending_.insert(pending_.end(), f.begin(), f.end());
+    pending_rows_ += 1;
+    committed_.push_back(anchor_);
+    anchor_ = next;
+    out.tokens.push_back(next);
+    stats_.steps++;
+    stats_.emitted++;
+    return out;
+}
+
+}  // namespace dflash
