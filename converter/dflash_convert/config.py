@@ -285,8 +285,6 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     for i in ids:
         if i < 0:
             raise ConversionError(f"{where}: 'dflash_config.target_layer_ids' contains a negative id {i}")
-    if len(set(ids)) != len(ids):
-        raise ConversionError(f"{where}: 'dflash_config.target_layer_ids' has duplicates: {ids}")
     if num_target_layers is not None:
         bad = [i for i in ids if i >= num_target_layers]
         if bad:

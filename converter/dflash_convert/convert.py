@@ -268,6 +268,7 @@ def _progress_bar(
         file=stream or sys.stderr,
         leave=False,
         dynamic_ncols=True,
+        disable=None,  # off when the stream is not a terminal
     )
     last: list[str | None] = [None]
 

@@ -186,6 +186,27 @@ def check_close(src: np.ndarray, got: np.ndarray, qtype: Q) -> str | None:
 # libllama's quantizer (K-quant mixes)
 # ----------------------------------------------------------------------------
 
+_LOG: dict[str, object] = {}  # the one ctypes log callback (libllama keeps its pointer) and its buffer
+
+
+def _capture_log(llama_cpp: object) -> list[str]:
+    """Route libllama's log into a list while quantizing (it is printed only on failure)."""
+    if "cb" not in _LOG:
+        messages: list[str] = []
+
+        @llama_cpp.llama_log_callback  # type: ignore[attr-defined, misc]
+        def _cb(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+            messages.append(text.decode("utf-8", "replace"))
+            del messages[:-50]
+
+        _LOG["cb"] = _cb
+        _LOG["messages"] = messages
+    messages = _LOG["messages"]  # type: ignore[assignment]
+    messages.clear()  # type: ignore[attr-defined]
+    llama_cpp.llama_log_set(_LOG["cb"], ctypes.c_void_p(0))  # type: ignore[attr-defined]
+    return messages  # type: ignore[return-value]
+
+
 def llama_quantize(src: Path, dst: Path, out: OutType, *, nthread: int | None = None) -> None:
     """Run libllama's ``llama_model_quantize`` (llama-cpp-python's ctypes binding) src -> dst."""
     try:
@@ -196,13 +217,7 @@ def llama_quantize(src: Path, dst: Path, out: OutType, *, nthread: int | None = 
             "install llama-cpp-python==0.3.36"
         ) from None
 
-    messages: list[str] = []
-
-    @llama_cpp.llama_log_callback
-    def _log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        messages.append(text.decode("utf-8", "replace"))
-
-    llama_cpp.llama_log_set(_log, ctypes.c_void_p(0))
+    messages = _capture_log(llama_cpp)
     try:
         llama_cpp.llama_backend_init()
         params = llama_cpp.llama_model_quantize_default_params()
