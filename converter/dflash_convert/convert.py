@@ -228,6 +228,7 @@ def execute(
                     plan.kvs,
                     plan.tensors,
                     libllama_types=plan.outtype.kquant,
+                    display_path=final,
                     on_progress=lambda t, n: vbar(n, t.gguf),
                 )
             finally:

@@ -12,6 +12,7 @@ class ConversionError(Exception):
     """
 
     def __init__(self, message: str) -> None:
+        message = " ".join(line.strip() for line in str(message).strip().splitlines() if line.strip())
         super().__init__(message)
         self.message = message
 

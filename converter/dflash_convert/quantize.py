@@ -148,7 +148,7 @@ def check_close(src: np.ndarray, got: np.ndarray, qtype: Q) -> str | None:
         same = (src.view(np.uint32) == got.view(np.uint32)) | (np.isnan(src) & np.isnan(got))
         if not same.all():
             i = int(np.argmin(same.reshape(-1)))
-            return f"F32 value differs at flat index {i}: {got.reshape(-1)[i]!r} != {src.reshape(-1)[i]!r}"
+            return f"F32 value differs at flat index {i}: {float(got.reshape(-1)[i]):.9g} != {float(src.reshape(-1)[i]):.9g}"
         return None
     if qtype in (Q.F16, Q.BF16):
         if qtype == Q.F16:
@@ -158,7 +158,10 @@ def check_close(src: np.ndarray, got: np.ndarray, qtype: Q) -> str | None:
         same = (want == got) | (np.isnan(want) & np.isnan(got))
         if not same.all():
             i = int(np.argmin(same.reshape(-1)))
-            return f"{qtype.name} value differs at flat index {i}: {got.reshape(-1)[i]!r} != {want.reshape(-1)[i]!r}"
+            return (
+                f"{qtype.name} value differs at flat index {i}: "
+                f"{float(got.reshape(-1)[i]):.9g} != {float(want.reshape(-1)[i]):.9g}"
+            )
         return None
     tol = BLOCK_TOLERANCE.get(qtype)
     if tol is None:
@@ -176,7 +179,8 @@ def check_close(src: np.ndarray, got: np.ndarray, qtype: Q) -> str | None:
     if bad.any():
         r, b, k = (int(x[0]) for x in np.nonzero(bad))
         return (
-            f"{qtype.name} value at row {r}, column {b * block + k} is {g[r, b, k]!r}, source {s[r, b, k]!r}: "
+            f"{qtype.name} value at row {r}, column {b * block + k} is {float(g[r, b, k]):.6g}, "
+            f"source {float(s[r, b, k]):.6g}: "
             f"error {err[r, b, k]:.3g} exceeds {tol} x block max {amax[r, b, 0]:.3g}"
         )
     return None

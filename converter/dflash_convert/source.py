@@ -348,9 +348,15 @@ def _from_pickles(paths: list[Path]) -> TensorSource:
     refs: dict[str, TensorRef] = {}
     for p in paths:
         try:
-            state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            try:
+                state = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:
+                if "mmap" not in str(exc):
+                    raise
+                state = torch.load(p, map_location="cpu", weights_only=True)  # legacy (non-zip) format
         except Exception as exc:  # noqa: BLE001 - torch raises many types here
-            raise ConversionError(f"{p}: torch.load(weights_only=True) failed: {exc}") from None
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConversionError(f"{p}: torch.load(weights_only=True) failed: {first}") from None
         if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
             state = state["state_dict"]
         if not isinstance(state, dict):

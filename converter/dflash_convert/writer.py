@@ -131,6 +131,7 @@ def verify_gguf(
     *,
     libllama_types: bool = False,
     check_kv_types: bool = True,
+    display_path: Path | None = None,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Q]:
@@ -148,7 +149,7 @@ def verify_gguf(
         raise ConversionError(f"{path}: written file cannot be read back ({exc})") from None
 
     def fail(msg: str) -> ConversionError:
-        return ConversionError(f"{path}: read-back check failed: {msg}")
+        return ConversionError(f"{display_path or path}: read-back check failed: {msg}")
 
     arch_field = reader.fields.get("general.architecture")
     if arch_field is None or bytes(arch_field.parts[-1]) != ARCH.encode():
