@@ -1,0 +1,192 @@
+"""End to end with upstream: llama-server drafts with our converted DFlash2 drafter.
+
+``llama-server`` built from the llama-cpp-python 0.3.36 source distribution
+(``scripts/build_llama_server.sh``) is started on loopback with the bundled
+tinycode target, once alone and once with our converted drafter and
+``--spec-type draft-dflash``. Greedy completions must be identical, and the
+drafted run must report accepted draft tokens in its response timings.
+
+The binary comes from ``$DFLASH_LLAMA_SERVER`` or the build script's cache
+(``${DFLASH_CACHE:-~/.cache/dflash-gguf}/llama-server-0.3.36/bin/llama-server``).
+Without it the test is skipped, except under ``CI`` where it fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dflash_convert import Options, convert
+
+VERSION = "0.3.36"
+N_PREDICT = 48
+N_PROMPTS = 3
+STARTUP_TIMEOUT_S = 180
+REQUEST_TIMEOUT_S = 180
+# llama.cpp 0.3.36's AMX weight-repack path segfaults on Q8_0/Q4_0/K-quant weights on CPUs with
+# AMX (any model, the plain target included: not a drafter issue); --no-repack avoids it
+QUANTIZED_ARGS = ["--no-repack"]
+
+
+def server_binary() -> Path | None:
+    env = os.environ.get("DFLASH_LLAMA_SERVER")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash-gguf"))
+    path = cache / f"llama-server-{VERSION}" / "bin" / "llama-server"
+    return path if path.is_file() else None
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@pytest.fixture(scope="module")
+def llama_server() -> Path:
+    binary = server_binary()
+    if binary is None or not binary.is_file() or not os.access(binary, os.X_OK):
+        reason = (
+            f"llama-server {VERSION} not found (set DFLASH_LLAMA_SERVER, or build it with "
+            "scripts/build_llama_server.sh)"
+        )
+        if in_ci():
+            pytest.fail(f"{reason}; CI is set, so this is an error")
+        pytest.skip(reason)
+    return binary
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, payload: dict[str, Any] | None = None, timeout: float = REQUEST_TIMEOUT_S) -> tuple[int, Any]:
+    data = json.dumps(payload).encode() if payload is not None else None
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        body = exc.read()
+        try:
+            return exc.code, json.loads(body or b"null")
+        except json.JSONDecodeError:
+            return exc.code, body.decode(errors="replace")
+
+
+@contextmanager
+def running_server(
+    binary: Path, target: Path, log: Path, draft: Path | None = None, extra_args: list[str] | None = None
+) -> Iterator[str]:
+    port = free_port()
+    cmd = [
+        str(binary), "-m", str(target),
+        "--host", "127.0.0.1", "--port", str(port),
+        "-c", "1024", "-np", "1", "-t", "2", "--seed", "0", *(extra_args or []),
+    ]
+    if draft is not None:
+        cmd += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
+    with open(log, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while True:
+                if proc.poll() is not None:
+                    raise AssertionError(
+                        f"llama-server exited with {proc.returncode} during startup:\n{_tail(log)}"
+                    )
+                try:
+                    status, _ = http_json(base + "/health", timeout=5)
+                    if status == 200:
+                        break
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"llama-server not healthy after {STARTUP_TIMEOUT_S} s:\n{_tail(log)}")
+                time.sleep(0.25)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+
+
+def _tail(log: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def complete(base: str, prompt: str) -> dict[str, Any]:
+    status, body = http_json(
+        base + "/completion",
+        {
+            "prompt": prompt,
+            "n_predict": N_PREDICT,
+            "temperature": 0.0,
+            "top_k": 1,
+            "seed": 0,
+            "cache_prompt": False,
+            "ignore_eos": True,
+        },
+    )
+    assert status == 200, body
+    return body
+
+
+def prompts(tinycode: Path) -> list[str]:
+    lines = (tinycode / "prompts.jsonl").read_text().splitlines()[:N_PROMPTS]
+    return [json.loads(line)["text"] for line in lines]
+
+
+@pytest.fixture(scope="module")
+def plain_completions(llama_server: Path, tinycode: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    """The target alone (no drafter), greedy."""
+    log = tmp_path_factory.mktemp("server") / "server-plain.log"
+    with running_server(llama_server, tinycode / "target-f16.gguf", log) as base:
+        return [complete(base, p) for p in prompts(tinycode)]
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q4_k_m"])
+def test_llama_server_drafts_with_converted_drafter(
+    llama_server: Path, tinycode: Path, tmp_path: Path, plain_completions: list[dict[str, Any]], outtype: str
+) -> None:
+    target = tinycode / "target-f16.gguf"
+    draft = tmp_path / f"tinycode-dflash2-{outtype}.gguf"
+    convert(Options(draft_dir=tinycode / "drafter-dflash2", target=target, outfile=draft,
+                    outtype=outtype, progress=False))
+    extra = QUANTIZED_ARGS if outtype not in ("f32", "f16", "bf16") else []
+    log = tmp_path / "server-draft.log"
+    with running_server(llama_server, target, log, draft=draft, extra_args=extra) as base:
+        drafted = [complete(base, p) for p in prompts(tinycode)]
+    assert "draft-dflash" in log.read_text(errors="replace"), _tail(log)
+
+    accepted = 0
+    drafted_total = 0
+    for p, a, b in zip(prompts(tinycode), plain_completions, drafted):
+        assert a["tokens_predicted"] == N_PREDICT
+        assert b["tokens_predicted"] == N_PREDICT
+        assert b["content"] == a["content"], f"prompt {p[:40]!r}: drafted output differs from the target's"
+        timings = b.get("timings", {})
+        drafted_total += int(timings.get("draft_n", 0))
+        accepted += int(timings.get("draft_n_accepted", 0))
+        assert "draft_n" not in a.get("timings", {})
+    assert drafted_total > 0, f"llama-server drafted nothing: {[b.get('timings') for b in drafted]}"
+    assert accepted > 0, f"no draft token accepted: {[b.get('timings') for b in drafted]}"
