@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import subprocess
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,14 +28,22 @@ from reference.qwen3_ref import Qwen3Reference
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 from llama_cpp import llama_cpp as llc  # noqa: E402  (the ctypes layer)
 
+# llama-cpp-python routes libllama's log through this logger; without a level it prints
+# every line of model loading and graph reservation
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+
+# The models are tiny: one thread is fastest, and on a shared 2-core box torch's default
+# thread pool thrashes (a 90-token target forward: 30 ms with 1 thread, ~300 ms with 2 under load).
+torch.set_num_threads(1)
+
 TINY = Path(__file__).resolve().parent.parent / "examples" / "tinycode"
 GOLDEN = json.loads((TINY / "golden_dflash2.json").read_text())
 DRAFT_CFG = json.loads((TINY / "drafter-dflash2" / "config.json").read_text())
 TARGET_LAYER_IDS: list[int] = DRAFT_CFG["dflash_config"]["target_layer_ids"]  # [1, 3]
 
 # F16 GGUF weights vs bf16->f32 safetensors: measured ~1e-3 relative (see REL_* below).
-REL_MATCH = 5e-3  # relative Frobenius error allowed for the right layer
-REL_MISMATCH = 0.1  # the neighbouring layer must be at least this far off
+REL_MATCH = 2e-3  # relative Frobenius error allowed for the right layer (measured 1.4e-4..1.7e-4)
+REL_MISMATCH = 0.1  # the neighbouring layer must be at least this far off (measured 0.29..0.53)
 
 
 # --------------------------------------------------------------------------- #
@@ -215,12 +224,13 @@ def test_target_layer_features_are_hf_hidden_states_id_plus_one(
         right = rel_err(got, hs[tid + 1])
         wrong_below = rel_err(got, hs[tid])
         wrong_above = rel_err(got, hs[tid + 2])
+        max_rel = max_rel_err(got, hs[tid + 1])
         print(
-            f"{case['prompt_id']} lid={lid}: rel vs hs[{tid + 1}] {right:.2e} (max-rel {max_rel_err(got, hs[tid + 1]):.2e}), "
+            f"{case['prompt_id']} lid={lid}: rel vs hs[{tid + 1}] {right:.2e} (max-rel {max_rel:.2e}), "
             f"vs hs[{tid}] {wrong_below:.3f}, vs hs[{tid + 2}] {wrong_above:.3f}"
         )
         assert right < REL_MATCH, (lid, right)
-        assert max_rel_err(got, hs[tid + 1]) < 2 * REL_MATCH, lid
+        assert max_rel < 2 * REL_MATCH, (lid, max_rel)
         # the off-by-one guard: the neighbouring hidden states are far away
         assert wrong_below > REL_MISMATCH and wrong_above > REL_MISMATCH, (lid, wrong_below, wrong_above)
 

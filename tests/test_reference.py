@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +19,10 @@ import torch
 from reference import dflash_ref
 from reference.dflash_ref import DraftReference
 from reference.qwen3_ref import Qwen3Reference
+
+# The models are tiny: one thread is fastest, and on a shared 2-core box torch's default
+# thread pool thrashes (a 90-token target forward: 30 ms with 1 thread, ~300 ms with 2 under load).
+torch.set_num_threads(1)
 
 TINY = Path(__file__).resolve().parent.parent / "examples" / "tinycode"
 GOLDEN = json.loads((TINY / "golden_dflash2.json").read_text())
@@ -192,44 +196,73 @@ def _kernel_tap_side_swapped(self: DraftReference, h: torch.Tensor, prefix: str)
     return self.w[prefix + "base_kernel"][None] + coef
 
 
-MUTANTS: dict[str, Callable[[pytest.MonkeyPatch, DraftReference], dict[str, Any]]] = {
-    # each returns kwargs for golden_errors (after patching)
-    "target_layer_off_by_one": lambda mp, ref: {"layer_offset": 0},
-    "rope_gptj_interleaved": lambda mp, ref: (mp.setattr(dflash_ref, "rope_neox", _rope_gptj), {})[1],
-    "no_conv": lambda mp, ref: (mp.setattr(DraftReference, "_conv", staticmethod(lambda y, wk, side: y)), {})[1],
-    "conv_base_only": lambda mp, ref: (
-        mp.setattr(
-            DraftReference,
-            "_conv_kernel",
-            lambda self, h, prefix: self.w[prefix + "base_kernel"][None].expand(h.shape[0], -1, -1, -1),
-        ),
-        {},
-    )[1],
-    "conv_tap_reads_next_row": lambda mp, ref: (mp.setattr(DraftReference, "_conv", staticmethod(_conv_next_row)), {})[1],
-    "conv_group_interleaved": lambda mp, ref: (mp.setattr(DraftReference, "_conv_kernel", _kernel_group_interleaved), {})[1],
-    "conv_tap_side_swapped": lambda mp, ref: (mp.setattr(DraftReference, "_conv_kernel", _kernel_tap_side_swapped), {})[1],
-    "block_causal_mask": lambda mp, ref: (mp.setattr(ref, "cfg", dataclasses.replace(ref.cfg, causal=True)), {})[1],
-    "no_hidden_norm": lambda mp, ref: (
-        mp.setattr(DraftReference, "context_features", lambda self, f: torch.as_tensor(f, dtype=self.dtype) @ self.w["fc.weight"].T),
-        {},
-    )[1],
-    "block_position_minus_one": lambda mp, ref: (
-        mp.setattr(DraftReference, "draft", lambda self, cache, a, p, _d=DraftReference.draft: _d(self, cache, a, p - 1)),
-        {},
-    )[1],
-    "no_selector_gate": lambda mp, ref: (
-        mp.setitem(ref.w, "candidate_selector.hidden_projection.weight", torch.zeros_like(ref.w["candidate_selector.hidden_projection.weight"])),
-        {},
-    )[1],
-}
+def _base_only_kernel(self: DraftReference, h: torch.Tensor, prefix: str) -> torch.Tensor:
+    """The conv's base kernel alone, without the dynamic per-row part."""
+    return self.w[prefix + "base_kernel"][None].expand(h.shape[0], -1, -1, -1)
 
 
-@pytest.mark.parametrize("name", list(MUTANTS))
+def _features_without_hidden_norm(self: DraftReference, f: Any) -> torch.Tensor:
+    return torch.as_tensor(f, dtype=self.dtype) @ self.w["fc.weight"].T
+
+
+_real_draft = DraftReference.draft
+
+
+def _draft_one_position_early(self: DraftReference, cache: Any, anchor: int, position: int) -> Any:
+    return _real_draft(self, cache, anchor, position - 1)
+
+
+def apply_mutant(name: str, mp: pytest.MonkeyPatch, ref: DraftReference) -> dict[str, Any]:
+    """Break `ref` (or the code it runs) one way; return extra kwargs for golden_errors."""
+    if name == "target_layer_off_by_one":  # features from hidden_states[id] instead of [id + 1]
+        return {"layer_offset": 0}
+    if name == "rope_gptj_interleaved":
+        mp.setattr(dflash_ref, "rope_neox", _rope_gptj)
+    elif name == "no_conv":
+        mp.setattr(DraftReference, "_conv", staticmethod(lambda y, wk, side: y))
+    elif name == "conv_base_only":
+        mp.setattr(DraftReference, "_conv_kernel", _base_only_kernel)
+    elif name == "conv_tap_reads_next_row":
+        mp.setattr(DraftReference, "_conv", staticmethod(_conv_next_row))
+    elif name == "conv_group_interleaved":
+        mp.setattr(DraftReference, "_conv_kernel", _kernel_group_interleaved)
+    elif name == "conv_tap_side_swapped":
+        mp.setattr(DraftReference, "_conv_kernel", _kernel_tap_side_swapped)
+    elif name == "block_causal_mask":
+        mp.setattr(ref, "cfg", dataclasses.replace(ref.cfg, causal=True))
+    elif name == "no_hidden_norm":
+        mp.setattr(DraftReference, "context_features", _features_without_hidden_norm)
+    elif name == "block_position_minus_one":
+        mp.setattr(DraftReference, "draft", _draft_one_position_early)
+    elif name == "no_selector_gate":
+        gate = "candidate_selector.hidden_projection.weight"
+        mp.setitem(ref.w, gate, torch.zeros_like(ref.w[gate]))
+    else:
+        raise KeyError(name)
+    return {}
+
+
+MUTANTS = [
+    "target_layer_off_by_one",
+    "rope_gptj_interleaved",
+    "no_conv",
+    "conv_base_only",
+    "conv_tap_reads_next_row",
+    "conv_group_interleaved",
+    "conv_tap_side_swapped",
+    "block_causal_mask",
+    "no_hidden_norm",
+    "block_position_minus_one",
+    "no_selector_gate",
+]
+
+
+@pytest.mark.parametrize("name", MUTANTS)
 def test_broken_variant_fails_golden(
     name: str, monkeypatch: pytest.MonkeyPatch, target_runs: dict[str, Any]
 ) -> None:
     ref = DraftReference.from_hf_dir(TINY / "drafter-dflash2", TINY / "target")
-    kwargs = MUTANTS[name](monkeypatch, ref)
+    kwargs = apply_mutant(name, monkeypatch, ref)
     case = GOLDEN["cases"][0]
     err = golden_errors(ref, target_runs[case["prompt_id"]].hidden_states, case, **kwargs)
     print(name, err)
@@ -399,6 +432,25 @@ def test_scales_softcap_causal(drafter: DraftReference, target: Qwen3Reference, 
     assert not torch.allclose(oc.logits[0], base.logits[0], atol=1e-3)
 
 
+def test_numpy_tensors_and_model_prefix(drafter: DraftReference, target: Qwen3Reference) -> None:
+    """HF tensors as numpy (bf16 as raw uint16 bits) with a `model.` prefix load to the same model."""
+    from reference.qwen3_ref import load_safetensors_dir
+
+    # bf16 as numpy readers hold it (the converter widens it by hand): raw uint16 bits
+    raw = {
+        k: v.view(torch.int16).numpy().view(np.uint16) if v.dtype == torch.bfloat16 else v.numpy()
+        for k, v in load_safetensors_dir(TINY / "drafter-dflash2").items()
+    }
+    assert any(a.dtype == np.uint16 for a in raw.values())
+    cfg = json.loads((TINY / "drafter-dflash2" / "config.json").read_text())
+    ref = DraftReference(
+        cfg, {"model." + k: v for k, v in raw.items()}, target.embed.numpy(), target.lm_head.numpy()
+    )
+    assert ref.w.keys() == drafter.w.keys()
+    for k in ref.w:
+        assert torch.equal(ref.w[k], drafter.w[k]), k
+
+
 def test_default_target_layer_ids() -> None:
     from reference import default_target_layer_ids
 
@@ -424,17 +476,21 @@ def _llama_greedy(llm: Any, prompt: list[int], n_new: int) -> list[int]:
 
 
 def test_target_greedy_matches_llama_cpp(target: Qwen3Reference) -> None:
+    """qwen3_ref's greedy continuation == llama.cpp's on target-f16.gguf (16 tokens, 3 prompts)."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-    llm = llama_cpp.Llama(
-        model_path=str(TINY / "target-f16.gguf"), n_ctx=256, n_batch=256, n_threads=2, logits_all=True, verbose=False
-    )
     prompts = [json.loads(line) for line in (TINY / "prompts.jsonl").read_text().splitlines()[:3]]
     n_new = 16
-    for p in prompts:
-        ids = llm.tokenize(p["text"].encode(), add_bos=False, special=False)
-        ours = target.generate_greedy(ids, n_new)
+    # the torch side first: ggml's worker threads spin after each decode and would starve it
+    vocab = llama_cpp.Llama(model_path=str(TINY / "target-f16.gguf"), vocab_only=True, verbose=False)
+    prompt_ids = [vocab.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
+    del vocab
+    ours = [target.generate_greedy(ids, n_new) for ids in prompt_ids]
+    llm = llama_cpp.Llama(
+        model_path=str(TINY / "target-f16.gguf"), n_ctx=256, n_batch=256, n_threads=1, logits_all=True, verbose=False
+    )
+    for p, ids, mine in zip(prompts, prompt_ids, ours):
         theirs = _llama_greedy(llm, ids, n_new)
-        assert ours == theirs, (p["id"], ours, theirs)
+        assert mine == theirs, (p["id"], mine, theirs)
     # and the golden prompts' anchors
     for case in GOLDEN["cases"]:
         assert _llama_greedy(llm, case["prompt_ids"], 1) == [case["anchor"]]

@@ -159,7 +159,9 @@ class DraftConfig:
         )
         if c.version == 2:
             if min(c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) <= 0:
-                raise ValueError("DFlash 2 config needs conv_kernel_size, conv_group_size, selector_rank, selector_top_k")
+                raise ValueError(
+                    "DFlash 2 config needs conv_kernel_size, conv_group_size, selector_rank, selector_top_k > 0"
+                )
             if c.hidden_size % c.conv_group_size:
                 raise ValueError(f"hidden {c.hidden_size} not a multiple of conv_group_size {c.conv_group_size}")
         return c
