@@ -451,6 +451,41 @@ def test_numpy_tensors_and_model_prefix(drafter: DraftReference, target: Qwen3Re
         assert torch.equal(ref.w[k], drafter.w[k]), k
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_factory_checkpoints_load_and_draft(tmp_path: Path, version: int) -> None:
+    """The reference takes what tests/factories.make_checkpoint writes (sharded, `model.` prefix,
+    derived target_layer_ids, a target wider than the drafter's fc input split) and drafts."""
+    from factories import make_checkpoint
+
+    from reference.qwen3_ref import load_safetensors_dir
+
+    hidden, vocab, th = 64, 512, 48
+    stored = make_checkpoint(
+        tmp_path, version=version, hidden=hidden, vocab=vocab, target_hidden=th, shards=2, prefix="model.",
+        target_layer_ids=None, n_target_layers=8, n_layers=3,
+    )
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    g = torch.Generator().manual_seed(1)
+    embed, lm_head = torch.randn(vocab, hidden, generator=g), torch.randn(vocab, hidden, generator=g) / 8
+    ref = DraftReference(cfg, load_safetensors_dir(tmp_path), embed, lm_head)
+    assert ref.cfg.version == version
+    assert ref.cfg.target_layer_ids == (1, 3, 5)  # round(1 + i * (8 - 4) / 2)
+    assert ref.target_hidden == th
+    for k, v in stored.items():
+        assert torch.equal(ref.w[k], torch.from_numpy(v)), k
+    cache = ref.inject(torch.randn(10, 3 * th, generator=g), range(10))
+    out = ref.draft(cache, anchor=5, position=10)
+    B = ref.block_size
+    assert out.logits.shape == (B, vocab) and out.h_final.shape == (B, hidden)
+    assert out.draft.shape == (B - 1,)
+    if version == 2:
+        k = ref.cfg.selector_top_k
+        assert out.scores.shape == (B - 1, k, k) and out.q_probs.shape == (B - 1, k)
+        assert torch.allclose(out.q_probs.sum(-1), torch.ones(B - 1))
+    else:
+        assert out.scores is None and torch.equal(out.draft, out.argmax)
+
+
 def test_default_target_layer_ids() -> None:
     from reference import default_target_layer_ids
 
