@@ -78,8 +78,13 @@ class SpeculativeLlama:
         draft_q: str = "logits",
         device: str = "auto",
         fallback: bool = True,
+        verbose: bool = False,
         _core: Speculator | None = None,
     ) -> None:
+        # libllama logs through llama-cpp-python's logger; like llama_cpp.Llama, quiet unless verbose
+        from llama_cpp import _logger
+
+        _logger.set_verbose(verbose)
         if _core is None:
             for what, path in (("target", target), ("draft", draft)):
                 if not isinstance(path, str) or not path:

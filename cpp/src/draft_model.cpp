@@ -1,5 +1,8 @@
 #include "dflash/draft_model.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -8,6 +11,7 @@
 #include "dflash/error.h"
 #include "gguf.h"
 #include "gguf_keys.h"
+#include "gguf_open.h"
 
 namespace dflash {
 
@@ -26,11 +30,6 @@ constexpr int64_t kMaxVocab = 1 << 22;
 constexpr int64_t kMinBlock = 2;
 constexpr int64_t kMaxBlock = 32;
 constexpr int64_t kMaxTargetLayer = 4096;
-
-struct GgufFree {
-    void operator()(gguf_context * c) const { gguf_free(c); }
-};
-using gguf_ptr = std::unique_ptr<gguf_context, GgufFree>;
 
 struct FileCloser {
     void operator()(FILE * f) const { if (f) fclose(f); }
@@ -67,14 +66,18 @@ struct Expected {
     bool required;
 };
 
+// stands for the vocabulary while it is unknown (no tokenizer, no codebook)
+constexpr int64_t kAnyVocab = -1;
+
 std::map<std::string, Expected> expected_tensors(const DraftHparams & hp) {
     std::map<std::string, Expected> e;
     const int64_t E = hp.n_embd;
+    const int64_t V = hp.n_vocab ? (int64_t) hp.n_vocab : kAnyVocab;
     e["fc.weight"] = {{(int64_t) hp.n_target_features(), E}, TypeRule::Matrix, true};
     e["enc.output_norm.weight"] = {{E}, TypeRule::F32Only, true};
     e["output_norm.weight"] = {{E}, TypeRule::F32Only, true};
-    e["token_embd.weight"] = {{E, hp.n_vocab}, TypeRule::Matrix, false};
-    e["output.weight"] = {{E, hp.n_vocab}, TypeRule::Matrix, false};
+    e["token_embd.weight"] = {{E, V}, TypeRule::Matrix, false};
+    e["output.weight"] = {{E, V}, TypeRule::Matrix, false};
     for (uint32_t i = 0; i < hp.n_layer; ++i) {
         const std::string p = "blk." + std::to_string(i) + ".";
         e[p + "attn_norm.weight"] = {{E}, TypeRule::F32Only, true};
@@ -97,14 +100,21 @@ std::map<std::string, Expected> expected_tensors(const DraftHparams & hp) {
         }
     }
     if (hp.version == 2) {
-        e["selector_predecessor.weight"] = {{hp.selector_rank, hp.n_vocab}, TypeRule::Matrix, true};
-        e["selector_successor.weight"] = {{hp.selector_rank, hp.n_vocab}, TypeRule::Matrix, true};
+        e["selector_predecessor.weight"] = {{hp.selector_rank, V}, TypeRule::Matrix, true};
+        e["selector_successor.weight"] = {{hp.selector_rank, V}, TypeRule::Matrix, true};
         e["selector_hidden.weight"] = {{E, hp.selector_rank}, TypeRule::Matrix, true};
     }
     return e;
 }
 
 void check_magic(const std::string & path, size_t & file_size) {
+    struct stat st{};
+    if (stat(path.c_str(), &st) != 0) {
+        throw Error(path + ": cannot open file (" + std::string(strerror(errno)) + ")");
+    }
+    if (!S_ISREG(st.st_mode)) {
+        throw Error(path + ": not a regular file (" + (S_ISDIR(st.st_mode) ? "a directory" : "a special file") + ")");
+    }
     file_ptr f(fopen(path.c_str(), "rb"));
     if (!f) {
         throw Error(path + ": cannot open file (" + std::string(strerror(errno)) + ")");
@@ -149,6 +159,10 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
     if (v_len != hp.head_dim) {
         throw Error(keys.where(p + "attention.value_length") + ": expected " + std::to_string(hp.head_dim) +
                     " (= key_length), found " + std::to_string(v_len));
+    }
+    if (hp.head_dim < 2) {
+        throw Error(keys.where(p + "attention.key_length") + ": head dim " + std::to_string(hp.head_dim) +
+                    " is invalid (embedding_length / head_count when the key is absent), expected >= 2");
     }
     if (hp.head_dim % 2 != 0) {
         throw Error(keys.where(p + "attention.key_length") + ": head dim must be even for RoPE, found " +
@@ -236,14 +250,9 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
     info.path = path;
     check_magic(path, info.file_size);
 
-    ggml_context * meta_raw = nullptr;
-    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/&meta_raw};
-    gguf_ptr g(gguf_init_from_file(path.c_str(), params));
-    ggml_context_ptr meta(meta_raw);
-    if (!g) {
-        throw Error(path + ": malformed or truncated GGUF header/metadata (ggml's GGUF parser rejected it; " +
-                    std::to_string(info.file_size) + " bytes)");
-    }
+    ggml_context_ptr meta;
+    gguf_ptr g = open_gguf(path, meta, "malformed or truncated GGUF header/metadata (" + std::to_string(info.file_size) +
+                                           " bytes)");
     info.gguf_version = gguf_get_version(g.get());
     const GgufKeys keys(g.get(), path);
     DraftHparams & hp = info.hparams;
@@ -265,6 +274,7 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
         ti.name = name;
         ti.type = gguf_get_tensor_type(g.get(), i);
         for (int d = 0; d < ggml_n_dims(t); ++d) ti.ne.push_back(t->ne[d]);
+        for (int d = 0; d < GGML_MAX_DIMS; ++d) ti.ne4[d] = t->ne[d];
         ti.nbytes = gguf_get_tensor_size(g.get(), i);
         ti.offset = data_offset + gguf_get_tensor_offset(g.get(), i);
         if (ti.offset > info.file_size || ti.nbytes > info.file_size - ti.offset) {
@@ -314,14 +324,11 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
                         (hp.version == 2 ? "2" : "") + " drafter with " + std::to_string(hp.n_layer) + " layers)");
         }
         const Expected & ex = it->second;
-        std::vector<int64_t> want = ex.ne;
-        if (hp.n_vocab == 0) {
-            // vocabulary unknown until the target is opened: accept any row count here
-            for (auto & d : want) if (d == 0) d = -1;
-        }
-        bool shape_ok = ti.ne.size() == want.size();
-        for (size_t d = 0; shape_ok && d < want.size(); ++d) {
-            shape_ok = want[d] < 0 || ti.ne[d] == want[d];
+        // compare all four ggml dims (trailing ones are 1); kAnyVocab matches any row count
+        bool shape_ok = ex.ne.size() <= GGML_MAX_DIMS;
+        for (size_t d = 0; shape_ok && d < GGML_MAX_DIMS; ++d) {
+            const int64_t want = d < ex.ne.size() ? ex.ne[d] : 1;
+            shape_ok = want == kAnyVocab || ti.ne4[d] == want;
         }
         if (!shape_ok) {
             throw Error(path + ": tensor '" + ti.name + "': expected shape (ggml ne) " + shape_str(ex.ne) +
@@ -348,13 +355,7 @@ DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t
     DraftModel m;
     m.info = inspect_draft_file(path);
 
-    ggml_context * meta_raw = nullptr;
-    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/&meta_raw};
-    gguf_ptr g(gguf_init_from_file(path.c_str(), params));
-    m.ctx.reset(meta_raw);
-    if (!g) {
-        throw Error(path + ": the file changed while loading");
-    }
+    gguf_ptr g = open_gguf(path, m.ctx, "the file changed while loading");
     m.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(m.ctx.get(), buft));
     if (!m.buffer) {
         throw Error(path + ": cannot allocate " + std::to_string(m.info.file_size) + " bytes of weights on " +

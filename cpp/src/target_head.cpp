@@ -11,6 +11,7 @@
 #include "dflash/error.h"
 #include "gguf.h"
 #include "gguf_keys.h"
+#include "gguf_open.h"
 
 namespace dflash {
 
@@ -28,12 +29,6 @@ TargetHead::~TargetHead() {
     ctx.reset();
     mapping.reset();
 }
-
-namespace {
-struct GgufFree {
-    void operator()(gguf_context * c) const { gguf_free(c); }
-};
-}  // namespace
 
 std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_backend_dev_t dev) {
     auto head = std::make_unique<TargetHead>();
@@ -53,13 +48,8 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
         }
     }
 
-    ggml_context * meta_raw = nullptr;
-    gguf_init_params params{/*no_alloc =*/true, /*ctx =*/&meta_raw};
-    std::unique_ptr<gguf_context, GgufFree> g(gguf_init_from_file(path.c_str(), params));
-    ggml_context_ptr meta(meta_raw);
-    if (!g) {
-        throw Error(path + ": malformed or truncated target GGUF");
-    }
+    ggml_context_ptr meta;
+    gguf_ptr g = open_gguf(path, meta, "malformed or truncated target GGUF");
     const GgufKeys keys(g.get(), path);
     head->arch = keys.get_string("general.architecture");
     head->n_embd = (uint32_t) keys.get_int(head->arch + ".embedding_length", 1, 1 << 20);

@@ -75,7 +75,8 @@ struct DraftLayer {
 struct TensorInfo {
     std::string name;
     ggml_type type;
-    std::vector<int64_t> ne;
+    std::vector<int64_t> ne;          // the dims ggml reports (trailing 1s dropped)
+    int64_t ne4[GGML_MAX_DIMS] = {1, 1, 1, 1};
     size_t offset;  // absolute file offset of the data
     size_t nbytes;
 };
