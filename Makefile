@@ -1,0 +1,32 @@
+# The two commands a new user needs:
+#   make demo   convert the bundled tinycode drafter and generate with it (prints the stats)
+#   make test   run the test suite
+# Both install into ./.venv first (scripts/install.sh); CMAKE_ARGS passes through
+# to llama-cpp-python's build (e.g. CMAKE_ARGS="-DGGML_CUDA=on").
+PY := .venv/bin/python
+EX := examples/tinycode
+OUT := out
+
+.PHONY: install install-test demo test llama-server clean
+
+install:
+	scripts/install.sh
+
+install-test:
+	scripts/install.sh --test
+
+demo: install
+	@mkdir -p $(OUT)
+	.venv/bin/dflash-convert $(EX)/drafter-dflash2 --target $(EX)/target-f16.gguf --outfile $(OUT)/tinycode-dflash2-{ftype}.gguf --outtype q8_0 --force
+	.venv/bin/dflash info $(OUT)/tinycode-dflash2-q8_0.gguf
+	.venv/bin/dflash generate --target $(EX)/target-f16.gguf --draft $(OUT)/tinycode-dflash2-q8_0.gguf \
+		--prompt "$$($(PY) -c 'import json; print(json.loads(open("$(EX)/prompts.jsonl").readline())["text"])')" -n 128
+
+llama-server:
+	scripts/build_llama_server.sh
+
+test: install-test llama-server
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf build $(OUT)
