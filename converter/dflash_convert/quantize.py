@@ -102,14 +102,15 @@ def encode_rows(rows: np.ndarray, qtype: Q) -> np.ndarray:
     if qtype == Q.F32:
         out = np.ascontiguousarray(rows, dtype=np.float32)
     elif qtype == Q.F16:
-        with np.errstate(over="ignore"):
-            out = rows.astype(np.float16)
-        if not np.isfinite(out).all():
-            bad = np.isfinite(rows) & ~np.isfinite(out)
-            if bad.any():
-                raise RangeError(
-                    f"value {float(rows[bad][0])!r} does not fit in F16 (max 65504); use --outtype bf16 or f32"
-                )
+        try:
+            with np.errstate(over="raise"):  # free in the normal case: the cast sets the overflow flag
+                out = rows.astype(np.float16)
+        except FloatingPointError:
+            with np.errstate(over="ignore"):
+                bad = np.isfinite(rows) & ~np.isfinite(rows.astype(np.float16))
+            raise RangeError(
+                f"value {float(rows[bad][0])!r} does not fit in F16 (max 65504); use --outtype bf16 or f32"
+            ) from None
     else:
         out = quantize(np.ascontiguousarray(rows, dtype=np.float32), qtype)
     return out.view(np.uint8).reshape(n, -1)
@@ -123,6 +124,41 @@ def decode_rows(raw: np.ndarray, qtype: Q, cols: int) -> np.ndarray:
     if qtype == Q.F16:
         return raw.view(np.float16).astype(np.float32).reshape(n, cols)
     return dequantize(raw, qtype).astype(np.float32, copy=False).reshape(n, cols)
+
+
+def exact_mismatch(raw: np.ndarray, src: np.ndarray, qtype: Q) -> str | None:
+    """For F32/F16/BF16: None if the stored bytes are exactly ``src`` converted to ``qtype``.
+
+    Decoding (cheap) and comparing with the source settles every value the type
+    represents exactly; only the others are re-encoded and compared bit for bit.
+    """
+    n, cols = src.shape
+    if qtype == Q.F32:
+        if np.array_equal(raw.view(np.uint32).reshape(n, cols), src.view(np.uint32)):
+            return None
+        return check_close(src, decode_rows(raw, qtype, cols), qtype)
+    bits = raw.view(np.uint16).reshape(n, cols)
+    if qtype == Q.F16:
+        got = bits.view(np.float16).astype(np.float32)
+    elif qtype == Q.BF16:
+        got = np.left_shift(bits, 16, dtype=np.uint32).view(np.float32)
+    else:
+        raise ValueError(f"{qtype.name} is not an exact type")
+    idx = np.flatnonzero(got != src)  # NaN != NaN: NaNs land here and are compared by bits
+    if idx.size == 0:
+        return None
+    sub = src.reshape(-1)[idx].reshape(1, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = encode_rows(sub, qtype).view(np.uint16).reshape(-1) if qtype == Q.BF16 else sub.astype(np.float16).view(np.uint16).reshape(-1)
+    have = bits.reshape(-1)[idx]
+    bad = np.flatnonzero(have != want)
+    if bad.size == 0:
+        return None
+    i = int(idx[bad[0]])
+    return (
+        f"{qtype.name} value differs at flat index {i}: stored bits 0x{int(have[bad[0]]):04x}, "
+        f"expected 0x{int(want[bad[0]]):04x} for source {float(src.reshape(-1)[i]):.9g}"
+    )
 
 
 # Maximum |dequantized - source| allowed for a quantized type, as a fraction of the
@@ -172,18 +208,17 @@ def check_close(src: np.ndarray, got: np.ndarray, qtype: Q) -> str | None:
         return f"{qtype.name} data is not finite or rows do not fit its blocks"
     s = src.reshape(n, cols // block, block)
     g = got.reshape(n, cols // block, block)
-    amax = np.abs(s).max(axis=2, keepdims=True)
+    amax = np.abs(s).max(axis=2, keepdims=True)  # max |source| per quantization block
     err = np.abs(g - s)
-    limit = tol * amax + 1e-6
-    bad = err > limit
-    if bad.any():
-        r, b, k = (int(x[0]) for x in np.nonzero(bad))
-        return (
-            f"{qtype.name} value at row {r}, column {b * block + k} is {float(g[r, b, k]):.6g}, "
-            f"source {float(s[r, b, k]):.6g}: "
-            f"error {err[r, b, k]:.3g} exceeds {tol} x block max {amax[r, b, 0]:.3g}"
-        )
-    return None
+    bad = err > amax * np.float32(tol) + np.float32(1e-6)
+    if not bad.any():
+        return None
+    r, b, k = (int(x[0]) for x in np.nonzero(bad))
+    return (
+        f"{qtype.name} value at row {r}, column {b * block + k} is {float(g[r, b, k]):.6g}, "
+        f"source {float(s[r, b, k]):.6g}: error {float(err[r, b, k]):.3g} exceeds {tol} x block max "
+        f"{float(amax[r, b, 0]):.3g}"
+    )
 
 
 # ----------------------------------------------------------------------------

@@ -30,17 +30,15 @@ SAFETENSORS_DTYPES: dict[str, np.dtype[Any]] = {
 # a header larger than this is refused (the safetensors library uses 100 MB)
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
-# elements per chunk when streaming a tensor
-DEFAULT_CHUNK_ELEMS = 8 * 1024 * 1024
+# elements per chunk when streaming a tensor (a few MB: cache friendly, and memory stays flat)
+DEFAULT_CHUNK_ELEMS = 2 * 1024 * 1024
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth")
 
 
 def bf16_to_f32(u16: np.ndarray) -> np.ndarray:
     """Widen raw bfloat16 bits (uint16) to float32: the value is exact."""
-    out = u16.astype(np.uint32)
-    out <<= 16
-    return out.view(np.float32)
+    return np.left_shift(u16, 16, dtype=np.uint32).view(np.float32)
 
 
 def row_split(shape: tuple[int, ...]) -> tuple[int, int]:

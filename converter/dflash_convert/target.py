@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from gguf.quants import dequantize
 
 from .errors import ConversionError
+from .gguf_file import GGUFHeader, TensorInfo, read_header
 from .source import TensorRef, bf16_to_f32, row_split
 
 TOKENIZER_PREFIX = "tokenizer.ggml."
@@ -37,65 +38,43 @@ class TargetInfo:
     head_tensors: dict[str, TensorRef] = field(default_factory=dict)  # token_embd.weight / output.weight
 
 
-def _field_value(f: Any) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
-    vtype = GGUFValueType(f.types[0])
-    if vtype == GGUFValueType.ARRAY:
-        sub = GGUFValueType(f.types[-1])
-        if sub == GGUFValueType.STRING:
-            return [bytes(f.parts[i]) for i in f.data], vtype, sub
-        if sub == GGUFValueType.ARRAY:
-            raise ValueError("nested arrays are not supported")
-        return [f.parts[i].tolist()[0] for i in f.data], vtype, sub
-    if vtype == GGUFValueType.STRING:
-        return bytes(f.parts[-1]), vtype, None
-    return f.parts[-1].tolist()[0], vtype, None
-
-
-def _scalar(reader: GGUFReader, key: str, path: Path) -> Any:
-    f = reader.fields.get(key)
+def _scalar(header: GGUFHeader, key: str, path: Path) -> Any:
+    f = header.fields.get(key)
     if f is None:
         raise ConversionError(f"{path}: target GGUF has no '{key}'")
-    value, vtype, _ = _field_value(f)
-    if vtype == GGUFValueType.ARRAY:
+    if f.vtype == GGUFValueType.ARRAY:
         raise ConversionError(f"{path}: target GGUF key '{key}' is an array, expected a scalar")
-    return value.decode("utf-8") if isinstance(value, bytes) else value
+    return f.value.decode("utf-8") if isinstance(f.value, bytes) else f.value
 
 
 def load_target(path: Path, *, want_head: bool = False) -> TargetInfo:
     """Read the target GGUF's metadata (and, for --embed-target-head, find its embedding and LM head)."""
     if not path.is_file():
         raise ConversionError(f"{path}: target GGUF not found")
-    try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # noqa: BLE001 - GGUFReader raises ValueError and friends
-        raise ConversionError(f"{path}: cannot read the target GGUF ({exc})") from None
+    header = read_header(path)
 
-    arch = _scalar(reader, "general.architecture", path)
+    arch = _scalar(header, "general.architecture", path)
     if not isinstance(arch, str):
         raise ConversionError(f"{path}: 'general.architecture' is not a string")
     if arch == "dflash":
         raise ConversionError(f"{path}: this is a dflash drafter, not a target model (pass the target's GGUF)")
-    n_layer = int(_scalar(reader, f"{arch}.block_count", path))
-    hidden = int(_scalar(reader, f"{arch}.embedding_length", path))
+    n_layer = int(_scalar(header, f"{arch}.block_count", path))
+    hidden = int(_scalar(header, f"{arch}.embedding_length", path))
 
-    tokens = reader.fields.get(f"{TOKENIZER_PREFIX}tokens")
-    if tokens is None:
+    tokens = header.fields.get(f"{TOKENIZER_PREFIX}tokens")
+    if tokens is None or tokens.vtype != GGUFValueType.ARRAY:
         raise ConversionError(f"{path}: target GGUF has no 'tokenizer.ggml.tokens' (the drafter needs its tokenizer)")
-    vocab = len(tokens.data)
+    vocab = len(tokens.value)
 
-    kvs: list[KV] = []
-    for key, f in reader.fields.items():
-        if not key.startswith(TOKENIZER_PREFIX):
-            continue
-        try:
-            value, vtype, sub = _field_value(f)
-        except ValueError as exc:
-            raise ConversionError(f"{path}: cannot copy '{key}': {exc}") from None
-        kvs.append(KV(key, value, vtype, sub))
+    kvs = [
+        KV(key, f.value, f.vtype, f.sub_type)
+        for key, f in header.fields.items()
+        if key.startswith(TOKENIZER_PREFIX)
+    ]
 
     info = TargetInfo(path, arch, n_layer, hidden, vocab, kvs)
     if want_head:
-        tensors = {t.name: t for t in reader.tensors}
+        tensors = header.tensors
         if "token_embd.weight" not in tensors:
             raise ConversionError(f"{path}: --embed-target-head: the target has no 'token_embd.weight'")
         info.head_tensors["token_embd.weight"] = _gguf_ref(path, tensors["token_embd.weight"])
@@ -104,25 +83,32 @@ def load_target(path: Path, *, want_head: bool = False) -> TargetInfo:
     return info
 
 
-def _gguf_ref(path: Path, t: Any) -> TensorRef:
-    """A TensorRef over a GGUF tensor: rows are dequantized to float32 chunk by chunk."""
-    qtype = GGMLQuantizationType(t.tensor_type)
-    shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ne -> torch order
+def _gguf_ref(path: Path, t: TensorInfo) -> TensorRef:
+    """A TensorRef over a GGUF tensor: rows are read by offset and dequantized to float32 chunk by chunk."""
+    qtype = t.qtype
+    shape = t.shape
     nrows, ncols = row_split(shape)
-    data = t.data  # memmap view, numpy shape (rows, ...) in torch order (bytes for quantized types)
-    flat = data.reshape(nrows, -1)
+    block, tsize = GGML_QUANT_SIZES[qtype]
+    row_bytes = ncols // block * tsize
 
     def raw_rows(start: int, stop: int) -> np.ndarray:
-        return np.ascontiguousarray(flat[start:stop]).view(np.uint8).reshape(stop - start, -1)
+        count = (stop - start) * row_bytes
+        with open(path, "rb") as f:
+            f.seek(t.offset + start * row_bytes)
+            buf = np.fromfile(f, dtype=np.uint8, count=count)
+        if buf.size != count:
+            raise ConversionError(f"{path}: tensor '{t.name}' is truncated")
+        return buf.reshape(stop - start, row_bytes)
 
     def rows(start: int, stop: int) -> np.ndarray:
-        chunk = np.ascontiguousarray(flat[start:stop])
+        raw = raw_rows(start, stop)
+        n = stop - start
         if qtype == GGMLQuantizationType.F32:
-            return chunk.astype(np.float32, copy=False).reshape(stop - start, ncols)
+            return raw.view(np.float32).reshape(n, ncols)
         if qtype == GGMLQuantizationType.F16:
-            return chunk.astype(np.float32).reshape(stop - start, ncols)
+            return raw.view(np.float16).astype(np.float32).reshape(n, ncols)
         if qtype == GGMLQuantizationType.BF16:
-            return bf16_to_f32(chunk.view(np.uint16)).reshape(stop - start, ncols)
-        return dequantize(chunk.view(np.uint8), qtype).astype(np.float32, copy=False).reshape(stop - start, ncols)
+            return bf16_to_f32(raw.view(np.uint16)).reshape(n, ncols)
+        return dequantize(raw, qtype).astype(np.float32, copy=False).reshape(n, ncols)
 
     return TensorRef(t.name, path, qtype.name, shape, rows, raw_rows)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
-from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 
 from .errors import ConversionError
+from .gguf_file import read_header
 from .metadata import ARCH
-from .quantize import RangeError, check_close, decode_rows, encode_rows, keeps_f32, nbytes
+from .parallel import ordered_map
+from .quantize import RangeError, check_close, decode_rows, encode_rows, exact_mismatch, keeps_f32, nbytes
 from .source import DEFAULT_CHUNK_ELEMS, TensorRef, row_split, rows_per_chunk
 from .target import KV
 from .tensor_map import Kind
 
 Q = GGMLQuantizationType
+EXACT_TYPES = (Q.F32, Q.F16, Q.BF16)
 
 
 @dataclass
@@ -51,6 +54,7 @@ def write_gguf(
     *,
     on_progress: ProgressFn | None = None,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    workers: int | None = None,
 ) -> None:
     """Write a GGUF file at ``path`` (which should be a temporary name), streaming tensor data."""
     w = GGUFWriter(path, ARCH)
@@ -58,36 +62,57 @@ def write_gguf(
         w.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
     for t in tensors:
         w.add_tensor_info(t.gguf, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+    def jobs() -> Iterator[tuple[int, int, int]]:
+        for i, t in enumerate(tensors):
+            nrows, ncols = row_split(t.shape)
+            step = rows_per_chunk(ncols, chunk_elems)
+            for start in range(0, nrows, step):
+                yield i, start, min(nrows, start + step)
+
+    def encode(job: tuple[int, int, int]) -> tuple[int, np.ndarray]:
+        i, start, stop = job
+        t = tensors[i]
+        if t.passthrough:
+            assert t.src.raw_rows is not None
+            return i, t.src.raw_rows(start, stop)
+        try:
+            return i, np.ascontiguousarray(encode_rows(t.src.rows(start, stop), t.qtype))
+        except RangeError as exc:
+            raise ConversionError(f"{t.src.file}: tensor '{t.source_name}': {exc}") from None
+
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         assert w.fout is not None and len(w.fout) == 1
         fout = w.fout[0]
-        for t in tensors:
+        written = [0] * len(tensors)
+        current = -1
+
+        def finish(i: int) -> None:
+            t = tensors[i]
+            if written[i] != t.nbytes:
+                raise ConversionError(f"{path}: tensor '{t.gguf}' wrote {written[i]} bytes, expected {t.nbytes}")
+            w.write_padding(fout, written[i])
+
+        for i, raw in ordered_map(encode, jobs(), workers):
+            if i != current:
+                if current >= 0:
+                    finish(current)
+                for skipped in range(current + 1, i):  # zero-size tensors have no chunks
+                    w.write_padding(fout, fout.tell())
+                    finish(skipped)
+                w.write_padding(fout, fout.tell())
+                current = i
+            fout.write(memoryview(raw).cast("B"))
+            written[i] += raw.nbytes
+            if on_progress is not None:
+                on_progress(tensors[i], raw.nbytes)
+        if current >= 0:
+            finish(current)
+        for skipped in range(current + 1, len(tensors)):
             w.write_padding(fout, fout.tell())
-            written = 0
-            nrows, ncols = row_split(t.shape)
-            step = rows_per_chunk(ncols, chunk_elems)
-            for start in range(0, nrows, step):
-                stop = min(nrows, start + step)
-                if t.passthrough:
-                    assert t.src.raw_rows is not None
-                    raw = t.src.raw_rows(start, stop)
-                else:
-                    try:
-                        raw = encode_rows(t.src.rows(start, stop), t.qtype)
-                    except RangeError as exc:
-                        raise ConversionError(f"{t.src.file}: tensor '{t.source_name}': {exc}") from None
-                fout.write(memoryview(np.ascontiguousarray(raw)).cast("B"))
-                written += raw.nbytes
-                if on_progress is not None:
-                    on_progress(t, raw.nbytes)
-            if written != t.nbytes:
-                raise ConversionError(
-                    f"{path}: tensor '{t.gguf}' wrote {written} bytes, expected {t.nbytes}"
-                )
-            w.write_padding(fout, written)
+            finish(skipped)
         fout.flush()
     finally:
         w.close()
@@ -96,18 +121,6 @@ def write_gguf(
 # ----------------------------------------------------------------------------
 # read-back verification
 # ----------------------------------------------------------------------------
-
-def _kv_value(field) -> tuple[object, GGUFValueType, GGUFValueType | None]:  # type: ignore[no-untyped-def]
-    vtype = GGUFValueType(field.types[0])
-    if vtype == GGUFValueType.ARRAY:
-        sub = GGUFValueType(field.types[-1])
-        if sub == GGUFValueType.STRING:
-            return [bytes(field.parts[i]) for i in field.data], vtype, sub
-        return [field.parts[i].tolist()[0] for i in field.data], vtype, sub
-    if vtype == GGUFValueType.STRING:
-        return bytes(field.parts[-1]), vtype, None
-    return field.parts[-1].tolist()[0], vtype, None
-
 
 def _same_value(a: object, b: object, vtype: GGUFValueType, sub: GGUFValueType | None) -> bool:
     if vtype == GGUFValueType.FLOAT32:
@@ -133,6 +146,7 @@ def verify_gguf(
     check_kv_types: bool = True,
     display_path: Path | None = None,
     chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    workers: int | None = None,
     on_progress: ProgressFn | None = None,
 ) -> dict[str, Q]:
     """Read ``path`` back and check every key, tensor name, shape, type and value.
@@ -143,28 +157,27 @@ def verify_gguf(
     tensors and conv bases must still be F32. Returns the stored type of
     every tensor.
     """
-    try:
-        reader = GGUFReader(path, "r")
-    except Exception as exc:  # noqa: BLE001
-        raise ConversionError(f"{path}: written file cannot be read back ({exc})") from None
-
     def fail(msg: str) -> ConversionError:
         return ConversionError(f"{display_path or path}: read-back check failed: {msg}")
 
-    arch_field = reader.fields.get("general.architecture")
-    if arch_field is None or bytes(arch_field.parts[-1]) != ARCH.encode():
+    try:
+        header = read_header(path)
+    except ConversionError as exc:
+        raise fail(exc.message) from None
+
+    arch_field = header.fields.get("general.architecture")
+    if arch_field is None or arch_field.value != ARCH.encode():
         raise fail("general.architecture is not 'dflash'")
     for kv in kvs:
-        f = reader.fields.get(kv.key)
+        f = header.fields.get(kv.key)
         if f is None:
             raise fail(f"key '{kv.key}' is missing")
-        value, vtype, sub = _kv_value(f)
-        if check_kv_types and (vtype != kv.vtype or (kv.sub_type is not None and sub != kv.sub_type)):
-            raise fail(f"key '{kv.key}' has type {vtype.name}/{sub}, expected {kv.vtype.name}/{kv.sub_type}")
-        if not _same_value(value, kv.value, kv.vtype, kv.sub_type):
+        if check_kv_types and (f.vtype != kv.vtype or (kv.sub_type is not None and f.sub_type != kv.sub_type)):
+            raise fail(f"key '{kv.key}' has type {f.vtype.name}/{f.sub_type}, expected {kv.vtype.name}/{kv.sub_type}")
+        if not _same_value(f.value, kv.value, kv.vtype, kv.sub_type):
             raise fail(f"key '{kv.key}' has a different value than written")
 
-    stored = {t.name: t for t in reader.tensors}
+    stored = header.tensors
     want = {t.gguf: t for t in tensors}
     missing = sorted(set(want) - set(stored))
     extra = sorted(set(stored) - set(want))
@@ -174,43 +187,55 @@ def verify_gguf(
         raise fail(f"unexpected tensor '{extra[0]}'")
 
     types: dict[str, Q] = {}
-    with open(path, "rb") as fh:
-        for t in tensors:
-            rt = stored[t.gguf]
-            shape = tuple(int(s) for s in reversed(rt.shape.tolist()))
-            qtype = Q(rt.tensor_type)
-            types[t.gguf] = qtype
-            if shape != t.shape:
-                raise fail(f"tensor '{t.gguf}' has shape {shape}, expected {t.shape}")
-            if libllama_types:
-                if keeps_f32(t.kind, t.shape) and qtype != Q.F32:
-                    raise fail(f"tensor '{t.gguf}' must stay F32, libllama wrote {qtype.name}")
-            elif qtype != t.qtype:
-                raise fail(f"tensor '{t.gguf}' has type {qtype.name}, expected {t.qtype.name}")
-            if int(rt.n_bytes) != nbytes(qtype, t.shape):
-                raise fail(f"tensor '{t.gguf}' holds {int(rt.n_bytes)} bytes, expected {nbytes(qtype, t.shape)}")
-            nrows, ncols = row_split(t.shape)
-            row_bytes = nbytes(qtype, (ncols,))
-            step = rows_per_chunk(ncols, chunk_elems)
-            base = int(rt.data_offset)
-            for start in range(0, nrows, step):
-                stop = min(nrows, start + step)
-                count = (stop - start) * row_bytes
-                fh.seek(base + start * row_bytes)
-                raw = np.fromfile(fh, dtype=np.uint8, count=count)
-                if raw.size != count:
-                    raise fail(f"tensor '{t.gguf}' data is truncated")
-                raw = raw.reshape(stop - start, row_bytes)
-                if t.passthrough and qtype == t.qtype and t.src.raw_rows is not None:
-                    if not np.array_equal(raw, t.src.raw_rows(start, stop)):
-                        raise fail(f"tensor '{t.gguf}' rows {start}..{stop} differ from '{t.source_name}'")
-                else:
-                    src = t.src.rows(start, stop)
-                    got = decode_rows(raw, qtype, ncols)
-                    why = check_close(src, got, qtype)
-                    if why is not None:
-                        raise fail(f"tensor '{t.gguf}' (from '{t.source_name}', rows {start}..{stop}): {why}")
-                if on_progress is not None:
-                    on_progress(t, count)
-    del reader
+    jobs: list[tuple[PlannedTensor, int, int, int, int]] = []  # tensor, start, stop, offset, count
+    for t in tensors:
+        rt = stored[t.gguf]
+        qtype = rt.qtype
+        types[t.gguf] = qtype
+        if rt.shape != t.shape:
+            raise fail(f"tensor '{t.gguf}' has shape {rt.shape}, expected {t.shape}")
+        if libllama_types:
+            if keeps_f32(t.kind, t.shape) and qtype != Q.F32:
+                raise fail(f"tensor '{t.gguf}' must stay F32, libllama wrote {qtype.name}")
+        elif qtype != t.qtype:
+            raise fail(f"tensor '{t.gguf}' has type {qtype.name}, expected {t.qtype.name}")
+        if rt.nbytes != nbytes(qtype, t.shape):
+            raise fail(f"tensor '{t.gguf}' holds {rt.nbytes} bytes, expected {nbytes(qtype, t.shape)}")
+        nrows, ncols = row_split(t.shape)
+        row_bytes = nbytes(qtype, (ncols,))
+        step = rows_per_chunk(ncols, chunk_elems)
+        for start in range(0, nrows, step):
+            stop = min(nrows, start + step)
+            jobs.append((t, start, stop, rt.offset + start * row_bytes, (stop - start) * row_bytes))
+
+    def check(job: tuple[PlannedTensor, int, int, int, int]) -> tuple[PlannedTensor, int, str | None]:
+        t, start, stop, offset, count = job
+        qtype = types[t.gguf]
+        ncols = t.shape[-1] if t.shape else 1
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            raw = np.fromfile(fh, dtype=np.uint8, count=count)
+        if raw.size != count:
+            return t, count, f"tensor '{t.gguf}' data is truncated"
+        raw = raw.reshape(stop - start, -1)
+        where = f"tensor '{t.gguf}' (from '{t.source_name}', rows {start}..{stop})"
+        if t.passthrough and qtype == t.qtype and t.src.raw_rows is not None:
+            if not np.array_equal(raw, t.src.raw_rows(start, stop)):
+                return t, count, f"{where}: stored bytes differ from the source"
+        elif qtype in EXACT_TYPES:
+            # exact types: the stored values must be exactly the source converted to that type
+            why = exact_mismatch(raw, t.src.rows(start, stop), qtype)
+            if why is not None:
+                return t, count, f"{where}: {why}"
+        else:
+            why = check_close(t.src.rows(start, stop), decode_rows(raw, qtype, ncols), qtype)
+            if why is not None:
+                return t, count, f"{where}: {why}"
+        return t, count, None
+
+    for t, count, problem in ordered_map(check, jobs, workers):
+        if problem is not None:
+            raise fail(problem)
+        if on_progress is not None:
+            on_progress(t, count)
     return types

@@ -1,0 +1,459 @@
+"""Our C++ draft graph (dflash_gguf.Drafter) against the PyTorch reference of the spec.
+
+- Random DFlash 1 / DFlash 2 drafters (f32 weights), block sizes 4 / 8 / 16, drafting over
+  an empty cache and over 5 and 37 injected context rows: every block row's logits agree
+  to NMSE <= 1e-6, the same top-k candidates, selector scores within 1e-4, the same walk
+  and the same per-row argmax.
+- f16 / q8_0 weights: the logits NMSE against the f32 reference stays bounded.
+- The bundled trained pair (examples/tinycode): features from the PyTorch target for the
+  golden prompts, our Drafter walks the golden walk.
+- Rollback: inject, draft, truncate, inject other rows == a fresh drafter fed the result.
+- Counters: graphs are reserved once for the worst case, so no reallocation while
+  drafting; one split on the CPU; one graph per draft step.
+
+The drafters are converted with the converter's library entry point (what dflash-convert
+runs) against a tiny random f32 Qwen3 target GGUF (vocab 512, hidden 64) that supplies
+the token embedding and LM head; the reference uses the same f32 arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from factories import make_checkpoint, make_target_gguf
+from reference.dflash_ref import DraftOutput, DraftReference
+from reference.qwen3_ref import Qwen3Reference
+
+dflash_gguf = pytest.importorskip("dflash_gguf", reason="the dflash_gguf extension is not built")
+from dflash_convert.convert import Options, convert  # noqa: E402
+
+logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
+torch.set_num_threads(1)
+
+TINY = Path(__file__).resolve().parent.parent / "examples" / "tinycode"
+
+VOCAB, HIDDEN, N_TARGET_LAYERS = 512, 64, 4
+BLOCKS = (4, 8, 16)
+CONTEXTS = (0, 5, 37)
+
+NMSE_F32 = 1e-6  # the brief's bound for f32 weights
+SCORE_TOL = 1e-4  # selector scores, relative to max(1, |score|)
+# Quantized weights vs the f32 reference: bounds from measurement (the figures are printed).
+# Random drafters, measured worst row NMSE: f16 3e-6 (v1) / 4e-5 (v2); q8_0 2e-3 (v1) / 4e-2 (v2).
+# The random DFlash2 is ill-conditioned (its random dynamic conv amplifies errors): a reference
+# fed the dequantized q8_0 weights is itself 2e-2 from the f32 one, and ggml's q8_0 matmul
+# also quantizes the activations. The trained tinycode drafter is far better behaved
+# (f16 ~1e-7, q8_0 ~1e-4 against our f32 run; see test_bundled_quantized).
+NMSE_QUANT = {("f16", 1): 1e-5, ("f16", 2): 2e-4, ("q8_0", 1): 1e-2, ("q8_0", 2): 1e-1}
+NMSE_BUNDLED = {"f16": 1e-6, "q8_0": 1e-3}
+
+WORST: dict[str, float] = {}  # label -> worst NMSE seen, printed at the end of the module
+
+
+def nmse(a: np.ndarray, b: np.ndarray) -> float:
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(((a64 - b64) ** 2).sum() / (b64**2).sum())
+
+
+def row_nmse(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """NMSE of every block row: [B]."""
+    a64, b64 = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return ((a64 - b64) ** 2).sum(axis=1) / (b64**2).sum(axis=1)
+
+
+def note(label: str, value: float) -> None:
+    WORST[label] = max(WORST.get(label, 0.0), value)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report() -> Any:
+    yield
+    if WORST:
+        print("\nworst NMSE per configuration:")
+        for k in sorted(WORST):
+            print(f"  {k:40s} {WORST[k]:.3e}")
+
+
+# --------------------------------------------------------------------------- #
+# models
+# --------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("graph_parity")
+
+
+@pytest.fixture(scope="module")
+def target(work: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    path = work / "target.gguf"
+    tensors = make_target_gguf(path, vocab=VOCAB, hidden=HIDDEN, n_layers=N_TARGET_LAYERS, seed=11, dtype="f32")
+    return path, tensors
+
+
+class Case:
+    """One random drafter: its HF dir, reference and converted GGUFs (made on demand)."""
+
+    def __init__(self, work: Path, target: tuple[Path, dict[str, np.ndarray]], version: int, block: int):
+        self.version, self.block = version, block
+        self.dir = work / f"v{version}_b{block}"
+        self.target_path, tt = target
+        self.tensors = make_checkpoint(
+            self.dir, version=version, hidden=HIDDEN, vocab=VOCAB, n_target_layers=N_TARGET_LAYERS,
+            target_layer_ids=(1, 2), block_size=block, top_k=4, rank=8, dtype="f32", seed=100 + 10 * version + block,
+        )
+        self.config = json.loads((self.dir / "config.json").read_text())
+        self.ref = DraftReference(self.config, self.tensors, tt["token_embd.weight"], tt["output.weight"])
+        self.width = self.ref.target_hidden * len(self.ref.cfg.target_layer_ids)
+        self._gguf: dict[tuple[str, bool], Path] = {}
+
+    def gguf(self, outtype: str, embed_head: bool = False) -> Path:
+        key = (outtype, embed_head)
+        if key not in self._gguf:
+            out = self.dir.parent / f"{self.dir.name}-{outtype}{'-head' if embed_head else ''}.gguf"
+            convert(Options(draft_dir=self.dir, target=self.target_path, outfile=out, outtype=outtype,
+                            embed_target_head=embed_head, force=True, progress=False))
+            self._gguf[key] = out
+        return self._gguf[key]
+
+    def drafter(self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256) -> Any:
+        target = "" if embed_head else str(self.target_path)
+        return dflash_gguf.Drafter(str(self.gguf(outtype, embed_head)), target, device="cpu", n_threads=1, n_ctx=n_ctx)
+
+
+_CASES: dict[tuple[int, int], Case] = {}
+
+
+@pytest.fixture(scope="module")
+def case(work: Path, target: tuple[Path, dict[str, np.ndarray]]) -> Any:
+    def get(version: int, block: int) -> Case:
+        if (version, block) not in _CASES:
+            _CASES[(version, block)] = Case(work, target, version, block)
+        return _CASES[(version, block)]
+
+    yield get
+    _CASES.clear()
+
+
+def features(n: int, width: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, width)).astype(np.float32)
+
+
+def run_both(c: Case, d: Any, n_ctx_rows: int, anchor: int, seed: int = 0) -> tuple[dict[str, Any], DraftOutput]:
+    """Inject n_ctx_rows random feature rows at 0.. into both, draft at position n_ctx_rows."""
+    feats = features(n_ctx_rows, c.width, seed)
+    pos = np.arange(n_ctx_rows, dtype=np.int32)
+    d.reset()
+    if n_ctx_rows:
+        d.inject(feats, pos)
+    assert d.n_cached == n_ctx_rows
+    cache = c.ref.inject(feats, pos.tolist())
+    ours = d.draft(anchor, n_ctx_rows, details=True)
+    ref = c.ref.draft(cache, anchor, n_ctx_rows)
+    return ours, ref
+
+
+# --------------------------------------------------------------------------- #
+# comparisons
+# --------------------------------------------------------------------------- #
+
+
+def _margin(values: np.ndarray) -> float:
+    """Gap between the best and second best value of a row."""
+    s = np.sort(np.asarray(values, np.float64))[::-1]
+    return float(s[0] - s[1]) if s.size > 1 else float("inf")
+
+
+def check_argmax(ours: dict[str, Any], ref: DraftOutput, tie: float) -> None:
+    logits = ref.logits.double().numpy()
+    ref_argmax = logits.argmax(axis=1)  # rows 0..B-1 (ref.argmax covers rows 1..)
+    assert np.array_equal(ref_argmax[1:], ref.argmax.numpy())
+    got = np.asarray(ours["argmax"])
+    for t in range(logits.shape[0]):
+        if got[t] != ref_argmax[t]:
+            assert _margin(logits[t]) < tie, f"row {t}: argmax {got[t]} != reference {ref_argmax[t]}"
+
+
+def check_selector(ours: dict[str, Any], ref: DraftOutput, tie: float) -> None:
+    """Candidates (same set; same order where the reference has no near-tie), scores, walk."""
+    k = ref.candidates.shape[1]
+    cand_ref = ref.candidates.numpy()
+    cand = np.asarray(ours["candidates"])
+    scores_ref = ref.scores.double().numpy()
+    scores = np.asarray(ours["scores"], np.float64)
+    logits_ref = ref.logits.double().numpy()
+    anchor = int(ref.tokens[0])
+    assert cand.shape == cand_ref.shape and scores.shape == scores_ref.shape
+    rows_ok = []
+    for t in range(cand_ref.shape[0]):
+        row = np.sort(logits_ref[t + 1])[::-1]
+        boundary_tie = row[k - 1] - row[k] < tie  # the k-th and (k+1)-th logits nearly equal
+        internal_tie = np.any(np.diff(row[:k]) > -tie)
+        if not boundary_tie:
+            assert sorted(cand[t].tolist()) == sorted(cand_ref[t].tolist()), f"row {t + 1}: candidates differ"
+        if not boundary_tie and not internal_tie:
+            assert cand[t].tolist() == cand_ref[t].tolist(), f"row {t + 1}: candidate order differs"
+        rows_ok.append(not boundary_tie)
+    # scores keyed by (predecessor id, successor id), so that near-tie reorderings do not matter
+    for t in range(cand_ref.shape[0]):
+        if not rows_ok[t] or (t > 0 and not rows_ok[t - 1]):
+            continue
+        pred = [anchor] * k if t == 0 else cand[t - 1].tolist()
+        pred_ref = [anchor] * k if t == 0 else cand_ref[t - 1].tolist()
+        ref_map = {(pred_ref[i], int(cand_ref[t, j])): scores_ref[t, i, j] for i in range(k) for j in range(k)}
+        for i in range(k):
+            for j in range(k):
+                want = ref_map[(pred[i], int(cand[t, j]))]
+                got = scores[t, i, j]
+                assert abs(got - want) <= SCORE_TOL * max(1.0, abs(want)), (
+                    f"row {t + 1}: score({pred[i]}, {cand[t, j]}) = {got} vs reference {want}"
+                )
+    # the walk: identical until the first decision the reference itself nearly ties
+    walk_ref = ref.walk.numpy()
+    walk = np.asarray(ours["tokens"])
+    assert len(walk) == len(walk_ref)
+    prev = 0
+    for t in range(len(walk_ref)):
+        s = scores_ref[t, prev]
+        if _margin(s) < tie:
+            break
+        assert walk[t] == walk_ref[t], f"walk row {t + 1}: {walk[t]} != reference {walk_ref[t]}"
+        assert int(ours["walk_index"][t]) == int(ref.walk_index[t])
+        prev = int(ref.walk_index[t])
+
+
+# --------------------------------------------------------------------------- #
+# f32 parity
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("version", (1, 2))
+def test_f32_parity(case: Any, version: int, block: int) -> None:
+    c: Case = case(version, block)
+    d = c.drafter("f32")
+    assert d.hparams["block_size"] == block and d.hparams["version"] == version
+    worst = 0.0
+    for i, n_ctx_rows in enumerate(CONTEXTS):
+        ours, ref = run_both(c, d, n_ctx_rows, anchor=7 + 31 * i, seed=1000 + i)
+        logits = np.asarray(ours["logits"])
+        assert logits.shape == tuple(ref.logits.shape)
+        e = row_nmse(logits, ref.logits.numpy())
+        worst = max(worst, float(e.max()))
+        assert e.max() <= NMSE_F32, f"ctx {n_ctx_rows}: per-row logits NMSE {e}"
+        tie = 1e-4 * float(np.abs(ref.logits.numpy()).max())
+        check_argmax(ours, ref, tie)
+        if version == 2:
+            check_selector(ours, ref, tie)
+            q = np.asarray(ours["walk_q"])
+            np.testing.assert_allclose(q.sum(axis=1), 1.0, atol=1e-5)
+        else:
+            assert "candidates" not in ours
+            assert ours["tokens"] == ref.argmax.tolist()
+    note(f"f32 v{version} B{block}", worst)
+    print(f"f32 DFlash{version} B={block}: worst row NMSE {worst:.3e} over contexts {CONTEXTS}")
+
+
+@pytest.mark.parametrize("version", (1, 2))
+def test_long_context_parity(case: Any, version: int) -> None:
+    """300 context rows: injection is chunked (256 rows per graph), the block sees all of them."""
+    c: Case = case(version, 16)
+    d = c.drafter("f32", n_ctx=512)
+    ours, ref = run_both(c, d, 300, anchor=42, seed=300)
+    e = float(row_nmse(np.asarray(ours["logits"]), ref.logits.numpy()).max())
+    note(f"f32 v{version} B16 ctx300", e)
+    print(f"f32 DFlash{version} B=16 over 300 context rows: worst row NMSE {e:.3e}")
+    assert e <= NMSE_F32
+    tie = 1e-4 * float(np.abs(ref.logits.numpy()).max())
+    check_argmax(ours, ref, tie)
+    if version == 2:
+        check_selector(ours, ref, tie)
+    # n < B-1 drafts a prefix of the same block
+    assert d.draft(42, 300, n=3) == list(ours["tokens"])[:3]
+
+
+def test_embedded_head_parity(case: Any) -> None:
+    """--embed-target-head: the drafter runs without a target GGUF, same numbers."""
+    c: Case = case(2, 8)
+    d = c.drafter("f32", embed_head=True)
+    ours, ref = run_both(c, d, 37, anchor=99, seed=7)
+    e = float(row_nmse(np.asarray(ours["logits"]), ref.logits.numpy()).max())
+    note("f32 v2 B8 embedded head", e)
+    print(f"f32 DFlash2 B=8 embedded target head: worst row NMSE {e:.3e}")
+    assert e <= NMSE_F32
+    check_selector(ours, ref, 1e-4 * float(np.abs(ref.logits.numpy()).max()))
+
+
+# --------------------------------------------------------------------------- #
+# quantized weights
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("outtype", ("f16", "q8_0"))
+@pytest.mark.parametrize("version", (1, 2))
+def test_quantized_bounded(case: Any, version: int, outtype: str) -> None:
+    c: Case = case(version, 8)
+    d = c.drafter(outtype)
+    worst = 0.0
+    agree = total = 0
+    for i, n_ctx_rows in enumerate(CONTEXTS):
+        ours, ref = run_both(c, d, n_ctx_rows, anchor=5 + 17 * i, seed=2000 + i)
+        e = row_nmse(np.asarray(ours["logits"]), ref.logits.numpy())
+        worst = max(worst, float(e.max()))
+        agree += int((np.asarray(ours["argmax"])[1:] == ref.argmax.numpy()).sum())
+        total += ref.argmax.numel()
+    note(f"{outtype} v{version} B8", worst)
+    print(f"{outtype} DFlash{version} B=8: worst row NMSE {worst:.3e}, argmax agreement {agree}/{total}")
+    assert worst <= NMSE_QUANT[(outtype, version)]
+
+
+# --------------------------------------------------------------------------- #
+# the bundled trained pair
+# --------------------------------------------------------------------------- #
+
+
+GOLDEN = json.loads((TINY / "golden_dflash2.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(work: Path) -> Any:
+    made: dict[str, Path] = {}
+
+    def get(outtype: str) -> Path:
+        if outtype not in made:
+            out = work / f"tinycode-drafter-{outtype}.gguf"
+            convert(Options(draft_dir=TINY / "drafter-dflash2", target=TINY / "target-f16.gguf", outfile=out,
+                            outtype=outtype, force=True, progress=False))
+            made[outtype] = out
+        return made[outtype]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def golden_features() -> dict[str, np.ndarray]:
+    """Per golden case: the PyTorch target's hidden_states[l + 1] for l in target_layer_ids, concatenated."""
+    tl = GOLDEN["meta"]["target_layer_ids"]
+    target = Qwen3Reference.from_hf_dir(TINY / "target")
+    out = {}
+    for c in GOLDEN["cases"]:
+        hs = target.forward(c["prompt_ids"]).hidden_states
+        out[c["prompt_id"]] = torch.cat([hs[i + 1] for i in tl], dim=-1).numpy().astype(np.float32)
+    return out
+
+
+def tiny_drafter(path: Path) -> Any:
+    return dflash_gguf.Drafter(str(path), str(TINY / "target-f16.gguf"), device="cpu", n_threads=1, n_ctx=512)
+
+
+def draft_case(d: Any, c: dict[str, Any], feats: np.ndarray) -> dict[str, Any]:
+    n = feats.shape[0]
+    assert n == c["block_start"]
+    d.reset()
+    d.inject(feats, np.arange(n, dtype=np.int32))
+    return d.draft(c["anchor"], n, details=True)
+
+
+def test_bundled_golden_walk(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
+    d = tiny_drafter(tiny_gguf("f32"))
+    for c in GOLDEN["cases"]:
+        out = draft_case(d, c, golden_features[c["prompt_id"]])
+        walk = list(out["tokens"])
+        print(f"{c['prompt_id']}: walk {walk} golden {c['walk']}")
+        assert walk == c["walk"], c["prompt_id"]
+        assert np.asarray(out["argmax"])[1:].tolist() == c["argmax"], c["prompt_id"]
+        cand = np.asarray(out["candidates"])
+        logits = np.asarray(out["logits"])
+        for r in c["rows"]:
+            t = r["row"]
+            assert sorted(cand[t - 1].tolist()) == sorted(r["topk_ids"]), (c["prompt_id"], t)
+            # f16 target head here vs the golden's bf16 head in f32
+            np.testing.assert_allclose(logits[t, r["topk_ids"]], r["topk_logits"], atol=2e-3, rtol=1e-3)
+            j = cand[t - 1].tolist().index(r["walk_choice"])
+            assert int(out["walk_index"][t - 1]) == j
+
+
+@pytest.mark.parametrize("outtype", ("f16", "q8_0"))
+def test_bundled_quantized(tiny_gguf: Any, golden_features: dict[str, np.ndarray], outtype: str) -> None:
+    """The trained drafter quantized: logits NMSE against our own f32 run, and still the golden walk."""
+    d32 = tiny_drafter(tiny_gguf("f32"))
+    dq = tiny_drafter(tiny_gguf(outtype))
+    worst = 0.0
+    for c in GOLDEN["cases"]:
+        f = golden_features[c["prompt_id"]]
+        want = draft_case(d32, c, f)
+        got = draft_case(dq, c, f)
+        worst = max(worst, float(row_nmse(np.asarray(got["logits"]), np.asarray(want["logits"])).max()))
+        assert list(got["tokens"]) == c["walk"], (outtype, c["prompt_id"])
+    note(f"tinycode {outtype} vs f32", worst)
+    print(f"tinycode drafter {outtype} vs f32: worst row NMSE {worst:.3e}")
+    assert worst <= NMSE_BUNDLED[outtype]
+
+
+# --------------------------------------------------------------------------- #
+# rollback and counters
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("version", (1, 2))
+def test_rollback_equals_fresh(case: Any, version: int) -> None:
+    c: Case = case(version, 8)
+    a = features(20, c.width, 31)
+    b = features(10, c.width, 32)
+    d = c.drafter("f32")
+    d.inject(a, np.arange(20, dtype=np.int32))
+    first = d.draft(3, 20, details=True)
+    d.truncate(10)
+    assert d.n_cached == 10
+    d.inject(b, np.arange(10, 20, dtype=np.int32))
+    assert d.n_cached == 20
+    rolled = d.draft(3, 20, details=True)
+
+    fresh = c.drafter("f32")
+    fresh.inject(np.concatenate([a[:10], b]), np.arange(20, dtype=np.int32))
+    want = fresh.draft(3, 20, details=True)
+
+    diff = float(np.abs(np.asarray(rolled["logits"]) - np.asarray(want["logits"])).max())
+    changed = float(np.abs(np.asarray(first["logits"]) - np.asarray(want["logits"])).max())
+    print(f"rollback DFlash{version}: logits max |rolled - fresh| = {diff:.3e} (vs before rollback {changed:.3e})")
+    assert rolled["tokens"] == want["tokens"]
+    assert np.array_equal(rolled["argmax"], want["argmax"])
+    assert diff <= 1e-6
+    assert changed > 1e-3, "the new rows did not change the draft: the test proves nothing"
+    if version == 2:
+        assert np.array_equal(rolled["candidates"], want["candidates"])
+        assert float(np.abs(np.asarray(rolled["scores"]) - np.asarray(want["scores"])).max()) <= 1e-6
+
+
+def test_counters_reserved_once(case: Any) -> None:
+    c: Case = case(2, 8)
+    n_ctx = 600  # > one inject chunk (256 rows): chunked injection and a block over a nearly full cache
+    d = c.drafter("f32", n_ctx=n_ctx)
+    d.inject(features(3, c.width, 1), np.arange(3, dtype=np.int32))
+    d.draft(1, 3)
+    base = dict(d.counters)
+    assert base["n_splits_last"] == 1, base
+    per_step = []
+    n = 3
+    for i, rows in enumerate((1, 7, 40, 300, 200, n_ctx - 8 - 551)):
+        d.inject(features(rows, c.width, 50 + i), np.arange(n, n + rows, dtype=np.int32))
+        n += rows
+        before = d.counters["graphs_built"]
+        d.draft(2 + i, n)
+        per_step.append(d.counters["graphs_built"] - before)
+        assert d.counters["n_splits_last"] == 1
+    assert d.n_cached == n_ctx - 8  # the block over the last free rows: the reserved worst case
+    d.truncate(5)
+    d.draft(9, 5, details=True)
+    after = dict(d.counters)
+    print(f"counters: warm-up {base}, after {after}; graphs built per draft step {per_step}")
+    assert after["sched_reallocs"] == base["sched_reallocs"], (base, after)
+    assert after["n_splits_last"] == 1
+    assert all(s == 1 for s in per_step), per_step

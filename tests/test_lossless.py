@@ -1,0 +1,210 @@
+"""Greedy speculative decoding is lossless: token for token what the target alone decodes.
+
+The reference is plain libllama greedy decoding through llama_cpp.Llama (one
+token per decode). Batched verification and one-token decoding round
+differently, so where the target's two best logits are within EPS the two may
+legitimately pick different tokens: at every divergence the reference's top-2
+margin must be below EPS and our token one of those two; the reference is then
+re-run from prompt + ours[:i + 1], so identity is asserted wherever the margin
+exceeds EPS. Near-ties and acceptance figures are printed (pytest -s) and
+written to $TMPDIR/dflash-gguf-tests/lossless_*.json.
+
+Also: prompt-prefix reuse and KV rollback keep outputs exact and deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+from dflash_gguf import SpeculativeLlama  # noqa: E402
+from tinycode import (  # noqa: E402
+    N_CTX,
+    TARGET,
+    THREADS,
+    GreedyReference,
+    compare_greedy,
+    drafter_gguf,
+    prompts,
+    random_drafter_gguf,
+    record,
+)
+
+EPS = 1e-2          # top-2 logit margin below which a divergence counts as a near-tie
+N_NEW = 128         # tokens per prompt
+MAX_TIES = 5        # more near-ties than this over 20 prompts would mean a systematic numeric drift
+
+
+@pytest.fixture(scope="module")
+def ref() -> GreedyReference:
+    return GreedyReference(TARGET, n_ctx=N_CTX, n_threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def ptoks(ref: GreedyReference) -> list[list[int]]:
+    return [ref.tokenize(p["text"]) for p in prompts()]
+
+
+def _spec(draft: str) -> SpeculativeLlama:
+    return SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def spec_bundled() -> SpeculativeLlama:
+    return _spec(str(drafter_gguf("f32")))
+
+
+@pytest.fixture(scope="module")
+def spec_random() -> SpeculativeLlama:
+    return _spec(str(random_drafter_gguf()))
+
+
+def _run_all(spec: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]], label: str,
+             plain: bool = False) -> dict[str, Any]:
+    problems: list[str] = []
+    ties = []
+    steps = plain_steps = drafted = accepted = emitted = 0
+    per_prompt_mal = []
+    for p, toks in zip(prompts(), ptoks):
+        ours = list(spec.generate_tokens(toks, max_tokens=N_NEW, temperature=0.0, plain=plain))
+        s = spec.stats
+        steps += s.steps
+        plain_steps += s.plain_steps
+        drafted += s.drafted
+        accepted += s.accepted
+        emitted += s.completion_tokens
+        per_prompt_mal.append(s.mean_accepted_length)
+        pr, tv = compare_greedy(ref, toks, ours, N_NEW, EPS, name=p["id"])
+        problems += pr
+        ties += tv
+    drafted_steps = steps - plain_steps
+    summary = {
+        "variant": label,
+        "prompts": len(ptoks),
+        "tokens": emitted,
+        "steps": steps,
+        "plain_steps": plain_steps,
+        "drafted": drafted,
+        "accepted": accepted,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": (accepted + drafted_steps) / drafted_steps if drafted_steps else 1.0,
+        "mean_accepted_length_per_prompt_mean": float(np.mean(per_prompt_mal)),
+        "near_ties": [asdict(t) for t in ties],
+        "problems": problems,
+    }
+    record(f"lossless_{label}", summary)
+    margins = ", ".join(f"{t.prompt}@{t.index}: {t.margin:.5f}" for t in ties) or "none"
+    print(f"\n[lossless {label}] {emitted} tokens, {steps} target passes ({plain_steps} plain), "
+          f"mean accepted length {summary['mean_accepted_length']:.2f}, "
+          f"acceptance {accepted}/{drafted}; near-ties {len(ties)} ({margins})")
+    return summary
+
+
+@pytest.mark.parametrize("n_max", [7, 3, 1])
+def test_greedy_lossless_bundled(spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]],
+                                 n_max: int) -> None:
+    spec_bundled.n_max = n_max
+    assert spec_bundled.n_max == n_max
+    try:
+        s = _run_all(spec_bundled, ref, ptoks, f"bundled_f32_nmax{n_max}")
+    finally:
+        spec_bundled.n_max = 0
+    assert not s["problems"], "\n".join(s["problems"])
+    assert len(s["near_ties"]) <= MAX_TIES
+    assert all(t["margin"] < EPS for t in s["near_ties"])
+    assert s["plain_steps"] == 0 or s["acceptance_rate"] > 0.3
+    # a trained drafter is accepted; each target pass drafts exactly n_max tokens (context permitting)
+    assert s["drafted"] == n_max * (s["steps"] - s["plain_steps"])
+    assert s["mean_accepted_length"] > 1.0 + 0.35 * n_max, s["mean_accepted_length"]
+
+
+def test_greedy_lossless_random_drafter(spec_random: SpeculativeLlama, ref: GreedyReference,
+                                        ptoks: list[list[int]]) -> None:
+    """An untrained drafter: almost nothing is accepted, the fallback decodes plainly, output still exact."""
+    s = _run_all(spec_random, ref, ptoks, "random_drafter")
+    assert not s["problems"], "\n".join(s["problems"])
+    assert len(s["near_ties"]) <= MAX_TIES
+    assert s["acceptance_rate"] < 0.1, s["acceptance_rate"]
+    assert s["plain_steps"] > s["steps"] // 2, (s["plain_steps"], s["steps"])  # the fallback kicked in
+
+
+@pytest.mark.parametrize("outtype", ["f16", "q8_0"])
+def test_greedy_lossless_quantized_drafter(outtype: str, ref: GreedyReference, ptoks: list[list[int]]) -> None:
+    """The drafter's own type changes acceptance, never the output (first 8 prompts)."""
+    spec = _spec(str(drafter_gguf(outtype)))
+    s = _run_all(spec, ref, ptoks[:8], f"bundled_{outtype}")
+    assert not s["problems"], "\n".join(s["problems"])
+    assert s["mean_accepted_length"] > 2.0, s["mean_accepted_length"]
+
+
+def test_plain_cpp_loop_matches_reference(spec_bundled: SpeculativeLlama, ref: GreedyReference,
+                                          ptoks: list[list[int]]) -> None:
+    """plain=True (the C++ one-token loop, no drafting) is the same decoding as llama_cpp's."""
+    s = _run_all(spec_bundled, ref, ptoks, "plain_cpp", plain=True)
+    assert not s["problems"], "\n".join(s["problems"])
+    assert s["drafted"] == 0 and s["steps"] == s["tokens"] - s["prompts"]  # one pass per token after the first
+
+
+# --------------------------------------------------------------------------- #
+# prompt-prefix reuse and rollback
+# --------------------------------------------------------------------------- #
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _check(ref: GreedyReference, prompt: list[int], ours: list[int], n: int, name: str) -> None:
+    problems, _ = compare_greedy(ref, prompt, ours, n, EPS, name=name)
+    assert not problems, "\n".join(problems)
+
+
+def test_prefix_reuse_matches_plain(spec_bundled: SpeculativeLlama, ref: GreedyReference,
+                                    ptoks: list[list[int]]) -> None:
+    n = 48
+    a = ptoks[5]
+    out_a = list(spec_bundled.generate_tokens(a, max_tokens=n))
+    assert spec_bundled.stats.completion_tokens == n
+    _check(ref, a, out_a, n, "A")
+
+    # B shares a long prefix of A's prompt, then goes elsewhere
+    b = a[: len(a) - 12] + ptoks[9][:20]
+    out_b = list(spec_bundled.generate_tokens(b, max_tokens=n))
+    assert spec_bundled.stats.reused_prompt_tokens == _lcp(a, b) > 30
+    assert spec_bundled.stats.prompt_tokens == len(b)
+    _check(ref, b, out_b, n, "B (shares A's prefix)")
+
+    # C continues B's own generation: the reused prefix runs past the prompt into generated tokens
+    c = b + out_b[:20]
+    out_c = list(spec_bundled.generate_tokens(c, max_tokens=n))
+    assert spec_bundled.stats.reused_prompt_tokens == len(c) - 1
+    _check(ref, c, out_c, n, "C (continues B)")
+
+    # D is a strict prefix of what is cached: the caches roll back
+    d = a[:40]
+    out_d = list(spec_bundled.generate_tokens(d, max_tokens=n))
+    assert spec_bundled.stats.reused_prompt_tokens == 39
+    _check(ref, d, out_d, n, "D (strict prefix)")
+
+
+def test_rollback_gives_identical_outputs(spec_bundled: SpeculativeLlama, ptoks: list[list[int]]) -> None:
+    """A, then an unrelated prompt, then A again: identical outputs, greedy and seeded sampling."""
+    a, other = ptoks[2], ptoks[13]
+    for kw in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7},
+               {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 123}):
+        first = list(spec_bundled.generate_tokens(a, max_tokens=64, **kw))
+        list(spec_bundled.generate_tokens(other, max_tokens=64, **kw))
+        again = list(spec_bundled.generate_tokens(a, max_tokens=64, **kw))
+        assert spec_bundled.stats.reused_prompt_tokens == _lcp(a, other)
+        assert again == first, kw
+        # immediately again: the whole prompt but its last token comes from the cache
+        third = list(spec_bundled.generate_tokens(a, max_tokens=64, **kw))
+        assert spec_bundled.stats.reused_prompt_tokens == len(a) - 1
+        assert third == first, kw

@@ -1,0 +1,258 @@
+"""Shared helpers for the tests that run the bundled tinycode pair end to end.
+
+    from tinycode import TARGET, THREADS, drafter_gguf, prompts, GreedyReference
+
+* ``drafter_gguf("f32")``: the bundled DFlash2 drafter converted with
+  ``dflash-convert`` (f32 / f16 / q8_0), once per test process.
+* ``random_drafter_gguf()``: a random DFlash2 checkpoint of the tinycode
+  shape (``factories.make_checkpoint``) converted against the tinycode target;
+  its drafts are useless, so acceptance is ~0 and the fallback kicks in.
+* ``mismatched_drafter_gguf(kind)``: drafters converted against a *different*
+  tiny target, unusable with the tinycode target ("vocab", "hidden", "layers").
+* ``prompts()``: the 20 benchmark prompts; tokenise ``text`` with
+  ``add_special=False, parse_special=False``.
+* ``GreedyReference``: plain libllama greedy decoding through
+  ``llama_cpp.Llama`` (one token per decode, logits read from ``llm.scores``),
+  with the top-2 logit margin of every step, memoised by prefix.
+
+Threads: ``DFLASH_TEST_THREADS`` (default 1). On the 2-core test box with
+other jobs running, 2 threads per ggml threadpool made libllama decoding up to
+~40x slower (spinning workers competing for the cores); 1 thread is the robust
+default. Set ``DFLASH_TEST_THREADS=2`` on an idle machine.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+TINY = ROOT / "examples" / "tinycode"
+TARGET = TINY / "target-f16.gguf"
+DRAFTER_DIR = TINY / "drafter-dflash2"
+PROMPTS = TINY / "prompts.jsonl"
+
+THREADS = int(os.environ.get("DFLASH_TEST_THREADS", "1"))
+N_CTX = 512
+EOS = 0  # <|endoftext|>: bos = eos = pad (examples/tinycode/README.md)
+
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+# where the figures the tests measure are written (near-ties, acceptance, chi-square values)
+REPORT_DIR = Path(tempfile.gettempdir()) / "dflash-gguf-tests"
+
+
+def record(name: str, data: Any) -> Path:
+    """Write a JSON report under REPORT_DIR (and return its path)."""
+    REPORT_DIR.mkdir(parents=True, exist_ok=True)
+    path = REPORT_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2, default=float))
+    return path
+
+
+# --------------------------------------------------------------------------- #
+# files built once per process
+# --------------------------------------------------------------------------- #
+
+@functools.lru_cache(maxsize=None)
+def _workdir() -> Path:
+    d = Path(tempfile.mkdtemp(prefix="dflash-gguf-tinycode-"))
+    atexit.register(shutil.rmtree, d, True)
+    return d
+
+
+def convert(draft_dir: Path, target: Path, outfile: Path, outtype: str = "f32") -> Path:
+    """Run the dflash-convert CLI; raise with its output on failure."""
+    exe = Path(sys.executable).with_name("dflash-convert")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "dflash_convert"]
+    cmd += [str(draft_dir), "--target", str(target), "--outfile", str(outfile), "--outtype", outtype,
+            "--no-progress", "--force"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0 or not outfile.exists():
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
+    return outfile
+
+
+@functools.lru_cache(maxsize=None)
+def drafter_gguf(outtype: str = "f32") -> Path:
+    """The bundled trained drafter as a GGUF of the given type."""
+    return convert(DRAFTER_DIR, TARGET, _workdir() / f"tinycode-drafter-{outtype}.gguf", outtype)
+
+
+@functools.lru_cache(maxsize=None)
+def random_drafter_gguf(seed: int = 1234) -> Path:
+    """A random (untrained) DFlash2 drafter that fits the tinycode target."""
+    from factories import make_checkpoint
+
+    src = _workdir() / f"random-drafter-{seed}"
+    make_checkpoint(src, version=2, hidden=256, n_layers=2, heads=4, kv_heads=2, head_dim=64, ff=768, vocab=2048,
+                    n_target_layers=6, target_layer_ids=(1, 3), top_k=8, rank=64, conv_kernel=2, conv_group=16,
+                    seed=seed)
+    return convert(src, TARGET, _workdir() / f"random-drafter-{seed}.gguf", "f32")
+
+
+# kind -> (tiny target kwargs, checkpoint kwargs)
+_MISMATCH = {
+    # vocabulary 512 instead of 2048 (hidden 256 as the tinycode target)
+    "vocab": (dict(vocab=512, hidden=256, n_layers=6, heads=4, kv_heads=2, head_dim=64, ff=128),
+              dict(vocab=512, hidden=256, n_target_layers=6, target_layer_ids=(1, 3))),
+    # hidden 128 instead of 256 (vocabulary 2048 as the tinycode target)
+    "hidden": (dict(vocab=2048, hidden=128, n_layers=6, heads=4, kv_heads=2, head_dim=32, ff=128),
+               dict(vocab=2048, hidden=128, n_target_layers=6, target_layer_ids=(1, 3))),
+    # taps target layer 7 (dflash.target_layers [2, 8]); the tinycode target has 6 layers
+    "layers": (dict(vocab=2048, hidden=256, n_layers=8, heads=4, kv_heads=2, head_dim=64, ff=128),
+               dict(vocab=2048, hidden=256, n_target_layers=8, target_layer_ids=(1, 7))),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def mismatched_drafter_gguf(kind: str) -> Path:
+    """A valid drafter GGUF, converted against another tiny target, that does not fit the tinycode target."""
+    from factories import make_checkpoint, make_target_gguf
+
+    tkw, ckw = _MISMATCH[kind]
+    d = _workdir() / f"mismatch-{kind}"
+    d.mkdir(parents=True, exist_ok=True)
+    target = d / "target.gguf"
+    make_target_gguf(target, **tkw)
+    make_checkpoint(d / "ckpt", version=2, n_layers=1, heads=4, kv_heads=2, head_dim=32, ff=128, top_k=4, rank=8,
+                    **ckw)
+    return convert(d / "ckpt", target, d / "drafter.gguf", "f32")
+
+
+# --------------------------------------------------------------------------- #
+# prompts
+# --------------------------------------------------------------------------- #
+
+@functools.lru_cache(maxsize=None)
+def prompts() -> tuple[dict[str, Any], ...]:
+    return tuple(json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip())
+
+
+def prompt_tokens(tokenize: Any) -> list[list[int]]:
+    """The 20 prompts as token ids; ``tokenize(bytes_or_str, add_special, parse_special)``."""
+    return [list(tokenize(p["text"].encode("utf-8"), False, False)) for p in prompts()]
+
+
+# --------------------------------------------------------------------------- #
+# the greedy reference
+# --------------------------------------------------------------------------- #
+
+@dataclass
+class RefRun:
+    tokens: list[int]          # greedy continuation (stops after EOS, which is included)
+    top2: list[tuple[int, int]]  # the two best token ids at each step
+    margins: list[float]       # top-1 minus top-2 logit at each step
+
+
+class GreedyReference:
+    """Plain greedy decoding of the target with llama_cpp.Llama, one token per decode."""
+
+    def __init__(self, target: Path | str = TARGET, n_ctx: int = N_CTX, n_threads: int = THREADS) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(str(target), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
+                                   logits_all=True, verbose=False)
+        self._memo: dict[tuple[int, ...], RefRun] = {}
+
+    def tokenize(self, text: bytes | str, add_special: bool = False, parse_special: bool = False) -> list[int]:
+        if isinstance(text, str):
+            text = text.encode("utf-8")
+        return self.llm.tokenize(text, add_bos=add_special, special=parse_special)
+
+    def logits_after(self, prefix: Sequence[int]) -> np.ndarray:
+        """The target's next-token logits after ``prefix`` (one batched prefill)."""
+        llm = self.llm
+        llm.reset()
+        llm.eval(list(prefix))
+        return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+
+    def greedy(self, prefix: Sequence[int], n: int) -> RefRun:
+        key = tuple(prefix)
+        hit = self._memo.get(key)
+        if hit is not None and (len(hit.tokens) >= n or (hit.tokens and hit.tokens[-1] == EOS)):
+            return RefRun(hit.tokens[:n], hit.top2[:n], hit.margins[:n])
+        llm = self.llm
+        llm.reset()
+        llm.eval(list(prefix))
+        run = RefRun([], [], [])
+        for _ in range(n):
+            logits = llm.scores[llm.n_tokens - 1]
+            a, b = (int(t) for t in np.argsort(-logits, kind="stable")[:2])
+            run.tokens.append(a)  # argmax (the first of equal maxima)
+            run.top2.append((a, b))
+            run.margins.append(float(logits[a] - logits[b]))
+            if a == EOS or len(prefix) + len(run.tokens) >= llm.n_ctx():
+                break
+            llm.eval([a])
+        self._memo[key] = run
+        return run
+
+
+@dataclass
+class NearTie:
+    prompt: str
+    index: int          # position in the continuation
+    ours: int
+    reference: int
+    margin: float
+
+
+def compare_greedy(ref: GreedyReference, prompt: Sequence[int], ours: Sequence[int], n: int, eps: float,
+                   name: str = "") -> tuple[list[str], list[NearTie]]:
+    """Compare a greedy continuation with the reference, tolerating only near-ties.
+
+    Where ours differs from the reference, the reference's top-2 logit margin at
+    that prefix must be below ``eps`` and our token must be one of those two;
+    the reference is then re-run greedily from prompt + ours[:i + 1] and the
+    comparison continues. Returns (problems, near-ties).
+    """
+    problems: list[str] = []
+    ties: list[NearTie] = []
+    ours = list(ours)
+    start = 0
+    run = ref.greedy(list(prompt), n)
+    i = 0
+    while i < n:
+        k = i - start
+        if k >= len(run.tokens):  # the reference stopped (EOS) before this point
+            problems.append(f"{name}: ours continues past the reference's end of generation at {i}")
+            break
+        r = run.tokens[k]
+        if i >= len(ours):  # ours ended with an end-of-generation token (not yielded)
+            if r != EOS:
+                if EOS in run.top2[k] and run.margins[k] < eps:
+                    ties.append(NearTie(name, i, EOS, r, run.margins[k]))
+                else:
+                    problems.append(f"{name}: ours stopped after {len(ours)} tokens, the reference continues "
+                                    f"with {r} (top-2 {run.top2[k]}, margin {run.margins[k]:.5f})")
+            break
+        if ours[i] != r:
+            margin = run.margins[k]
+            if margin >= eps or ours[i] not in run.top2[k]:
+                problems.append(
+                    f"{name}: token {i}: ours {ours[i]} != reference {r} (reference top-2 {run.top2[k]}, "
+                    f"margin {margin:.5f} >= eps {eps} or ours not among them)")
+                break
+            ties.append(NearTie(name, i, ours[i], r, margin))
+            if ours[i] == EOS:
+                break
+            start = i + 1
+            run = ref.greedy(list(prompt) + ours[: i + 1], n - i - 1)
+        elif r == EOS:
+            break
+        i += 1
+    return problems, ties
