@@ -394,22 +394,27 @@ def test_failure_while_writing_leaves_nothing(tmp_path: Path, capsys: pytest.Cap
                    extra_args=("--outtype", "f16"))
 
 
+@pytest.mark.parametrize("outtype", ["q8_0", "f16", "bf16"])
 def test_failed_read_back_leaves_nothing(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Corrupt one value on its way to disk: the read-back check must catch it."""
+                                         monkeypatch: pytest.MonkeyPatch, outtype: str) -> None:
+    """Corrupt one stored value on its way to disk: the read-back check must catch it."""
     from dflash_convert import writer
 
     real = writer.encode_rows
+    calls = {"n": 0}
 
     def flip(rows: np.ndarray, qtype: Any) -> np.ndarray:
-        out = real(rows, qtype).copy()
-        if rows.shape[1] == 128:  # fc.weight (2 target layers x 64) and ffn_down
-            out[0, 0] ^= 0x40
+        out = real(rows, qtype)
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first chunk written: fc.weight
+            out = out.copy()
+            out[0, 1] ^= 0x40
         return out
 
     monkeypatch.setattr(writer, "encode_rows", flip)
-    d = ckpt(tmp_path, dtype="f32")
-    expect_failure(capsys, d, target, "out.gguf: read-back check failed", "'fc.weight'", extra_args=("--outtype", "q8_0"))
+    d = ckpt(tmp_path, dtype="f32")  # f32 source: f16/bf16 are converted, not copied
+    expect_failure(capsys, d, target, "out.gguf: read-back check failed", "'fc.weight'",
+                   extra_args=("--outtype", outtype))
 
 
 def test_unknown_outtype(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
