@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -15,7 +16,7 @@ from .quantize import OUT_TYPES, parse_outtype
 EXIT_ERROR = 2
 
 
-def _fail(message: str) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def _fail(message: str) -> NoReturn:
     click.echo(f"dflash-convert: error: {message}", err=True)
     sys.exit(EXIT_ERROR)
 

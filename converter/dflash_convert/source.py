@@ -10,7 +10,6 @@ bfloat16 is read as uint16 and widened to float32 with a shift: no torch.
 from __future__ import annotations
 
 import json
-import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -381,10 +380,3 @@ def _torch_ref(key: str, path: Path, dtype: str, t: Any) -> TensorRef:
 
     return TensorRef(key, path, dtype, shape, read_rows, None)
 
-
-def file_identity(path: Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
