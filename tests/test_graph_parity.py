@@ -4,9 +4,11 @@
   an empty cache and over 5 and 37 injected context rows: every block row's logits agree
   to NMSE <= 1e-6, the same top-k candidates, selector scores within 1e-4, the same walk
   and the same per-row argmax.
+  Also: 300 context rows (chunked injection), a drafter carrying the target head
+  (--embed-target-head, no target GGUF).
 - f16 / q8_0 weights: the logits NMSE against the f32 reference stays bounded.
 - The bundled trained pair (examples/tinycode): features from the PyTorch target for the
-  golden prompts, our Drafter walks the golden walk.
+  golden prompts, our Drafter walks the golden walk (f32, and still with f16 / q8_0 weights).
 - Rollback: inject, draft, truncate, inject other rows == a fresh drafter fed the result.
 - Counters: graphs are reserved once for the worst case, so no reallocation while
   drafting; one split on the CPU; one graph per draft step.
@@ -46,7 +48,8 @@ CONTEXTS = (0, 5, 37)
 NMSE_F32 = 1e-6  # the brief's bound for f32 weights
 SCORE_TOL = 1e-4  # selector scores, relative to max(1, |score|)
 # Quantized weights vs the f32 reference: bounds from measurement (the figures are printed).
-# Random drafters, measured worst row NMSE: f16 3e-6 (v1) / 4e-5 (v2); q8_0 2e-3 (v1) / 4e-2 (v2).
+# Random drafters, measured worst row NMSE: f16 2.4e-6 (v1) / 4.4e-5 (v2); q8_0 2.1e-3 (v1) /
+# 1.8e-2 (v2; up to 3.9e-2 with other inputs).
 # The random DFlash2 is ill-conditioned (its random dynamic conv amplifies errors): a reference
 # fed the dequantized q8_0 weights is itself 2e-2 from the f32 one, and ggml's q8_0 matmul
 # also quantizes the activations. The trained tinycode drafter is far better behaved
@@ -55,11 +58,6 @@ NMSE_QUANT = {("f16", 1): 1e-5, ("f16", 2): 2e-4, ("q8_0", 1): 1e-2, ("q8_0", 2)
 NMSE_BUNDLED = {"f16": 1e-6, "q8_0": 1e-3}
 
 WORST: dict[str, float] = {}  # label -> worst NMSE seen, printed at the end of the module
-
-
-def nmse(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(((a64 - b64) ** 2).sum() / (b64**2).sum())
 
 
 def row_nmse(ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -375,7 +373,7 @@ def test_bundled_golden_walk(tiny_gguf: Any, golden_features: dict[str, np.ndarr
             t = r["row"]
             assert sorted(cand[t - 1].tolist()) == sorted(r["topk_ids"]), (c["prompt_id"], t)
             # f16 target head here vs the golden's bf16 head in f32
-            np.testing.assert_allclose(logits[t, r["topk_ids"]], r["topk_logits"], atol=2e-3, rtol=1e-3)
+            np.testing.assert_allclose(logits[t, r["topk_ids"]], r["topk_logits"], atol=5e-3, rtol=1e-3)
             j = cand[t - 1].tolist().index(r["walk_choice"])
             assert int(out["walk_index"][t - 1]) == j
 

@@ -46,7 +46,8 @@ NMSE_F16_KV = 1e-3  # upstream's default f16 KV cache: bounded, measured and pri
 
 
 def _worker(spec_path: str) -> int:
-    """spec: {target, draft, kv_f32, n_ctx, cases: [{features: .npy, anchor, position, flat}], out: .npz}.
+    """spec: {target, draft, block_size, kv_f32, no_extra_bufts, n_ctx, out: .npz,
+    cases: [{features: .npy, anchor, position[, features2: .npy, anchor2]}]}.
 
     For every case: clear the draft memory, inject the features at 0..n-1, decode the block
     (with outputs on every row, to read the logits), read logits [B, V] and, for DFlash 2,
@@ -120,6 +121,9 @@ def _worker(spec_path: str) -> int:
     n_vocab = int(llc.llama_vocab_n_tokens(llc.llama_model_get_vocab(dft)))
     mask_id = int(llc.llama_vocab_mask(llc.llama_model_get_vocab(dft)))
     block = int(spec["block_size"])
+    buf = ctypes.create_string_buffer(32)
+    assert llc.llama_model_meta_val_str(dft, b"dflash.block_size", buf, 32) >= 0, "no dflash.block_size"
+    assert int(buf.value) == block, (buf.value, block)
 
     # as common_speculative_impl_draft_dflash's constructor
     set_nextn(ctx, True, not dflash2)
