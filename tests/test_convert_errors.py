@@ -384,35 +384,39 @@ def test_refuses_output_equal_to_checkpoint(tmp_path: Path, target: Path, capsys
     assert st.read_bytes() == before
 
 
-def test_failure_while_writing_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_failure_while_writing_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str], dtype: str) -> None:
     """A value that does not fit F16 is found mid-write: the temp file goes, the old output stays."""
     target = tmp_path / "t.gguf"
     make_target_gguf(target)
     big = np.full((128, 64), 1.0e6, np.float32)
-    d = ckpt(tmp_path, dtype="f32", extra={"layers.1.mlp.up_proj.weight": big})
+    d = ckpt(tmp_path, dtype=dtype, extra={"layers.1.mlp.up_proj.weight": big})
     expect_failure(capsys, d, target, "'layers.1.mlp.up_proj.weight'", "does not fit in F16",
                    extra_args=("--outtype", "f16"))
 
 
-@pytest.mark.parametrize("outtype", ["q8_0", "f16", "bf16"])
+@pytest.mark.parametrize(("outtype", "dtype"), [("q8_0", "f32"), ("f16", "f32"), ("bf16", "f32"), ("f16", "bf16")])
 def test_failed_read_back_leaves_nothing(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch, outtype: str) -> None:
+                                         monkeypatch: pytest.MonkeyPatch, outtype: str, dtype: str) -> None:
     """Corrupt one stored value on its way to disk: the read-back check must catch it."""
     from dflash_convert import writer
 
-    real = writer.encode_rows
     calls = {"n": 0}
 
-    def flip(rows: np.ndarray, qtype: Any) -> np.ndarray:
-        out = real(rows, qtype)
-        calls["n"] += 1
-        if calls["n"] == 1:  # the first chunk written: fc.weight
-            out = out.copy()
-            out[0, 1] ^= 0x40
-        return out
+    def corrupting(real: Any) -> Any:
+        def flip(*args: Any) -> np.ndarray:
+            out = real(*args)
+            calls["n"] += 1
+            if calls["n"] == 1:  # the first chunk written: fc.weight
+                out = out.copy()
+                out.reshape(-1)[1] ^= 0x40 if out.dtype == np.uint8 else 0x4000
+            return out
+        return flip
 
-    monkeypatch.setattr(writer, "encode_rows", flip)
-    d = ckpt(tmp_path, dtype="f32")  # f32 source: f16/bf16 are converted, not copied
+    # the write path's converters (bf16 -> f16 works on bits; the rest through encode_rows)
+    monkeypatch.setattr(writer, "encode_rows", corrupting(writer.encode_rows))
+    monkeypatch.setattr(writer, "bf16_bits_to_f16_bits", corrupting(writer.bf16_bits_to_f16_bits))
+    d = ckpt(tmp_path, dtype=dtype)  # f32 source: f16/bf16 are converted, not copied
     expect_failure(capsys, d, target, "out.gguf: read-back check failed", "'fc.weight'",
                    extra_args=("--outtype", outtype))
 

@@ -96,3 +96,19 @@ def test_type_policy() -> None:
     km = parse_outtype("q4_K_M")
     assert km.kquant and choose_type(km, Kind.MATRIX, (256, 256))[0] == Q.F32  # libllama decides
     assert parse_outtype("Q4_K").name == "q4_k_m"
+
+
+def test_bf16_to_f16_bits_equals_numpy_on_every_pattern() -> None:
+    from dflash_convert.quantize import RangeError, bf16_bits_to_f16_bits
+
+    bits = np.arange(0, 1 << 16, dtype=np.uint16)
+    widened = bf16_to_f32(bits)
+    mag = bits & 0x7FFF
+    finite_overflow = (mag >= 0x4780) & (mag < 0x7F80)
+    ok = bits[~finite_overflow]
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = bf16_to_f32(ok).astype(np.float16).view(np.uint16)
+    assert np.array_equal(bf16_bits_to_f16_bits(ok), want)
+    assert np.isfinite(widened[finite_overflow]).all()
+    with pytest.raises(RangeError, match="does not fit in F16"):
+        bf16_bits_to_f16_bits(bits[finite_overflow][:3])

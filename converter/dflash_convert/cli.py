@@ -11,6 +11,7 @@ import click
 from . import __version__
 from .convert import Options, build_plan, describe, execute, format_plan
 from .errors import ConversionError
+from .memory import keep_freed_chunks
 from .quantize import OUT_TYPES, parse_outtype
 
 EXIT_ERROR = 2
@@ -59,6 +60,7 @@ def main(
     no_verify: bool,
     no_progress: bool,
 ) -> None:
+    keep_freed_chunks()
     try:
         out = parse_outtype(outtype)
         opts = Options(

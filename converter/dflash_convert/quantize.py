@@ -116,6 +116,43 @@ def encode_rows(rows: np.ndarray, qtype: Q) -> np.ndarray:
     return out.view(np.uint8).reshape(n, -1)
 
 
+_BF16_TO_F16: dict[str, np.ndarray] = {}
+
+
+def _bf16_to_f16_table() -> np.ndarray:
+    """numpy's own bf16 -> f32 -> f16 conversion of all 65536 bf16 bit patterns (the reference)."""
+    if "lut" not in _BF16_TO_F16:
+        widened = np.left_shift(np.arange(1 << 16, dtype=np.uint16), 16, dtype=np.uint32).view(np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):
+            _BF16_TO_F16["lut"] = widened.astype(np.float16).view(np.uint16)
+    return _BF16_TO_F16["lut"]
+
+
+def bf16_bits_to_f16_bits(bits: np.ndarray) -> np.ndarray:
+    """bf16 -> f16 directly on the bits, identical to numpy's cast through f32 (checked on all
+    65536 patterns by the tests) and about twice as fast. Raises RangeError on finite overflow.
+
+    A bf16 with biased exponent 113..142 is a normal f16: same sign, exponent - 112, mantissa << 3,
+    i.e. ((bits & 0x7fff) - 0x3800) << 3 | sign. Zeros, f16 subnormals, overflow, inf and NaN take
+    the table (numpy's conversion).
+    """
+    mag = bits & np.uint16(0x7FFF)
+    out = mag - np.uint16(0x3800)
+    out <<= np.uint16(3)
+    out |= bits & np.uint16(0x8000)
+    special = (mag - np.uint16(0x3880)) >= np.uint16(0x0F00)  # exponent outside 113..142
+    if special.any():
+        idx = np.flatnonzero(special)
+        m = mag.reshape(-1)[idx]
+        over = (m >= 0x4780) & (m < 0x7F80)
+        if over.any():
+            b = bits.reshape(-1)[idx[np.argmax(over)]]
+            value = float(np.left_shift(np.array([b], np.uint16), 16, dtype=np.uint32).view(np.float32)[0])
+            raise RangeError(f"value {value!r} does not fit in F16 (max 65504); use --outtype bf16 or f32")
+        out.reshape(-1)[idx] = _bf16_to_f16_table()[bits.reshape(-1)[idx]]
+    return out
+
+
 def decode_rows(raw: np.ndarray, qtype: Q, cols: int) -> np.ndarray:
     """Stored bytes (n, row_bytes) -> float32 rows (n, cols)."""
     n = raw.shape[0]
