@@ -208,3 +208,27 @@ def test_rollback_gives_identical_outputs(spec_bundled: SpeculativeLlama, ptoks:
         third = list(spec_bundled.generate_tokens(a, max_tokens=64, **kw))
         assert spec_bundled.stats.reused_prompt_tokens == len(a) - 1
         assert third == first, kw
+
+
+def test_one_hot_sampling_is_greedy(spec_bundled: SpeculativeLlama, ptoks: list[list[int]]) -> None:
+    """T > 0 with top_k = 1 (or min_p = 1) makes p one-hot: the rejection step must then
+    reproduce greedy decoding exactly, whatever the seed and draft_q."""
+    toks = ptoks[3]
+    greedy = list(spec_bundled.generate_tokens(toks, max_tokens=96))
+    for seed in (1, 2, 3):
+        assert list(spec_bundled.generate_tokens(toks, max_tokens=96, temperature=1.0, top_k=1, seed=seed)) == greedy
+        assert spec_bundled.stats.accepted > 0
+        assert list(spec_bundled.generate_tokens(toks, max_tokens=96, temperature=0.7, min_p=1.0, seed=seed)) == greedy
+
+
+def test_generation_to_a_full_context(spec_bundled: SpeculativeLlama, ref: GreedyReference,
+                                      ptoks: list[list[int]]) -> None:
+    """max_tokens=None runs until the context is full: the last drafts are cut to fit, still exact."""
+    toks = ptoks[11]
+    ours = list(spec_bundled.generate_tokens(toks, max_tokens=None))
+    assert spec_bundled.finish_reason == "length"
+    assert len(toks) + len(ours) == N_CTX
+    _check(ref, toks, ours, len(ours), "full context")
+    # and the object starts over cleanly afterwards
+    again = list(spec_bundled.generate_tokens(toks, max_tokens=64))
+    assert again == ours[:64]

@@ -23,7 +23,6 @@ import collections
 import ctypes
 import time
 from statistics import NormalDist
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -88,7 +87,8 @@ _r = np.random.default_rng(42)
 _base = _norm(_r.dirichlet(np.ones(V)))
 CASES: dict[str, tuple[np.ndarray, np.ndarray]] = {
     "equal": (_base, _base.copy()),
-    "disjoint": (_norm(np.r_[_r.dirichlet(np.ones(6)), np.zeros(6)]), _norm(np.r_[np.zeros(6), _r.dirichlet(np.ones(6))])),
+    "disjoint": (_norm(np.r_[_r.dirichlet(np.ones(6)), np.zeros(6)]),
+                 _norm(np.r_[np.zeros(6), _r.dirichlet(np.ones(6))])),
     "overlapping": (_norm([0.30, 0.22, 0.15, 0.10, 0.08, 0.06, 0.05, 0.04, 0, 0, 0, 0]),
                     _norm([0.02, 0.05, 0.30, 0.03, 0.20, 0.01, 0.04, 0.05, 0.10, 0.10, 0.05, 0.05])),
     "one_hot_p": (_norm(np.eye(V)[4]), _norm(_r.dirichlet(np.ones(V)))),
@@ -186,6 +186,15 @@ def test_rejection_step_is_exact(case: str) -> None:
 
     # positive control: the numpy sampler of the same rule passes the same criteria
     assert not exactness_failures(simulate(p, q, "correct", N_DRAWS, 7), p)
+
+    from tinycode import record
+
+    pp = p.astype(np.float64) / p.sum()
+    stat, df = chi2_one_sample(counts[pp > 0], pp[pp > 0]) if (pp > 0).sum() > 1 else (0.0, 0)
+    record(f"rejection_{case}", {
+        "draws": N_DRAWS, "tv": tv(counts / N_DRAWS, pp), "tv_bound": TV_BOUND, "chi2": stat, "df": df,
+        "chi2_crit": chi2_crit(df), "accept_rate": n_acc / N_DRAWS, "sum_min_pq": a,
+        "wrong_rule_tv_from_p": {k: tv(law(p, q), pp) for k, law in WRONG.items()}})
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -387,21 +396,27 @@ def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int) -> di
     return {"pos": pos, "accepted_per_step": acc / max(steps, 1), "seconds": time.perf_counter() - t0}
 
 
-def _exact_second_token(ref, toks: list[int], T: float, vocab: int) -> np.ndarray:
-    """P(2nd generated token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1); index vocab = STOP."""
+def _exact_second_token(ref, toks: list[int], temperatures: tuple[float, ...], vocab: int) -> list[np.ndarray]:
+    """P(2nd generated token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), per temperature;
+    index vocab = STOP (the first token was the end of generation)."""
     from tinycode import EOS
 
-    def dist(lg: np.ndarray) -> np.ndarray:
+    def dist(lg: np.ndarray, T: float) -> np.ndarray:
         return np.asarray(_core.target_distribution(lg, T), np.float64)
 
-    p1 = dist(ref.logits_after(toks))
-    out = np.zeros(vocab + 1)
-    for t1 in np.nonzero(p1 > 1e-5)[0]:
-        if t1 == EOS:
-            out[vocab] += p1[t1]
-        else:
-            out[:vocab] += p1[t1] * dist(ref.logits_after(toks + [int(t1)]))
-    return out / out.sum()  # the < 1e-5 tail of t1 is spread proportionally (a negligible approximation)
+    lg1 = ref.logits_after(toks)
+    p1_hot = np.maximum.reduce([dist(lg1, T) for T in temperatures])
+    cands = [int(t) for t in np.nonzero(p1_hot > 1e-5)[0] if t != EOS]
+    lg2 = ref.next_logits(toks, cands)
+    outs = []
+    for T in temperatures:
+        p1 = dist(lg1, T)
+        out = np.zeros(vocab + 1)
+        out[vocab] = p1[EOS]
+        for t1, lg in zip(cands, lg2):
+            out[:vocab] += p1[t1] * dist(lg, T)
+        outs.append(out / out.sum())  # the < 1e-5 tail of t1 is spread proportionally (negligible)
+    return outs
 
 
 def _counts(c: collections.Counter, vocab: int) -> np.ndarray:
@@ -421,8 +436,7 @@ def test_sampled_tokens_follow_the_target(e2e: dict, draft_q: str) -> None:
     if "plain" not in cache:  # plain decoding of the same target; draft_q plays no part
         cache["plain"] = _histograms(spec, e2e["toks"], True, E2E_RUNS, 10_000_000)
     if "exact" not in cache:
-        cache["exact"] = _exact_second_token(e2e["ref"], e2e["toks"], 1.0, vocab)
-        cache["exact_T085"] = _exact_second_token(e2e["ref"], e2e["toks"], 0.85, vocab)
+        cache["exact"], cache["exact_T085"] = _exact_second_token(e2e["ref"], e2e["toks"], (1.0, 0.85), vocab)
     plain = cache["plain"]
     ours = _histograms(spec, e2e["toks"], False, E2E_RUNS, 20_000_000)
     # the verification path is exercised both ways: drafts are accepted and rejected
@@ -433,14 +447,13 @@ def test_sampled_tokens_follow_the_target(e2e: dict, draft_q: str) -> None:
     for k in (1, 2):
         a, b = _counts(ours["pos"][k], vocab), _counts(plain["pos"][k], vocab)
         stat, df = chi2_two_sample(a, b)
-        report[f"token{k + 1}_two_sample"] = {"chi2": stat, "df": df, "crit": chi2_crit(df, E2E_ALPHA),
-                                             "tv": tv(a / a.sum(), b / b.sum())}
+        report[f"token{k + 1}_two_sample"] = {"chi2": stat, "df": df, "crit": chi2_crit(df, E2E_ALPHA)}
         assert stat < chi2_crit(df, E2E_ALPHA), (k + 1, stat, df)
 
     exact = cache["exact"]
     a = _counts(ours["pos"][1], vocab)
     stat, df = chi2_one_sample(a, exact)
-    report["token2_vs_exact"] = {"chi2": stat, "df": df, "crit": chi2_crit(df, E2E_ALPHA), "tv": tv(a / a.sum(), exact)}
+    report["token2_vs_exact"] = {"chi2": stat, "df": df, "crit": chi2_crit(df, E2E_ALPHA)}
     assert stat < chi2_crit(df, E2E_ALPHA), (stat, df)
     stat_p, df_p = chi2_one_sample(_counts(plain["pos"][1], vocab), exact)
     assert stat_p < chi2_crit(df_p, E2E_ALPHA), (stat_p, df_p)
@@ -450,3 +463,20 @@ def test_sampled_tokens_follow_the_target(e2e: dict, draft_q: str) -> None:
     assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
     record(f"sampling_e2e_{draft_q}", report)
     print(f"\n[sampling e2e {draft_q}] {report}")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "BUG cpp/src/sampling.cpp target_distribution: temperature applied before top-p / min-p, unlike "
+    "llama.cpp / llama-cpp-python (see test_target_distribution_matches_llama_chain_when_temperature_is_not_one)"))
+def test_default_completion_params_sample_what_llama_cpp_samples(e2e: dict) -> None:
+    """create_completion's defaults (T 0.8, top_k 40, top_p 0.95, min_p 0.05, as llama-cpp-python's) on the
+    tinycode target's real next-token logits: the distribution must be the one llama_cpp.Llama samples from."""
+    from tinycode import prompts
+
+    ref = e2e["ref"]
+    worst = 0.0
+    for p in prompts()[:10]:
+        lg = ref.logits_after(ref.tokenize(p["text"]))
+        ours = np.asarray(_core.target_distribution(lg, 0.8, 40, 0.95, 0.05), np.float64)
+        worst = max(worst, tv(ours, libllama_chain(lg, 0.8, 40, 0.95, 0.05)))
+    assert worst < 1e-4, f"total variation up to {worst:.3f} from llama.cpp's sampling distribution"

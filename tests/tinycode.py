@@ -180,6 +180,19 @@ class GreedyReference:
         llm.eval(list(prefix))
         return np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
 
+    def next_logits(self, prefix: Sequence[int], candidates: Sequence[int]) -> np.ndarray:
+        """Logits after prefix + [c] for each candidate c (prefix decoded once, then one token each)."""
+        llm = self.llm
+        llm.reset()
+        llm.eval(list(prefix))
+        n = llm.n_tokens
+        out = np.empty((len(candidates), llm.n_vocab()), np.float32)
+        for i, c in enumerate(candidates):
+            llm.n_tokens = n  # eval() drops the KV cache from n_tokens on
+            llm.eval([int(c)])
+            out[i] = llm.scores[n]
+        return out
+
     def greedy(self, prefix: Sequence[int], n: int) -> RefRun:
         key = tuple(prefix)
         hit = self._memo.get(key)

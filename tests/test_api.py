@@ -1,0 +1,366 @@
+"""The llama-cpp-python-shaped API of SpeculativeLlama on the bundled tinycode pair.
+
+Completions (streaming and not), stop strings, finish reasons, result shapes
+(compared key for key with llama_cpp.Llama's), chat (ChatML when the GGUF has
+no template), from_llama, argument errors (a clear ValueError, and the object
+and process keep working), and threads (one generation at a time per object,
+independent objects in parallel).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+from dflash_gguf import SpeculativeLlama  # noqa: E402
+from tinycode import (  # noqa: E402
+    N_CTX,
+    TARGET,
+    THREADS,
+    GreedyReference,
+    compare_greedy,
+    drafter_gguf,
+    mismatched_drafter_gguf,
+    prompts,
+)
+
+EPS = 1e-2
+GREEDY = {"temperature": 0.0}
+
+
+@pytest.fixture(scope="module")
+def draft() -> str:
+    return str(drafter_gguf("f32"))
+
+
+@pytest.fixture(scope="module")
+def spec(draft: str) -> SpeculativeLlama:
+    return SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def ref() -> GreedyReference:
+    return GreedyReference(TARGET, n_ctx=N_CTX, n_threads=THREADS)
+
+
+@pytest.fixture(scope="module")
+def llm() -> Any:
+    """llama-cpp-python's own Llama on the target, for result shapes."""
+    return llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False,
+                           chat_format="chatml")
+
+
+def _text(i: int) -> str:
+    return prompts()[i]["text"]
+
+
+def _toks(spec: SpeculativeLlama, i: int) -> list[int]:
+    return spec.tokenize(_text(i), add_special=False, parse_special=False)
+
+
+@pytest.fixture(scope="module")
+def baseline(spec: SpeculativeLlama) -> dict[int, list[int]]:
+    """Greedy token outputs (64 tokens) for a few prompts, taken before anything else runs on the object."""
+    return {i: list(spec.generate_tokens(_toks(spec, i), max_tokens=64)) for i in (0, 4, 6, 10)}
+
+
+def _still_works(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
+    assert list(spec.generate_tokens(_toks(spec, 4), max_tokens=64)) == baseline[4]
+
+
+# --------------------------------------------------------------------------- #
+# completions
+# --------------------------------------------------------------------------- #
+
+def test_stream_and_plain_completion_give_the_same_text(spec: SpeculativeLlama) -> None:
+    prompt = _text(1)
+    full = spec.create_completion(prompt, max_tokens=64, **GREEDY)
+    chunks = list(spec.create_completion(prompt, max_tokens=64, stream=True, **GREEDY))
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    assert streamed == full["choices"][0]["text"]
+    assert len(chunks) > 5  # really streamed
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"] == "length"
+    assert len({c["id"] for c in chunks}) == 1
+    # and it is the detokenized token stream
+    toks = list(spec.generate_tokens(spec.tokenize(prompt), max_tokens=64, **GREEDY))
+    assert full["choices"][0]["text"] == spec.detokenize(toks).decode("utf-8", errors="replace")
+    assert full["usage"] == {"prompt_tokens": len(spec.tokenize(prompt)), "completion_tokens": 64,
+                             "total_tokens": len(spec.tokenize(prompt)) + 64}
+
+
+def test_stop_strings_cut_the_text(spec: SpeculativeLlama) -> None:
+    prompt = _text(3)
+    full = spec.create_completion(prompt, max_tokens=64, **GREEDY)["choices"][0]["text"]
+    # a stop string from the middle of the text (first occurrence decides)
+    stop = next(full[i:i + 4] for i in range(len(full) // 2, len(full) - 4) if full[i:i + 4].strip())
+    want = full[: full.index(stop)]
+    for stream in (False, True):
+        if stream:
+            chunks = list(spec.create_completion(prompt, max_tokens=64, stop=[stop], stream=True, **GREEDY))
+            text = "".join(c["choices"][0]["text"] for c in chunks)
+            reason = chunks[-1]["choices"][0]["finish_reason"]
+            assert all(stop not in c["choices"][0]["text"] for c in chunks)
+        else:
+            out = spec.create_completion(prompt, max_tokens=64, stop=stop, **GREEDY)
+            text, reason = out["choices"][0]["text"], out["choices"][0]["finish_reason"]
+            assert out["usage"]["completion_tokens"] < 64
+        assert text == want, (stream, stop)
+        assert reason == "stop"
+    # a stop string that never occurs changes nothing
+    out = spec.create_completion(prompt, max_tokens=64, stop=["\x00never\x00"], **GREEDY)
+    assert out["choices"][0]["text"] == full and out["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_tokens_gives_length(spec: SpeculativeLlama) -> None:
+    prompt = _text(2)
+    for n in (1, 5, 17):
+        out = spec.create_completion(prompt, max_tokens=n, **GREEDY)
+        assert out["choices"][0]["finish_reason"] == "length"
+        assert out["usage"]["completion_tokens"] == n
+        assert spec.stats.completion_tokens == n
+    # sampled too (seeded: reproducible)
+    a = spec.create_completion(prompt, max_tokens=12, temperature=0.8, seed=3)
+    b = spec.create_completion(prompt, max_tokens=12, temperature=0.8, seed=3)
+    assert a["choices"][0]["text"] == b["choices"][0]["text"]
+    assert a["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def _keys(d: dict[str, Any]) -> set[str]:
+    return set(d)
+
+
+def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None:
+    prompt = _text(0)
+    ours, theirs = spec.create_completion(prompt, max_tokens=4, **GREEDY), llm.create_completion(prompt, max_tokens=4,
+                                                                                                  **GREEDY)
+    assert _keys(ours) == _keys(theirs) == {"id", "object", "created", "model", "choices", "usage"}
+    assert ours["object"] == theirs["object"] == "text_completion"
+    assert _keys(ours["choices"][0]) == _keys(theirs["choices"][0])
+    assert _keys(ours["usage"]) == _keys(theirs["usage"])
+    assert isinstance(ours["created"], int) and isinstance(ours["id"], str) and ours["id"].startswith("cmpl-")
+    assert ours["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
+
+    o_chunks = list(spec.create_completion(prompt, max_tokens=4, stream=True, **GREEDY))
+    t_chunks = list(llm.create_completion(prompt, max_tokens=4, stream=True, **GREEDY))
+    assert _keys(o_chunks[0]) == _keys(t_chunks[0])
+    assert _keys(o_chunks[0]["choices"][0]) == _keys(t_chunks[0]["choices"][0])
+
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    oc, tc = spec.create_chat_completion(msgs, max_tokens=4, **GREEDY), llm.create_chat_completion(msgs, max_tokens=4,
+                                                                                                    **GREEDY)
+    assert _keys(oc) == _keys(tc) == {"id", "object", "created", "model", "choices", "usage"}
+    assert oc["object"] == tc["object"] == "chat.completion"
+    assert _keys(oc["choices"][0]) == _keys(tc["choices"][0])
+    assert _keys(oc["choices"][0]["message"]) == _keys(tc["choices"][0]["message"])
+    assert oc["choices"][0]["message"]["role"] == "assistant"
+    # the same ChatML prompt as llama-cpp-python's "chatml" format
+    assert oc["usage"]["prompt_tokens"] == tc["usage"]["prompt_tokens"]
+
+    ocs = list(spec.create_chat_completion(msgs, max_tokens=4, stream=True, **GREEDY))
+    tcs = list(llm.create_chat_completion(msgs, max_tokens=4, stream=True, **GREEDY))
+    for o, t in ((ocs[0], tcs[0]), (ocs[1], tcs[1]), (ocs[-1], tcs[-1])):
+        assert _keys(o) == _keys(t)
+        assert _keys(o["choices"][0]) == _keys(t["choices"][0])
+        assert _keys(o["choices"][0]["delta"]) == _keys(t["choices"][0]["delta"])
+    assert ocs[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert ocs[-1]["choices"][0]["finish_reason"] is not None
+
+
+def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:
+    assert not spec._spec.chat_template  # the tinycode GGUF has none
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os\n"}]
+    prompt, stops = spec._format_chat(msgs)
+    assert prompt.startswith("<|im_start|>system\nYou write Python.<|im_end|>")
+    assert prompt.endswith("<|im_start|>assistant\n")
+    assert "<|im_end|>" in stops
+    out = spec.create_chat_completion(msgs, max_tokens=24, **GREEDY)
+    choice = out["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert isinstance(choice["message"]["content"], str)
+    assert "<|im_end|>" not in choice["message"]["content"]
+    assert choice["finish_reason"] in ("stop", "length")
+    assert out["usage"]["prompt_tokens"] == len(spec.tokenize(prompt))
+    # it is the completion of the ChatML prompt, cut at the template's stop string
+    plain = spec.create_completion(prompt, max_tokens=24, stop=stops, **GREEDY)
+    assert plain["choices"][0]["text"] == choice["message"]["content"]
+    streamed = list(spec.create_chat_completion(msgs, max_tokens=24, stream=True, **GREEDY))
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed) == choice["message"]["content"]
+    assert streamed[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+
+def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
+    llm = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    adopted = SpeculativeLlama.from_llama(llm, draft=draft)
+    assert adopted.n_ctx == N_CTX
+    for i in (0, 6, 10):
+        toks = _toks(adopted, i)
+        ours = list(adopted.generate_tokens(toks, max_tokens=64))
+        assert adopted.stats.mean_accepted_length > 1.5, adopted.stats.line()
+        problems, _ = compare_greedy(ref, toks, ours, 64, EPS, name=f"from_llama {i}")
+        assert not problems, problems
+    text = adopted.create_completion(_text(0), max_tokens=16, **GREEDY)["choices"][0]["text"]
+    assert text == spec.create_completion(_text(0), max_tokens=16, **GREEDY)["choices"][0]["text"]
+    with pytest.raises(ValueError, match="Llama"):
+        SpeculativeLlama.from_llama(object(), draft=draft)
+
+
+# --------------------------------------------------------------------------- #
+# bad arguments
+# --------------------------------------------------------------------------- #
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -0.5}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"top_p": 1.5}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"min_p": 2.0}, "min_p"),
+])
+def test_bad_sampling_arguments(spec: SpeculativeLlama, baseline: dict[int, list[int]], kwargs: dict[str, Any],
+                                match: str) -> None:
+    toks = _toks(spec, 4)
+    with pytest.raises(ValueError, match=match):
+        list(spec.generate_tokens(toks, max_tokens=4, **kwargs))
+    with pytest.raises(ValueError, match=match):
+        spec.create_completion(_text(4), max_tokens=4, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        spec.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=4, **kwargs)
+    _still_works(spec, baseline)
+
+
+def test_bad_prompts(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
+    with pytest.raises(ValueError, match="empty"):
+        list(spec.generate_tokens([], max_tokens=4))
+    with pytest.raises(ValueError, match="vocabulary"):
+        list(spec.generate_tokens([5, 99999, 7], max_tokens=4))
+    with pytest.raises(ValueError, match="n_ctx"):
+        list(spec.generate_tokens(list(range(10, 10 + N_CTX + 8)), max_tokens=4))
+    with pytest.raises(ValueError, match="messages"):
+        spec.create_chat_completion("hello")  # type: ignore[arg-type]
+    _still_works(spec, baseline)
+
+
+def _not_a_gguf(tmp_path: Path) -> str:
+    p = tmp_path / "not-a-drafter.gguf"
+    p.write_text("this is not a GGUF file\n" * 10)
+    return str(p)
+
+
+@pytest.mark.parametrize("what, match", [
+    ("missing_target", "not found"),
+    ("missing_draft", "nonexistent-draft"),
+    ("draft_not_gguf", "not a GGUF"),
+    ("target_as_draft", "dflash"),
+    ("vocab", "vocabulary"),
+    ("hidden", "hidden"),
+    ("layers", "layer"),
+    ("draft_q", "draft_q"),
+    ("device", "device"),
+    ("n_ctx", "n_ctx"),
+    ("n_max", "n_max"),
+])
+def test_bad_construction(what: str, match: str, draft: str, tmp_path: Path, spec: SpeculativeLlama,
+                          baseline: dict[int, list[int]]) -> None:
+    target, kw = str(TARGET), {"n_ctx": N_CTX, "n_threads": THREADS}
+    if what == "missing_target":
+        target = str(tmp_path / "nonexistent-target.gguf")
+    elif what == "missing_draft":
+        draft = str(tmp_path / "nonexistent-draft.gguf")
+    elif what == "draft_not_gguf":
+        draft = _not_a_gguf(tmp_path)
+    elif what == "target_as_draft":
+        draft = str(TARGET)
+    elif what in ("vocab", "hidden", "layers"):
+        draft = str(mismatched_drafter_gguf(what))
+    elif what == "draft_q":
+        kw["draft_q"] = "bogus"
+    elif what == "device":
+        kw["device"] = "no-such-device"
+    elif what == "n_ctx":
+        kw["n_ctx"] = 8
+    elif what == "n_max":
+        kw["n_max"] = -1
+    with pytest.raises(ValueError, match=match):
+        SpeculativeLlama(target, draft, **kw)
+    _still_works(spec, baseline)
+
+
+# --------------------------------------------------------------------------- #
+# threads
+# --------------------------------------------------------------------------- #
+
+def test_one_object_two_threads(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
+    """While one thread generates, a second generation on the same object raises RuntimeError."""
+    started, tried = threading.Event(), threading.Event()
+    results: dict[str, Any] = {}
+
+    def first() -> None:
+        out = []
+        try:
+            for tok in spec.generate_tokens(_toks(spec, 4), max_tokens=64):
+                out.append(tok)
+                if len(out) == 1:
+                    started.set()
+                    tried.wait(30)
+        except BaseException as e:  # pragma: no cover - reported below
+            results["first_error"] = e
+        results["first"] = out
+
+    def second() -> None:
+        started.wait(30)
+        try:
+            results["second"] = list(spec.generate_tokens(_toks(spec, 6), max_tokens=16))
+        except BaseException as e:
+            results["second_error"] = e
+        finally:
+            tried.set()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads)
+    assert "first_error" not in results, results.get("first_error")
+    assert isinstance(results.get("second_error"), RuntimeError), results
+    assert "already" in str(results["second_error"])
+    assert results["first"] == baseline[4]  # undisturbed
+    _still_works(spec, baseline)
+
+
+def test_two_objects_two_threads(draft: str, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
+    """Independent objects generate in parallel, each exactly as it would alone."""
+    objs = [SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS) for _ in range(2)]
+    jobs = [(0, 10), (6, 4)]
+    sampled_kw = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 99}
+    want_sampled = {i: list(spec.generate_tokens(_toks(spec, i), max_tokens=48, **sampled_kw)) for i in (0, 6)}
+    results: dict[int, Any] = {}
+
+    def work(k: int) -> None:
+        try:
+            s = objs[k]
+            out = {}
+            for rep in range(2):
+                for i in jobs[k]:
+                    out[(i, "greedy", rep)] = list(s.generate_tokens(_toks(s, i), max_tokens=64))
+                out[(jobs[k][0], "sampled", rep)] = list(
+                    s.generate_tokens(_toks(s, jobs[k][0]), max_tokens=48, **sampled_kw))
+            results[k] = out
+        except BaseException as e:  # pragma: no cover - reported below
+            results[k] = e
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    for k in range(2):
+        assert not isinstance(results[k], BaseException), results[k]
+        for (i, mode, _), toks in results[k].items():
+            assert toks == (baseline[i] if mode == "greedy" else want_sampled[i]), (k, i, mode)
