@@ -164,14 +164,15 @@ def plain_completions(llama_server: Path, tinycode: Path, tmp_path_factory: pyte
         return [complete(base, p) for p in prompts(tinycode)]
 
 
-@pytest.mark.parametrize("outtype", ["f16", "q4_k_m"])
+@pytest.mark.parametrize("variant", ["f16", "q4_k_m", "f16+embed-target-head"])
 def test_llama_server_drafts_with_converted_drafter(
-    llama_server: Path, tinycode: Path, tmp_path: Path, plain_completions: list[dict[str, Any]], outtype: str
+    llama_server: Path, tinycode: Path, tmp_path: Path, plain_completions: list[dict[str, Any]], variant: str
 ) -> None:
+    outtype, _, embed = variant.partition("+")
     target = tinycode / "target-f16.gguf"
     draft = tmp_path / f"tinycode-dflash2-{outtype}.gguf"
     convert(Options(draft_dir=tinycode / "drafter-dflash2", target=target, outfile=draft,
-                    outtype=outtype, progress=False))
+                    outtype=outtype, progress=False, embed_target_head=bool(embed)))
     extra = QUANTIZED_ARGS if outtype not in ("f32", "f16", "bf16") else []
     log = tmp_path / "server-draft.log"
     with running_server(llama_server, target, log, draft=draft, extra_args=extra) as base:
