@@ -342,11 +342,6 @@ def test_temperature_sharpens_and_flattens() -> None:
         _core.target_distribution(lg, 0.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG cpp/src/sampling.cpp target_distribution: applies the temperature before the top-p / min-p cuts; "
-    "llama.cpp (and llama-cpp-python, whose arguments SpeculativeLlama mirrors) cut on the raw logits and apply "
-    "the temperature last, so with T != 1 and top_p < 1 or min_p > 0 the sampled distribution is not the one "
-    "plain decoding samples from"))
 @pytest.mark.parametrize("params", ORDER_SENSITIVE, ids=str)
 def test_target_distribution_matches_llama_chain_when_temperature_is_not_one(
         params: tuple[float, int, float, float]) -> None:
@@ -465,9 +460,6 @@ def test_sampled_tokens_follow_the_target(e2e: dict, draft_q: str) -> None:
     print(f"\n[sampling e2e {draft_q}] {report}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG cpp/src/sampling.cpp target_distribution: temperature applied before top-p / min-p, unlike "
-    "llama.cpp / llama-cpp-python (see test_target_distribution_matches_llama_chain_when_temperature_is_not_one)"))
 def test_default_completion_params_sample_what_llama_cpp_samples(e2e: dict) -> None:
     """create_completion's defaults (T 0.8, top_k 40, top_p 0.95, min_p 0.05, as llama-cpp-python's) on the
     tinycode target's real next-token logits: the distribution must be the one llama_cpp.Llama samples from."""

@@ -30,8 +30,8 @@ SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, flo
 }
 
 SparseDist target_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params) {
-    // order: top-k, softmax with temperature, top-p, min-p (renormalising after each cut),
-    // the same order llama.cpp's default chain applies them
+    // llama-cpp-python's chain: top-k, top-p, min-p on the raw logits, then the
+    // temperature on what survives, then the softmax that is sampled
     std::vector<int32_t> ids(n_vocab);
     std::iota(ids.begin(), ids.end(), 0);
     size_t keep = n_vocab;
@@ -42,30 +42,25 @@ SparseDist target_distribution(const float * logits, uint32_t n_vocab, const Sam
     ids.resize(keep);
     std::vector<float> vals(keep);
     for (size_t i = 0; i < keep; ++i) vals[i] = logits[ids[i]];
-    SparseDist d = softmax_on(ids.data(), vals.data(), (uint32_t) keep, params.temperature);
     size_t n = keep;
     if (params.top_p < 1.0f) {
+        const SparseDist raw = softmax_on(ids.data(), vals.data(), (uint32_t) keep, 1.0f);
         double cum = 0.0;
         size_t i = 0;
-        for (; i < n; ++i) {
-            cum += d.probs[i];
-            if (cum >= params.top_p) { ++i; break; }
+        while (i < n) {
+            cum += raw.probs[i++];
+            if (cum >= params.top_p) break;
         }
-        n = std::max<size_t>(1, std::min(n, i));
+        n = std::max<size_t>(1, i);
     }
     if (params.min_p > 0.0f) {
-        const float thr = d.probs[0] * params.min_p;
+        // p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p)
+        const double thr = (double) vals[0] + std::log((double) params.min_p);
         size_t i = 1;
-        while (i < n && d.probs[i] >= thr) ++i;
+        while (i < n && vals[i] >= thr) ++i;
         n = i;
     }
-    if (n < keep) {
-        d.ids.resize(n);
-        d.probs.resize(n);
-        const double z = std::accumulate(d.probs.begin(), d.probs.end(), 0.0);
-        for (auto & p : d.probs) p = (float) (p / z);
-    }
-    return d;
+    return softmax_on(ids.data(), vals.data(), (uint32_t) n, params.temperature);
 }
 
 int32_t sample(const SparseDist & d, Rng & rng) {
