@@ -1,4 +1,4 @@
-"""The `dflash` command line: info and generate."""
+"""The `dflash` command line: info, generate and bench."""
 
 from __future__ import annotations
 
@@ -74,6 +74,65 @@ def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, 
     except (ValueError, RuntimeError) as e:
         _fail(e)
     click.echo(f"[dflash] {llm.stats.line()}", err=True)
+
+
+@main.command()
+@click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF.")
+@click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF.")
+@click.option("--prompts", required=True, type=click.Path(dir_okay=False),
+              help="JSONL, one {\"id\": ..., \"text\": ...} per line (raw text, no chat template).")
+@click.option("-n", "--n-predict", default=128, show_default=True, help="Tokens to generate per prompt.")
+@click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy).")
+@click.option("--top-k", default=0, show_default=True, help="Top-k for every system (0 = off).")
+@click.option("--top-p", default=1.0, show_default=True, help="Top-p for every system (1 = off).")
+@click.option("--min-p", default=0.0, show_default=True, help="Min-p for every system (0 = off).")
+@click.option("--n-max", default="0", show_default=True,
+              help="Drafted tokens per step: an int (0 = block size - 1), a comma list (one configuration "
+                   "each), or 'auto'.")
+@click.option("--repeat", default=1, show_default=True, help="Rounds over the prompts.")
+@click.option("--systems", default="ar,ours,upstream", show_default=True,
+              help="Comma list of ar, ours, upstream, upstream-ar (ar always runs: it is the baseline).")
+@click.option("--limit", default=0, show_default=True, help="Use only the first N prompts (0 = all).")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all raw per-prompt figures here.")
+@click.option("--plot", "plot_out", type=click.Path(dir_okay=False), help="Write a PNG (acceptance, tok/s) here.")
+@click.option("--threads", "-t", default=0, show_default=True, help="CPU threads for every system (0 = all cores).")
+@click.option("--seed", default=0, show_default=True, help="Base RNG seed (per prompt: seed + index + 1000*round).")
+@click.option("--ctx-size", "-c", default=2048, show_default=True, help="Context size for every system.")
+@click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")
+@click.option("--device", default="auto", show_default=True, help="ggml device for our drafter.")
+@click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
+              help="Which exact q our draft tokens are sampled from at temperature > 0.")
+@click.option("--server-binary", type=click.Path(dir_okay=False),
+              help="llama-server to use (default: $DFLASH_LLAMA_SERVER, the build script's cache, PATH).")
+@click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def bench(target: str, draft: str, prompts: str, n_predict: int, temp: float, top_k: int, top_p: float,
+          min_p: float, n_max: str, repeat: int, systems: str, limit: int, json_out: str | None,
+          plot_out: str | None, threads: int, seed: int, ctx_size: int, n_gpu_layers: int, device: str,
+          draft_q: str, server_binary: str | None, server_args: tuple[str, ...], no_progress: bool) -> None:
+    """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved."""
+    from .bench import BenchError, BenchOptions, format_table, parse_n_max, parse_systems, run_bench, write_json
+
+    try:
+        opts = BenchOptions(
+            target=target, draft=draft, prompts=prompts, n_predict=n_predict, temperature=temp, top_k=top_k,
+            top_p=top_p, min_p=min_p, n_max=parse_n_max(n_max), repeat=repeat, systems=parse_systems(systems),
+            threads=threads, seed=seed, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, device=device,
+            draft_q=draft_q, limit=limit or None, server_binary=server_binary, server_args=list(server_args),
+            progress=not no_progress,
+        )
+        result = run_bench(opts)
+    except (BenchError, DFlashError, ValueError, RuntimeError) as e:
+        _fail(e)
+    click.echo(format_table(result))
+    if json_out:
+        write_json(result, json_out)
+        click.echo(f"wrote {json_out}", err=True)
+    if plot_out:
+        from .bench_plot import plot
+
+        plot(result, plot_out)
+        click.echo(f"wrote {plot_out}", err=True)
 
 
 if __name__ == "__main__":
