@@ -591,6 +591,15 @@ def _spread(xs: Sequence[float]) -> dict[str, float]:
 
 def pooled_acceptance(runs: Sequence[dict[str, Any]]) -> list[float] | None:
     """Conditional acceptance per draft position pooled over runs: accepted[i] / reached[i]."""
+    return _pooled(runs)[0]
+
+
+def pooled_reached(runs: Sequence[dict[str, Any]]) -> list[int] | None:
+    """How many verify steps reached each draft position (all earlier drafts accepted), pooled."""
+    return _pooled(runs)[1]
+
+
+def _pooled(runs: Sequence[dict[str, Any]]) -> tuple[list[float] | None, list[int] | None]:
     reached: list[int] = []
     accepted: list[int] = []
     have = False
@@ -608,12 +617,12 @@ def pooled_acceptance(runs: Sequence[dict[str, Any]]) -> list[float] | None:
         while reached and reached[-1] == 0:
             reached.pop()
             accepted.pop()
-        return [a / r if r else 0.0 for a, r in zip(accepted, reached)]
+        return [a / r if r else 0.0 for a, r in zip(accepted, reached)], reached
     lists = [r["per_position_acceptance"] for r in runs if r.get("per_position_acceptance")]
     if not lists:
-        return None
+        return None, None
     n = max(len(x) for x in lists)
-    return [statistics.fmean([x[i] for x in lists if i < len(x)]) for i in range(n)]
+    return [statistics.fmean([x[i] for x in lists if i < len(x)]) for i in range(n)], None
 
 
 def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -646,7 +655,7 @@ def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
                 n = s["tokens"]
                 s["mean_accepted_length"] = n / max(n - accepted, 1)
                 s["mean_accepted_length_source"] = "estimate: tokens / (tokens - accepted)"
-            s["per_position_acceptance"] = pooled_acceptance(runs)
+            s["per_position_acceptance"], s["per_position_reached"] = _pooled(runs)
         if system == "ours":
             s["draft_ms_per_step"] = _spread([r["draft_ms_per_step"] for r in runs])
             s["verify_ms_per_step"] = _spread([r["verify_ms_per_step"] for r in runs])
@@ -696,7 +705,12 @@ def format_table(result: dict[str, Any]) -> str:
             if not s:
                 continue
             ppa = s.get("per_position_acceptance")
-            txt = " ".join(f"{x:.2f}" for x in ppa) if ppa else "not exposed by the server"
+            if ppa:
+                txt = " ".join(f"{x:.2f}" for x in ppa)
+            elif system == "upstream":
+                txt = "not exposed by the server"
+            else:
+                txt = "none (no drafted step)"
             extra = ""
             if system == "ours" and s.get("plain_steps"):
                 extra = f"; {s['plain_steps']} fallback plain steps"
