@@ -10,7 +10,12 @@ PYBIND11_MODULE(_core, m) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const dflash::Error & e) {
-            py::set_error(error, e.what());
+            // messages quote names and strings from the file, which need not be UTF-8:
+            // decode with backslashreplace, or Python would raise UnicodeDecodeError instead
+            const std::string msg = e.what();
+            PyObject * text = PyUnicode_DecodeUTF8(msg.data(), (Py_ssize_t) msg.size(), "backslashreplace");
+            if (!text) return;  // MemoryError is set
+            py::set_error(error, py::reinterpret_steal<py::str>(text));
         }
     });
     register_model(m);

@@ -45,7 +45,14 @@ py::dict info_dict(const dflash::DraftFileInfo & info) {
     d["hparams"] = hparams_dict(info.hparams);
     d["has_token_embd"] = info.has_token_embd;
     d["has_output"] = info.has_output;
-    d["meta"] = info.meta;
+    // metadata strings come from the file and need not be UTF-8
+    py::dict meta;
+    for (const auto & [k, v] : info.meta) {
+        PyObject * text = PyUnicode_DecodeUTF8(v.data(), (Py_ssize_t) v.size(), "backslashreplace");
+        if (!text) throw py::error_already_set();
+        meta[py::str(k)] = py::reinterpret_steal<py::str>(text);
+    }
+    d["meta"] = meta;
     py::list tensors;
     for (const auto & t : info.tensors) {
         py::dict td;
