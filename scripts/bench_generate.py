@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--prompts", default=str(EX / "prompts.jsonl"))
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--temp", type=float, default=0.0)
-    ap.add_argument("--n-max", type=int, default=0)
+    ap.add_argument("--n-max", default="auto", help='"auto" or an int (0 = block_size - 1)')
     ap.add_argument("--draft-q", default="logits", choices=["logits", "selector"])
     ap.add_argument("--n-gpu-layers", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
@@ -40,7 +40,7 @@ def main() -> None:
     a = ap.parse_args()
 
     llm = SpeculativeLlama(a.target, a.draft, n_ctx=512, n_gpu_layers=a.n_gpu_layers, n_threads=a.threads,
-                           n_max=a.n_max, draft_q=a.draft_q, device=a.device, fallback=not a.no_fallback)
+                           n_max=a.n_max if a.n_max == "auto" else int(a.n_max), draft_q=a.draft_q, device=a.device, fallback=not a.no_fallback)
     prompts = [json.loads(line) for line in open(a.prompts)]
     rows = []
     for i, p in enumerate([prompts[0]] + prompts):  # prompts[0] twice: the first is the warm-up

@@ -51,7 +51,9 @@ def ptoks(ref: GreedyReference) -> list[list[int]]:
 
 
 def _spec(draft: str) -> SpeculativeLlama:
-    return SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS)
+    # a fixed n_max: its draft lengths depend on acceptance only, so seeded sampling repeats token for token
+    # (n_max="auto" also weighs measured timings, which differ from run to run)
+    return SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS, n_max=7)
 
 
 @pytest.fixture(scope="module")
@@ -121,6 +123,23 @@ def test_greedy_lossless_bundled(spec_bundled: SpeculativeLlama, ref: GreedyRefe
     # a trained drafter is accepted; each target pass drafts exactly n_max tokens (context permitting)
     assert s["drafted"] == n_max * (s["steps"] - s["plain_steps"])
     assert s["mean_accepted_length"] > 1.0 + 0.35 * n_max, s["mean_accepted_length"]
+
+
+def test_greedy_lossless_auto_draft_length(spec_bundled: SpeculativeLlama, ref: GreedyReference,
+                                          ptoks: list[list[int]]) -> None:
+    """n_max="auto": the loop picks each step's draft length from measured costs; output stays exact."""
+    spec_bundled.n_max = "auto"
+    assert spec_bundled.n_max == "auto"
+    try:
+        s = _run_all(spec_bundled, ref, ptoks[:8], "bundled_f32_auto")
+        ctl = spec_bundled._spec.controller
+    finally:
+        spec_bundled.n_max = 7
+    assert not s["problems"], "\n".join(s["problems"])
+    assert all(t["margin"] < EPS for t in s["near_ties"])
+    # the controller measured costs for plain decoding and for at least one draft length
+    assert len(ctl["acceptance"]) == 7 and all(0.0 <= a <= 1.0 for a in ctl["acceptance"])
+    assert all(c > 0.0 for c in ctl["expected_step_ms"]), ctl
 
 
 def test_greedy_lossless_random_drafter(spec_random: SpeculativeLlama, ref: GreedyReference,

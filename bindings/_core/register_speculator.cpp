@@ -26,11 +26,12 @@ py::tuple step_tuple(const dflash::StepOutput & o) { return py::make_tuple(o.tok
 void register_speculator(py::module_ & m) {
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
-                         int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max,
+                         int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
                          const std::string & draft_q, bool fallback) {
                  auto p = std::make_unique<PySpeculator>();
                  dflash::SpeculatorOptions sopt;
                  sopt.n_max = n_max;
+                 sopt.adaptive = adaptive;
                  sopt.draft_q = parse_q(draft_q);
                  sopt.fallback = fallback;
                  py::gil_scoped_release nogil;
@@ -52,14 +53,16 @@ void register_speculator(py::module_ & m) {
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
-             py::arg("draft_q") = "logits", py::arg("fallback") = true)
+             py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true)
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,
-               int n_threads, const std::string & device, uint32_t n_max, const std::string & draft_q, bool fallback) {
+               int n_threads, const std::string & device, uint32_t n_max, bool adaptive, const std::string & draft_q,
+               bool fallback) {
                 auto p = std::make_unique<PySpeculator>();
                 dflash::SpeculatorOptions sopt;
                 sopt.n_max = n_max;
+                sopt.adaptive = adaptive;
                 sopt.draft_q = parse_q(draft_q);
                 sopt.fallback = fallback;
                 py::gil_scoped_release nogil;
@@ -74,7 +77,8 @@ void register_speculator(py::module_ & m) {
                 return p;
             },
             py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"), py::arg("n_threads") = 0,
-            py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("draft_q") = "logits", py::arg("fallback") = true,
+            py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = "logits",
+            py::arg("fallback") = true,
             "Use the model and context of an existing llama_cpp.Llama as the target (they stay owned by it).")
         .def(
             "start",
@@ -111,8 +115,26 @@ void register_speculator(py::module_ & m) {
                  }
                  return step_tuple(o);
              })
-        .def_property("n_max", [](PySpeculator & p) { return p.s->n_max(); },
-                      [](PySpeculator & p, uint32_t n) { p.s->set_n_max(n); })
+        .def_property_readonly("n_max", [](PySpeculator & p) { return p.s->n_max(); })
+        .def_property_readonly("adaptive", [](PySpeculator & p) { return p.s->adaptive(); })
+        .def(
+            "set_n_max",
+            [](PySpeculator & p, uint32_t n, bool adaptive) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                p.s->set_n_max(n, adaptive);
+            },
+            py::arg("n"), py::arg("adaptive") = false)
+        .def_property_readonly("controller",
+                               [](PySpeculator & p) {
+                                   py::dict d;
+                                   d["acceptance"] = p.s->acceptance_estimate();
+                                   std::vector<double> cost;
+                                   for (uint32_t k = 0; k <= p.s->drafter().hparams().block_size - 1; ++k) {
+                                       cost.push_back(p.s->expected_step_ms(k));
+                                   }
+                                   d["expected_step_ms"] = cost;
+                                   return d;
+                               })
         .def_property_readonly("n_past", [](PySpeculator & p) { return p.s->n_past(); })
         .def_property_readonly("n_ctx", [](PySpeculator & p) { return p.s->target().n_ctx(); })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return p.s->target().n_vocab(); })

@@ -49,6 +49,15 @@ class GenerationStats:
         )
 
 
+def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
+    """n_max as (cap, adaptive): "auto" lets the loop choose per step (cap block_size - 1)."""
+    if n_max == "auto":
+        return 0, True
+    if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 0:
+        raise ValueError(f"n_max must be 'auto' or an int >= 0 (0 = block_size - 1), got {n_max!r}")
+    return n_max, False
+
+
 def _check_sampling(temperature: float, top_p: float, top_k: int, min_p: float, max_tokens: int | None) -> None:
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
@@ -74,7 +83,7 @@ class SpeculativeLlama:
         n_batch: int = 512,
         n_gpu_layers: int = 0,
         n_threads: int = 0,
-        n_max: int = 0,
+        n_max: int | str = "auto",
         draft_q: str = "logits",
         device: str = "auto",
         fallback: bool = True,
@@ -91,11 +100,10 @@ class SpeculativeLlama:
                     raise ValueError(f"{what} must be a GGUF file path, got {path!r}")
             if n_ctx < 16:
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
-            if n_max < 0:
-                raise ValueError(f"n_max must be >= 0 (0 = block_size - 1), got {n_max}")
+            cap, adaptive = _parse_n_max(n_max)
             _core = Speculator(
                 target, draft, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                device=device, n_max=n_max, draft_q=draft_q, fallback=fallback,
+                device=device, n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback,
             )
         self._spec = _core
         self.model_path = target
@@ -104,14 +112,14 @@ class SpeculativeLlama:
         self._llama: Any = None  # an adopted llama_cpp.Llama, kept alive
         self.stats = GenerationStats()
         block = self._spec.draft_hparams["block_size"]
-        if n_max > block - 1:
+        if isinstance(n_max, int) and n_max > block - 1:
             import warnings
 
             warnings.warn(f"n_max {n_max} clamped to block_size - 1 = {block - 1}", stacklevel=2)
 
     @classmethod
-    def from_llama(cls, llm: Any, draft: str, *, n_max: int = 0, draft_q: str = "logits", device: str = "auto",
-                   fallback: bool = True) -> SpeculativeLlama:
+    def from_llama(cls, llm: Any, draft: str, *, n_max: int | str = "auto", draft_q: str = "logits",
+                   device: str = "auto", fallback: bool = True) -> SpeculativeLlama:
         """Adopt an existing llama_cpp.Llama as the target (its model and context are reused)."""
         try:
             model_ptr = int(llm._model.model)
@@ -119,8 +127,9 @@ class SpeculativeLlama:
             path = llm.model_path
         except AttributeError as e:
             raise ValueError(f"from_llama needs a llama_cpp.Llama instance, got {type(llm).__name__}") from e
+        cap, adaptive = _parse_n_max(n_max)
         core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0), device=device,
-                                n_max=n_max, draft_q=draft_q, fallback=fallback)
+                                n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback)
         # llama_cpp.Llama keeps its own idea of what its KV cache holds; ours differs now
         llm.n_tokens = 0
         obj = cls(path, draft, n_max=n_max, _core=core)
@@ -142,12 +151,13 @@ class SpeculativeLlama:
         return self._spec.n_ctx
 
     @property
-    def n_max(self) -> int:
-        return self._spec.n_max
+    def n_max(self) -> int | str:
+        """Drafted tokens verified per step: an int, or "auto" (chosen per step from measured costs)."""
+        return "auto" if self._spec.adaptive else self._spec.n_max
 
     @n_max.setter
-    def n_max(self, n: int) -> None:
-        self._spec.n_max = n
+    def n_max(self, n: int | str) -> None:
+        self._spec.set_n_max(*_parse_n_max(n))
 
     # --- generation ------------------------------------------------------
 

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "dflash/error.h"
+#include "draft_length.h"
 
 namespace dflash {
 
@@ -12,12 +13,6 @@ namespace {
 double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
-
-// Fallback: when the running mean of accepted drafts per step stays below this,
-// verification costs more than it saves; decode plainly for a while, then probe.
-constexpr double kFallbackAccept = 0.35;
-constexpr uint32_t kFallbackWarmup = 8;
-constexpr uint32_t kFallbackSteps = 32;
 
 }  // namespace
 
@@ -37,13 +32,22 @@ Speculator::Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> 
                     std::to_string(target_->n_ctx()) + ") plus one block");
     }
     target_->set_feature_layers(h.target_layers);
-    set_n_max(opts.n_max);
+    length_ = std::make_unique<DraftLengthController>(h.block_size - 1);
+    set_n_max(opts.n_max, opts.adaptive);
 }
 
-void Speculator::set_n_max(uint32_t n) {
+Speculator::~Speculator() = default;
+
+void Speculator::set_n_max(uint32_t n, bool adaptive) {
     const uint32_t cap = drafter_->hparams().block_size - 1;
     n_max_ = (n == 0 || n > cap) ? cap : n;
+    opts_.adaptive = adaptive;
+    using Mode = DraftLengthController::Mode;
+    length_->configure(adaptive ? Mode::Auto : (opts_.fallback ? Mode::Fixed : Mode::FixedNoFallback), n_max_);
 }
+
+std::vector<double> Speculator::acceptance_estimate() const { return length_->acceptance(); }
+double Speculator::expected_step_ms(uint32_t k) const { return length_->expected_cost_ms(k); }
 
 void Speculator::flush_features() {
     if (pending_rows_ == 0) return;
@@ -74,8 +78,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     stats_ = SpecStats{};
     stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
     stats_.pos_accepted.assign(drafter_->hparams().block_size - 1, 0);
-    accept_ema_ = 1.0;
-    plain_left_ = 0;
+    length_->reset_acceptance();
 
     // reuse the longest common prefix; the last prompt token is always decoded for its logits
     size_t reuse = 0;
@@ -129,17 +132,16 @@ StepOutput Speculator::step() {
         out.context_full = true;
         return out;
     }
-    uint32_t m = plain_left_ > 0 ? 0 : n_max_;
-    m = std::min(m, target_->n_ctx() - n - 1);
+    const uint32_t m = std::min(length_->choose(), target_->n_ctx() - n - 1);
     if (m == 0) {
-        if (plain_left_ > 0) --plain_left_;
         stats_.plain_steps++;
         return step_plain();
     }
-    flush_features();
 
-    // draft
+    // draft (bringing the draft cache up to date first)
     auto t0 = std::chrono::steady_clock::now();
+    const double inject_before = stats_.inject_ms;
+    flush_features();
     const bool greedy = params_.greedy();
     const bool need_logits = !greedy && (drafter_->hparams().version == 1 || opts_.draft_q == DraftQ::Logits);
     DraftResult r = drafter_->draft(anchor_, (int32_t) n, m, need_logits);
@@ -160,12 +162,14 @@ StepOutput Speculator::step() {
             }
         }
     }
-    stats_.draft_ms += ms_since(t0);
+    const double draft_ms = ms_since(t0);
+    stats_.draft_ms += draft_ms - (stats_.inject_ms - inject_before);
 
     // verify
     t0 = std::chrono::steady_clock::now();
     target_->decode(seq.data(), m + 1, (int32_t) n, true);
-    stats_.verify_ms += ms_since(t0);
+    const double verify_ms = ms_since(t0);
+    stats_.verify_ms += verify_ms;
 
     // accept
     t0 = std::chrono::steady_clock::now();
@@ -209,13 +213,7 @@ StepOutput Speculator::step() {
         stats_.pos_reached[i]++;
         if (i < j) stats_.pos_accepted[i]++;
     }
-    if (opts_.fallback) {
-        accept_ema_ = 0.85 * accept_ema_ + 0.15 * j;
-        if (stats_.steps - stats_.plain_steps >= kFallbackWarmup && accept_ema_ < kFallbackAccept) {
-            plain_left_ = kFallbackSteps;
-            accept_ema_ = 1.0;  // probe afresh after the plain stretch
-        }
-    }
+    length_->observe_draft(m, j, draft_ms, verify_ms);
     return out;
 }
 
@@ -231,7 +229,9 @@ StepOutput Speculator::step_plain() {
     const float * lg = target_->logits(0);
     const int32_t next = params_.greedy() ? argmax(lg, target_->n_vocab())
                                           : sample(target_distribution(lg, target_->n_vocab(), params_), rng_);
-    stats_.verify_ms += ms_since(t0);
+    const double ms = ms_since(t0);
+    stats_.verify_ms += ms;
+    length_->observe_plain(ms);
     const auto & f = target_->features();
     pending_.insert(pending_.end(), f.begin(), f.end());
     pending_rows_ += 1;

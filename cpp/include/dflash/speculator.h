@@ -21,9 +21,12 @@ enum class DraftQ {
 
 struct SpeculatorOptions {
     uint32_t n_max = 0;             // drafted tokens verified per step; 0 = block_size - 1
+    bool adaptive = false;          // choose the draft length per step (n_max is then the cap)
     DraftQ draft_q = DraftQ::Logits;
-    bool fallback = true;           // stop drafting while acceptance stays too low to pay
+    bool fallback = true;           // fixed n_max: stop drafting while it cannot pay
 };
+
+class DraftLengthController;
 
 struct SpecStats {
     uint64_t steps = 0;             // target verify passes (including plain ones)
@@ -45,6 +48,7 @@ struct StepOutput {
 class Speculator {
   public:
     Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter, const SpeculatorOptions & opts);
+    ~Speculator();
 
     // Prefills (reusing the longest common prefix with the previous sequence)
     // and returns the first generated token.
@@ -53,8 +57,12 @@ class Speculator {
     // Plain decoding (no drafter) of the same target, for baselines and tests.
     StepOutput step_plain();
 
-    void set_n_max(uint32_t n);
+    void set_n_max(uint32_t n, bool adaptive);
     uint32_t n_max() const { return n_max_; }
+    bool adaptive() const { return opts_.adaptive; }
+    // the controller's current view: per-position acceptance and expected cost of k drafts
+    std::vector<double> acceptance_estimate() const;
+    double expected_step_ms(uint32_t k) const;
     const SpecStats & stats() const { return stats_; }
     Target & target() { return *target_; }
     Drafter & drafter() { return *drafter_; }
@@ -76,9 +84,7 @@ class Speculator {
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
-    // fallback controller
-    double accept_ema_ = 1.0;
-    uint32_t plain_left_ = 0;
+    std::unique_ptr<DraftLengthController> length_;  // kept across calls: costs are the machine's
 };
 
 }  // namespace dflash
