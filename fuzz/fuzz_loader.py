@@ -302,6 +302,7 @@ def worker(args: argparse.Namespace) -> None:
     # small seeds are cheaper: weight them up
     weights = [1.0 / max(1, len(s.data) >> 18) for s in seeds]
     corpus: list[Seed] = []
+    corpus_bytes = 0
     seen: set[str] = set()
     rng = random.Random(args.rng_seed)
     findings: list[dict] = []
@@ -327,8 +328,9 @@ def worker(args: argparse.Namespace) -> None:
             findings[-1]["file"] = f"finding-{h}.gguf"
         if sig not in seen:
             seen.add(sig)
-            if len(corpus) < 400:
+            if len(corpus) < 400 and corpus_bytes + len(data) < (256 << 20):
                 corpus.append(Seed(f"{base.name}+", data))
+                corpus_bytes += len(data)
         n += 1
         now = time.monotonic()
         if now - last_report > 0.5:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -15,6 +16,10 @@ from .memory import keep_freed_chunks
 from .quantize import OUT_TYPES, parse_outtype
 
 EXIT_ERROR = 2
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _fail(message: str) -> NoReturn:
@@ -61,6 +66,8 @@ def main(
     no_progress: bool,
 ) -> None:
     keep_freed_chunks()
+    # a polite kill (SIGTERM) cleans up like Ctrl-C: the temp files go, the destination stays as it was
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         out = parse_outtype(outtype)
         opts = Options(
@@ -93,6 +100,9 @@ def main(
         _fail(exc.message)
     except KeyboardInterrupt:
         _fail("interrupted; no output written")
+    except OSError as exc:  # disk full, permission denied, I/O error: one line, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(f"{exc.strerror or exc}{where}; no output written (an existing output file is left as it was)")
 
     # the type chosen for each tensor
     width = max(len(t.gguf) for t in plan.tensors)
