@@ -307,6 +307,8 @@ def worker(args: argparse.Namespace) -> None:
     rng = random.Random(args.rng_seed)
     findings: list[dict] = []
     deadline = time.monotonic() + args.time
+    selftest, _, at = os.environ.get("DFLASH_FUZZ_SELFTEST", "").partition(":")
+    selftest_at = int(at) if selftest and args.rng_seed == int(os.environ.get("DFLASH_FUZZ_SEED", "1")) else -1
     n = 0
     progress = work / "progress"
     last_report = 0.0
@@ -321,6 +323,8 @@ def worker(args: argparse.Namespace) -> None:
             f.write(data)
         (work / "current.txt").write_text(desc)
         k0 = len(findings)
+        if n == selftest_at:  # proves the parent catches a dying / hanging worker (tests/test_hardening.py)
+            os.abort() if selftest == "abort" else time.sleep(1e6)
         sig = run_one(dg, str(cur), findings, desc)
         if len(findings) > k0:
             h = hashlib.sha1(data).hexdigest()[:12]

@@ -369,3 +369,24 @@ def test_three_objects_three_threads() -> None:
         assert not isinstance(results[k], BaseException), results[k]
         for rep in results[k]:
             assert rep == want[k], (kinds[k], rep, want[k])
+
+
+@pytest.mark.parametrize("kind", ["abort", "hang"])
+def test_fuzzer_catches_a_dying_worker(kind: str, tmp_path: Path) -> None:
+    """The fuzzer's own machinery: a worker that aborts (or stops making progress) at execution 50 is
+    reported, its input saved, the run continues with a new worker, and the exit status is 1."""
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    from draft_gguf import write_draft_gguf
+
+    write_draft_gguf(seeds / "small.gguf", n_layer=1)
+    env = {**os.environ, "DFLASH_FUZZ_SELFTEST": f"{kind}:50", "DFLASH_FUZZ_SEED": "1"}
+    res = subprocess.run([sys.executable, str(FUZZ / "fuzz_loader.py"), "--seeds", str(seeds), "--time", "6",
+                          "--hang-s", "2", "--leak-rounds", "0", "--crashes", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    kinds = [f["kind"] for f in summary["findings"]]
+    assert kinds == ["crash" if kind == "abort" else "hang"], summary["findings"]
+    assert summary["worker_restarts"] == 1 and summary["executions"] > 50
+    assert Path(summary["findings"][0]["saved"]).stat().st_size > 0
