@@ -43,12 +43,14 @@ def main() -> None:
                            n_max=a.n_max if a.n_max == "auto" else int(a.n_max), draft_q=a.draft_q, device=a.device, fallback=not a.no_fallback)
     prompts = [json.loads(line) for line in open(a.prompts)]
     rows = []
+    identical = 0
     for i, p in enumerate([prompts[0]] + prompts):  # prompts[0] twice: the first is the warm-up
         toks = llm.tokenize(p["text"], add_special=False, parse_special=False)
         row: dict = {"id": p["id"]}
+        outs = {}
         for mode in ("plain", "spec"):
             t0 = time.perf_counter()
-            out = list(llm.generate_tokens(toks, max_tokens=a.n, temperature=a.temp, seed=i, plain=mode == "plain"))
+            out = outs[mode] = list(llm.generate_tokens(toks, max_tokens=a.n, temperature=a.temp, seed=i, plain=mode == "plain"))
             s = llm.stats
             row[mode] = {"tokens": len(out), "decode_s": s.decode_ms / 1e3, "tok_s": s.tokens_per_second,
                          "wall_s": time.perf_counter() - t0}
@@ -58,6 +60,7 @@ def main() -> None:
                                  mean_accepted_length=s.mean_accepted_length)
         if i > 0:
             rows.append(row)
+            identical += outs["plain"] == outs["spec"]
 
     plain_tps = [r["plain"]["tok_s"] for r in rows]
     spec_tps = [r["spec"]["tok_s"] for r in rows]
@@ -78,6 +81,9 @@ def main() -> None:
         inj = sum(r["spec"]["inject_ms"] for r in rows) / drafted_steps
         print(f"per step: draft {d:.3f} ms, verify {v:.3f} ms, inject {inj:.3f} ms; "
               f"plain decode {1e3 / statistics.median(plain_tps):.3f} ms/token")
+    if a.temp == 0:
+        print(f"greedy output identical to plain decoding on {identical}/{len(rows)} prompts")
+    print(f"drafter counters: {llm._spec.draft_counters}")
     if a.json:
         Path(a.json).write_text(json.dumps(rows, indent=1))
 
