@@ -28,9 +28,15 @@ cp "$BUILD"/_core*.so "$PKG/"
 # _core's RUNPATH is $ORIGIN/../llama_cpp/lib: point it at the installed wheel's libraries
 LLAMA_PKG=$("$PY" -c 'import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec("llama_cpp").origin).parent)')
 ln -s "$LLAMA_PKG" "$BUILD/pkg/llama_cpp"
+# an editable install's import hook (scikit-build-core) outranks PYTHONPATH: drop it for dflash_gguf
+cat > "$BUILD/pkg/sitecustomize.py" <<'PYEOF'
+import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not type(f).__module__.startswith("_editable_skbc_dflash_gguf")]
+PYEOF
 
-LIBASAN=$(gcc -print-file-name=libasan.so)
-LIBUBSAN=$(gcc -print-file-name=libubsan.so)
+# python does not link libstdc++: preload it with libasan, or ASan's __cxa_throw interceptor finds
+# no real __cxa_throw and the first C++ exception aborts ("CHECK failed: asan_interceptors.cpp:320")
+LIBASAN="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)"
 if [ "$#" -eq 0 ]; then
   set -- tests/test_loader.py tests/test_graph_parity.py tests/test_api.py tests/test_sampling.py \
          "tests/test_lossless.py::test_greedy_lossless_bundled" "tests/test_lossless.py::test_rollback_gives_identical_outputs" \

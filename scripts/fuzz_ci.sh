@@ -24,7 +24,7 @@ DFLASH_CONVERT_THREADS=1 "$PY" fuzz/make_seeds.py "$SEEDS"
 if [ "${FUZZ_ASAN:-0}" = 1 ]; then
   [ -d build/asan/pkg/dflash_gguf ] || { echo "[fuzz_ci] FUZZ_ASAN=1: run scripts/asan_check.sh first (builds build/asan/pkg)"; exit 2; }
   export PYTHONPATH="$PWD/build/asan/pkg${PYTHONPATH:+:$PYTHONPATH}"
-  export LD_PRELOAD=$(gcc -print-file-name=libasan.so)
+  export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)"
   export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:halt_on_error=1:abort_on_error=1:allocator_may_return_null=1:detect_odr_violation=0}
   export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
   "$PY" -c 'import dflash_gguf; f = dflash_gguf._core.__file__; print("[fuzz_ci] ASan _core:", f); assert "/build/asan/" in f'
