@@ -2,6 +2,8 @@
 // from Python (streaming, stop strings and finish reasons live in Python).
 #include <pybind11/stl.h>
 
+#include <functional>
+
 #include "busy.h"
 #include "dflash/speculator.h"
 #include "register.h"
@@ -21,6 +23,34 @@ dflash::DraftQ parse_q(const std::string & q) {
 
 py::tuple step_tuple(const dflash::StepOutput & o) { return py::make_tuple(o.tokens, o.context_full); }
 
+dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std::string & draft_q, bool fallback) {
+    dflash::SpeculatorOptions o;
+    o.n_max = n_max;
+    o.adaptive = adaptive;
+    o.draft_q = parse_q(draft_q);
+    o.fallback = fallback;
+    return o;
+}
+
+// The drafter shares the target's embedding and LM head, read from the target's GGUF file.
+// Call without the GIL; the drafter is validated before the target is loaded (a bad drafter
+// should not cost a target load).
+std::unique_ptr<PySpeculator> make_speculator(const std::function<std::unique_ptr<dflash::Target>()> & open_target,
+                                              const std::string & target_path, const std::string & draft,
+                                              const std::string & device, int n_threads,
+                                              const dflash::SpeculatorOptions & sopt) {
+    (void) dflash::inspect_draft_file(draft);
+    auto t = open_target();
+    dflash::DrafterOptions dopt;
+    dopt.device = device;
+    dopt.n_threads = n_threads;
+    dopt.n_ctx = t->n_ctx() + 64;
+    auto d = std::make_unique<dflash::Drafter>(draft, target_path, dopt);
+    auto p = std::make_unique<PySpeculator>();
+    p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
+    return p;
+}
+
 }  // namespace
 
 void register_speculator(py::module_ & m) {
@@ -28,28 +58,15 @@ void register_speculator(py::module_ & m) {
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
                          const std::string & draft_q, bool fallback) {
-                 auto p = std::make_unique<PySpeculator>();
-                 dflash::SpeculatorOptions sopt;
-                 sopt.n_max = n_max;
-                 sopt.adaptive = adaptive;
-                 sopt.draft_q = parse_q(draft_q);
-                 sopt.fallback = fallback;
-                 py::gil_scoped_release nogil;
+                 const auto sopt = spec_options(n_max, adaptive, draft_q, fallback);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
                  topt.n_batch = n_batch;
                  topt.n_gpu_layers = n_gpu_layers;
                  topt.n_threads = n_threads;
-                 // the drafter is validated first: a bad drafter should not cost a target load
-                 (void) dflash::inspect_draft_file(draft);
-                 auto t = std::make_unique<dflash::Target>(target, topt);
-                 dflash::DrafterOptions dopt;
-                 dopt.device = device;
-                 dopt.n_threads = n_threads;
-                 dopt.n_ctx = t->n_ctx() + 64;
-                 auto d = std::make_unique<dflash::Drafter>(draft, target, dopt);
-                 p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
-                 return p;
+                 py::gil_scoped_release nogil;
+                 return make_speculator([&] { return std::make_unique<dflash::Target>(target, topt); }, target, draft,
+                                        device, n_threads, sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
@@ -59,22 +76,13 @@ void register_speculator(py::module_ & m) {
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,
                int n_threads, const std::string & device, uint32_t n_max, bool adaptive, const std::string & draft_q,
                bool fallback) {
-                auto p = std::make_unique<PySpeculator>();
-                dflash::SpeculatorOptions sopt;
-                sopt.n_max = n_max;
-                sopt.adaptive = adaptive;
-                sopt.draft_q = parse_q(draft_q);
-                sopt.fallback = fallback;
+                const auto sopt = spec_options(n_max, adaptive, draft_q, fallback);
                 py::gil_scoped_release nogil;
-                (void) dflash::inspect_draft_file(draft);
-                auto t = std::make_unique<dflash::Target>((llama_model *) model_ptr, (llama_context *) ctx_ptr);
-                dflash::DrafterOptions dopt;
-                dopt.device = device;
-                dopt.n_threads = n_threads;
-                dopt.n_ctx = t->n_ctx() + 64;
-                auto d = std::make_unique<dflash::Drafter>(draft, target_path, dopt);
-                p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
-                return p;
+                return make_speculator(
+                    [&] {
+                        return std::make_unique<dflash::Target>((llama_model *) model_ptr, (llama_context *) ctx_ptr);
+                    },
+                    target_path, draft, device, n_threads, sopt);
             },
             py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"), py::arg("n_threads") = 0,
             py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = "logits",
