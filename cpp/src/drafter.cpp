@@ -111,7 +111,8 @@ struct Drafter::Impl {
         ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_permute(ctx, v, 1, 2, 0, 3), v_dst));
     }
 
-    // DFlash2 block-local two-tap dynamic conv: y'[t] = sum_tap w[t, side, tap] * y[t - tap]
+    // DFlash2 block-local two-tap dynamic conv: y'[t] = sum_tap (base[side, tap] + c[t, side, tap, group]) * y[t - tap]
+    // The per-group coefficients broadcast over their channels ([1, G, B] against [gs, G, B]) instead of being repeated.
     ggml_tensor * conv(ggml_context * ctx, ggml_tensor * y, ggml_tensor * c, ggml_tensor * base, int side) const {
         const int64_t E = hp().n_embd, B = y->ne[1];
         const int64_t K = hp().conv_kernel, G = hp().n_conv_groups(), gs = hp().conv_group;
@@ -120,15 +121,16 @@ struct Drafter::Impl {
         for (int64_t tap = 0; tap < std::min<int64_t>(K, B); ++tap) {
             ggml_tensor * coef = ggml_view_2d(ctx, c4, G, B, c4->nb[3], side * c4->nb[2] + tap * c4->nb[1]);  // [G, B]
             coef = ggml_reshape_3d(ctx, ggml_cont(ctx, coef), 1, G, B);
-            coef = ggml_reshape_2d(ctx, ggml_repeat_4d(ctx, coef, gs, G, B, 1), E, B);  // each group over its channels
             ggml_tensor * base_row = ggml_view_1d(ctx, base, E, (size_t) (side * K + tap) * base->nb[1]);
-            ggml_tensor * w = ggml_add(ctx, coef, base_row);  // [E, B]
             ggml_tensor * shifted = y;
             if (tap > 0) {
                 shifted = ggml_view_2d(ctx, y, E, B - tap, y->nb[1], 0);
                 shifted = ggml_pad_ext(ctx, shifted, 0, 0, (int) tap, 0, 0, 0, 0, 0);  // zeros before row 0
+            } else if (!ggml_is_contiguous(y)) {
+                shifted = ggml_cont(ctx, y);
             }
-            ggml_tensor * term = ggml_mul(ctx, w, shifted);
+            ggml_tensor * dyn = ggml_reshape_2d(ctx, ggml_mul(ctx, ggml_reshape_3d(ctx, shifted, gs, G, B), coef), E, B);
+            ggml_tensor * term = ggml_add(ctx, dyn, ggml_mul(ctx, shifted, base_row));
             out = out ? ggml_add(ctx, out, term) : term;
         }
         return out;
