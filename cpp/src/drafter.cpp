@@ -253,7 +253,7 @@ struct Drafter::Impl {
         return bg;
     }
 
-    void compute(ggml_cgraph * gf) {
+    void alloc(ggml_cgraph * gf) {
         counters.graphs_built++;
         ggml_backend_sched_reset(sched.get());
         if (!ggml_backend_sched_alloc_graph(sched.get(), gf)) {
@@ -413,7 +413,7 @@ void Drafter::inject(const float * features, const int32_t * positions, uint32_t
         auto ctx = m.new_graph_ctx();
         ggml_tensor * feat, * pos;
         ggml_cgraph * gf = m.build_inject(ctx.get(), m.n_cached, chunk, &feat, &pos);
-        m.compute(gf);
+        m.alloc(gf);
         ggml_backend_tensor_set(feat, features + done * width, 0, chunk * width * sizeof(float));
         ggml_backend_tensor_set(pos, positions + done, 0, chunk * sizeof(int32_t));
         m.run(gf);
@@ -447,7 +447,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
 
     auto ctx = m.new_graph_ctx();
     Impl::BlockGraph bg = m.build_block(ctx.get(), m.n_cached, B);
-    m.compute(bg.gf);
+    m.alloc(bg.gf);
     std::vector<int32_t> tokens(B, h.mask_token_id), pos(B);
     tokens[0] = anchor;
     std::iota(pos.begin(), pos.end(), position);
