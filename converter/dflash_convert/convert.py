@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import tempfile
@@ -182,9 +183,25 @@ def describe(plan: Plan) -> str:
 
 
 def _tmp_path(final: Path, tag: str) -> Path:
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=f".{tag}.tmp", dir=str(final.parent))
+    # the owner's pid is in the name so that a later run can tell an orphan (SIGKILL) from a live one
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.{os.getpid()}.", suffix=f".{tag}.tmp", dir=str(final.parent))
     os.close(fd)
     return Path(name)
+
+
+def _sweep_orphan_temps(final: Path) -> None:
+    """Removes temp files of earlier conversions to `final` whose process is gone (killed with SIGKILL)."""
+    prefix = f".{final.name}."
+    for p in final.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = p.name[len(prefix):].split(".", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            p.unlink(missing_ok=True)
+        except PermissionError:
+            pass  # alive, someone else's
 
 
 def execute(
@@ -201,6 +218,7 @@ def execute(
     check_outfile(plan, force)
     final = plan.outfile
     t0 = time.perf_counter()
+    _sweep_orphan_temps(final)
     tmp = _tmp_path(final, "gguf")
     tmp_f32: Path | None = None
     try:
