@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <unordered_map>
 
 namespace dflash {
 
@@ -85,19 +84,20 @@ RejectionOutcome verify_draft_token(const SparseDist & p, const SparseDist & q, 
     if (qd > 0.0 && uni(rng) * qd < pd) {  // u < p/q, written without dividing
         return {drafted, true};
     }
-    // residual max(p - q, 0) lives on p's support
-    std::unordered_map<int32_t, float> qmap;
-    qmap.reserve(q.ids.size() * 2);
-    for (size_t i = 0; i < q.ids.size(); ++i) qmap[q.ids[i]] = q.probs[i];
+    // residual max(p - q, 0) lives on p's support; q looked up densely (q may span the vocabulary)
+    int32_t max_id = 0;
+    for (int32_t id : q.ids) max_id = std::max(max_id, id);
+    std::vector<float> q_dense((size_t) max_id + 1, 0.0f);
+    for (size_t i = 0; i < q.ids.size(); ++i) q_dense[(size_t) q.ids[i]] = q.probs[i];
     SparseDist r;
     r.ids.reserve(p.ids.size());
     r.probs.reserve(p.ids.size());
     double mass = 0.0;
     for (size_t i = 0; i < p.ids.size(); ++i) {
-        auto it = qmap.find(p.ids[i]);
-        const float diff = p.probs[i] - (it == qmap.end() ? 0.0f : it->second);
+        const int32_t id = p.ids[i];
+        const float diff = p.probs[i] - (id <= max_id ? q_dense[(size_t) id] : 0.0f);
         if (diff > 0.0f) {
-            r.ids.push_back(p.ids[i]);
+            r.ids.push_back(id);
             r.probs.push_back(diff);
             mass += diff;
         }

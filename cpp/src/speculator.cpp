@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 
 #include "dflash/error.h"
 #include "draft_length.h"
@@ -33,6 +34,8 @@ Speculator::Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> 
     }
     target_->set_feature_layers(h.target_layers);
     length_ = std::make_unique<DraftLengthController>(h.block_size - 1);
+    all_ids_.resize(drafter_->n_vocab());
+    std::iota(all_ids_.begin(), all_ids_.end(), 0);
     set_n_max(opts.n_max, opts.adaptive);
 }
 
@@ -119,9 +122,7 @@ SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, i
         return softmax_on(&r.candidates[(size_t) row * k], &r.scores[((size_t) row * k + (uint32_t) pred_index) * k], k, T);
     }
     const uint32_t V = drafter_->n_vocab();
-    std::vector<int32_t> ids(V);
-    for (uint32_t i = 0; i < V; ++i) ids[i] = (int32_t) i;
-    return softmax_on(ids.data(), &r.logits[(size_t) (row + 1) * V], V, T);
+    return softmax_on(all_ids_.data(), &r.logits[(size_t) (row + 1) * V], V, T);
 }
 
 StepOutput Speculator::step() {

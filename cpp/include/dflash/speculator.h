@@ -84,7 +84,8 @@ class Speculator {
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
-    std::unique_ptr<DraftLengthController> length_;  // kept across calls: costs are the machine's
+    std::unique_ptr<DraftLengthController> length_;
+    std::vector<int32_t> all_ids_;  // 0..n_vocab-1: the support of a full-vocabulary q  // kept across calls: costs are the machine's
 };
 
 }  // namespace dflash
