@@ -23,6 +23,14 @@ struct PyDrafter {
 
 }  // namespace
 
+py::dict counters_dict(const dflash::DrafterCounters & c) {
+    py::dict d;
+    d["graphs_built"] = c.graphs_built;
+    d["sched_reallocs"] = c.sched_reallocs;
+    d["n_splits_last"] = c.n_splits_last;
+    return d;
+}
+
 void register_drafter(py::module_ & m) {
     py::class_<PyDrafter>(m, "Drafter")
         .def(py::init([](const std::string & draft, const std::string & target, const std::string & device,
@@ -44,15 +52,7 @@ void register_drafter(py::module_ & m) {
         .def_property_readonly("n_cached", [](PyDrafter & p) { return p.d->n_cached(); })
         .def_property_readonly("device", [](PyDrafter & p) { return p.d->device_name(); })
         .def_property_readonly("head_zero_copy", [](PyDrafter & p) { return p.d->head_zero_copy(); })
-        .def_property_readonly("counters",
-                               [](PyDrafter & p) {
-                                   const auto & c = p.d->counters();
-                                   py::dict d;
-                                   d["graphs_built"] = c.graphs_built;
-                                   d["sched_reallocs"] = c.sched_reallocs;
-                                   d["n_splits_last"] = c.n_splits_last;
-                                   return d;
-                               })
+        .def_property_readonly("counters", [](PyDrafter & p) { return counters_dict(p.d->counters()); })
         .def(
             "inject",
             [](PyDrafter & p, py::array_t<float, py::array::c_style | py::array::forcecast> features,

@@ -149,14 +149,7 @@ void register_speculator(py::module_ & m) {
         .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(p.s->drafter().hparams()); })
         .def_property_readonly("draft_device", [](PySpeculator & p) { return p.s->drafter().device_name(); })
         .def_property_readonly("draft_counters",
-                               [](PySpeculator & p) {
-                                   const auto & c = p.s->drafter().counters();
-                                   py::dict d;
-                                   d["graphs_built"] = c.graphs_built;
-                                   d["sched_reallocs"] = c.sched_reallocs;
-                                   d["n_splits_last"] = c.n_splits_last;
-                                   return d;
-                               })
+                               [](PySpeculator & p) { return counters_dict(p.s->drafter().counters()); })
         .def_property_readonly("stats",
                                [](PySpeculator & p) {
                                    const auto & s = p.s->stats();
