@@ -44,7 +44,9 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off).")
 @click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off).")
 @click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
-@click.option("--n-max", default=0, show_default=True, help="Drafted tokens verified per step (0 = block size - 1).")
+@click.option("--n-max", default="auto", show_default=True,
+              help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
+                   "(0 = block size - 1).")
 @click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
               help="Which exact q the draft tokens are sampled from at temperature > 0.")
 @click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size.")
@@ -54,14 +56,15 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,
-             min_p: float, seed: int, n_max: int, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
+             min_p: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
              device: str, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                               n_max=n_max, draft_q=draft_q, device=device, verbose=verbose)
+                               n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
+                               verbose=verbose)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                   seed=None if seed < 0 else seed)
         click.echo(prompt, nl=False)
