@@ -432,3 +432,16 @@ def gguf_kv(path: Path | str) -> dict[str, tuple[Any, str, str | None]]:
         sub = GGUFValueType(f.types[-1]) if vtype == GGUFValueType.ARRAY else None
         out[key] = (f.contents(), vtype.name, sub.name if sub is not None else None)
     return out
+
+
+def run_convert_cli(args: list[str], capsys: "pytest.CaptureFixture[str]") -> tuple[int, str, str]:
+    """Runs dflash-convert in process; (exit code, stdout, stderr)."""
+    import pytest
+
+    from dflash_convert import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main.main(args=args, prog_name="dflash-convert")
+    captured = capsys.readouterr()
+    code = exc.value.code
+    return (0 if code is None else int(code)), captured.out, captured.err

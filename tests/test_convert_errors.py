@@ -14,19 +14,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from factories import make_checkpoint, make_target_gguf
+from factories import run_convert_cli as run_cli, make_checkpoint, make_target_gguf
 
-from dflash_convert import cli
 
 SENTINEL = b"an existing output file that must survive\n"
-
-
-def run_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        cli.main.main(args=args, prog_name="dflash-convert")
-    captured = capsys.readouterr()
-    code = exc.value.code
-    return (0 if code is None else int(code)), captured.out, captured.err
 
 
 @pytest.fixture(scope="module")

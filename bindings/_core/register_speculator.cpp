@@ -21,7 +21,16 @@ dflash::DraftQ parse_q(const std::string & q) {
     throw dflash::Error("draft_q must be 'logits' or 'selector', got '" + q + "'");
 }
 
-py::tuple step_tuple(const dflash::StepOutput & o) { return py::make_tuple(o.tokens, o.context_full); }
+// One step without the GIL; (emitted tokens, context_full).
+py::tuple run_step(PySpeculator & p, dflash::StepOutput (dflash::Speculator::*step)()) {
+    Busy busy(p.mu, "this SpeculativeLlama");
+    dflash::StepOutput o;
+    {
+        py::gil_scoped_release nogil;
+        o = (p.s.get()->*step)();
+    }
+    return py::make_tuple(o.tokens, o.context_full);
+}
 
 dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std::string & draft_q, bool fallback) {
     dflash::SpeculatorOptions o;
@@ -103,26 +112,8 @@ void register_speculator(py::module_ & m) {
             },
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
             py::arg("min_p") = 0.0f, py::arg("seed") = 0)
-        .def("step",
-             [](PySpeculator & p) {
-                 Busy busy(p.mu, "this SpeculativeLlama");
-                 dflash::StepOutput o;
-                 {
-                     py::gil_scoped_release nogil;
-                     o = p.s->step();
-                 }
-                 return step_tuple(o);
-             })
-        .def("step_plain",
-             [](PySpeculator & p) {
-                 Busy busy(p.mu, "this SpeculativeLlama");
-                 dflash::StepOutput o;
-                 {
-                     py::gil_scoped_release nogil;
-                     o = p.s->step_plain();
-                 }
-                 return step_tuple(o);
-             })
+        .def("step", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step); })
+        .def("step_plain", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step_plain); })
         .def_property_readonly("n_max", [](PySpeculator & p) { return p.s->n_max(); })
         .def_property_readonly("adaptive", [](PySpeculator & p) { return p.s->adaptive(); })
         .def(
