@@ -431,6 +431,8 @@ def test_rollback_equals_fresh(case: Any, version: int) -> None:
 
 
 def test_counters_reserved_once(case: Any) -> None:
+    """Buffers are reserved once for the worst case; the block graph is built only when its attention
+    window (whole units of cache rows) changes, and a draft step within the same window reuses it."""
     c: Case = case(2, 8)
     n_ctx = 600  # > one inject chunk (256 rows): chunked injection and a block over a nearly full cache
     d = c.drafter("f32", n_ctx=n_ctx)
@@ -438,7 +440,7 @@ def test_counters_reserved_once(case: Any) -> None:
     d.draft(1, 3)
     base = dict(d.counters)
     assert base["n_splits_last"] == 1, base
-    per_step = []
+    per_step, windows = [], []
     n = 3
     for i, rows in enumerate((1, 7, 40, 300, 200, n_ctx - 8 - 551)):
         d.inject(features(rows, c.width, 50 + i), np.arange(n, n + rows, dtype=np.int32))
@@ -446,12 +448,18 @@ def test_counters_reserved_once(case: Any) -> None:
         before = d.counters["graphs_built"]
         d.draft(2 + i, n)
         per_step.append(d.counters["graphs_built"] - before)
+        windows.append(d.counters["window_last"])
+        assert n + 8 <= windows[-1] <= n_ctx
         assert d.counters["n_splits_last"] == 1
+        before = d.counters["graphs_built"]
+        d.draft(3 + i, n)  # the same window again: nothing is built
+        assert d.counters["graphs_built"] == before
     assert d.n_cached == n_ctx - 8  # the block over the last free rows: the reserved worst case
     d.truncate(5)
     d.draft(9, 5, details=True)
     after = dict(d.counters)
-    print(f"counters: warm-up {base}, after {after}; graphs built per draft step {per_step}")
+    print(f"counters: warm-up {base}, after {after}; graphs built per draft step {per_step}, windows {windows}")
     assert after["sched_reallocs"] == base["sched_reallocs"], (base, after)
     assert after["n_splits_last"] == 1
-    assert all(s == 1 for s in per_step), per_step
+    changed = [int(w != p) for p, w in zip([base["window_last"]] + windows, windows)]
+    assert per_step == changed, (per_step, windows)

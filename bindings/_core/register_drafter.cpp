@@ -28,6 +28,7 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
     d["graphs_built"] = c.graphs_built;
     d["sched_reallocs"] = c.sched_reallocs;
     d["n_splits_last"] = c.n_splits_last;
+    d["window_last"] = c.window_last;
     return d;
 }
 

@@ -1,6 +1,10 @@
 #include "dflash/drafter.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <cmath>
 #include <numeric>
 #include <thread>
@@ -14,6 +18,10 @@ namespace {
 
 constexpr int kGraphSize = 4096;
 constexpr uint32_t kInjectChunk = 256;  // rows per inject graph; longer prompts are chunked
+// Granularity of the block's attention window (cache rows): a GPU replays an unchanged graph, so its window
+// changes rarely; a CPU pays for every attended row, so its window follows the context closely.
+constexpr uint32_t kWindowGpu = 256;
+constexpr uint32_t kWindowCpu = 32;
 
 ggml_backend_dev_t pick_device(const std::string & want) {
     ggml_backend_load_all();  // no-op when the backends are linked in
@@ -50,24 +58,50 @@ struct Drafter::Impl {
     ggml_backend_dev_t dev = nullptr;
     ggml_backend_ptr backend;      // the chosen device
     ggml_backend_ptr backend_cpu;  // fallback for ops the device lacks (null when dev is the CPU)
-    ggml_backend_sched_ptr sched;
+    // One scheduler per graph kind, so that a long injection never evicts the block graph's allocation.
+    ggml_backend_sched_ptr sched_inject, sched_block;
 
-    // draft context cache: K [head_dim, n_head_kv, n_ctx], V [n_ctx, head_dim, n_head_kv] per layer
+    // draft context cache: K and V [head_dim, n_head_kv, n_ctx + 1] per layer; row n_ctx is a scratch row
+    // that padded writes go to and that no attention window reaches
     ggml_context_ptr cache_ctx;
     ggml_backend_buffer_ptr cache_buf;
     std::vector<ggml_tensor *> cache_k, cache_v;
     uint32_t n_ctx = 0;
-    uint32_t n_cached = 0;
+    uint32_t n_cached = 0;  // rows whose K/V are in the cache
 
-    std::vector<uint8_t> graph_meta;  // reused metadata arena for per-call graphs
+    // context rows accepted but not yet written: the next draft step writes them in its own graph
+    std::vector<float> pending;
+    uint32_t n_pending = 0;
+
+    // the block graph stays built and allocated while its attention window is unchanged, so a draft step
+    // is: set inputs, compute, read back (and backends such as CUDA can replay it as a device graph)
+    struct BlockGraph {
+        ggml_cgraph * gf = nullptr;
+        uint32_t window = 0;  // attended cache rows; 0 = not built
+        ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to B (scratch row)
+        ggml_tensor * tokens, * pos, * blk_idx, * blk_vidx, * mask, * anchor;
+        ggml_tensor * logits, * argmax;
+        ggml_tensor * cand, * unary, * scores;  // DFlash2
+    };
+    BlockGraph bg;
+    ggml_context_ptr block_ctx;
+    std::vector<uint8_t> block_meta, inject_meta;  // metadata arenas of the two graphs
+    std::vector<ggml_fp16_t> mask_host;
     DrafterCounters counters;
     size_t reserved_bytes = 0;
 
     const DraftHparams & hp() const { return model.hp(); }
 
-    ggml_context_ptr new_graph_ctx() {
-        ggml_init_params p{graph_meta.size(), graph_meta.data(), /*no_alloc =*/true};
+    static ggml_context_ptr new_ctx(std::vector<uint8_t> & meta) {
+        ggml_init_params p{meta.size(), meta.data(), /*no_alloc =*/true};
         return ggml_context_ptr(ggml_init(p));
+    }
+
+    static ggml_tensor * input(ggml_context * ctx, ggml_type type, int64_t n0, int64_t n1, const char * name) {
+        ggml_tensor * t = n1 > 0 ? ggml_new_tensor_2d(ctx, type, n0, n1) : ggml_new_tensor_1d(ctx, type, n0);
+        ggml_set_name(t, name);
+        ggml_set_input(t);
+        return t;
     }
 
     ggml_tensor * rms_norm(ggml_context * ctx, ggml_tensor * x, ggml_tensor * w) const {
@@ -79,88 +113,105 @@ struct Drafter::Impl {
                              hp().rope_freq_base, hp().rope_freq_scale, 0.0f, 1.0f, 0.0f, 0.0f);
     }
 
-    // g = hidden_norm(fc(features)); per layer K = rope(k_norm(W_k g)), V = W_v g into cache rows [n0, n0+n)
-    ggml_cgraph * build_inject(ggml_context * ctx, uint32_t n0, uint32_t n, ggml_tensor ** inp_feat, ggml_tensor ** inp_pos) {
-        ggml_cgraph * gf = ggml_new_graph_custom(ctx, kGraphSize, false);
-        ggml_tensor * feat = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, hp().n_target_features(), n);  // [F, n]
-        ggml_set_name(feat, "inp_features");
-        ggml_set_input(feat);
-        ggml_tensor * pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, n);
-        ggml_set_name(pos, "inp_pos");
-        ggml_set_input(pos);
+    // per layer K = rope(k_norm(W_k h)) and V = W_v h of n rows, written to cache rows idx[0..n);
+    // V is stored transposed (token-fastest) so that attention multiplies by it directly: its elements go
+    // one by one to vidx (element e of row r to e * (n_ctx + 1) + idx[r]), computed on the host
+    void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, ggml_tensor * h, ggml_tensor * pos, ggml_tensor * idx,
+                  ggml_tensor * vidx) {
+        const DraftLayer & l = model.layers[il];
+        const int64_t n = h->ne[1], width = (int64_t) hp().head_dim * hp().n_head_kv;
+        ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, h), hp().head_dim, hp().n_head_kv, n);
+        k = rope(ctx, rms_norm(ctx, k, l.k_norm), pos);
+        ggml_tensor * v = ggml_mul_mat(ctx, l.wv, h);
+        ggml_tensor * kc = ggml_reshape_2d(ctx, cache_k[il], width, n_ctx + 1);
+        ggml_tensor * vc = ggml_reshape_2d(ctx, cache_v[il], 1, width * (n_ctx + 1));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, width, n), idx));
+        ggml_build_forward_expand(gf, ggml_set_rows(ctx, vc, ggml_reshape_2d(ctx, v, 1, width * n), vidx));
+    }
+
+    int64_t kv_width() const { return (int64_t) hp().head_dim * hp().n_head_kv; }
+
+    // the inputs that place n rows at cache rows `rows`: idx = rows, vidx as store_kv describes
+    void set_rows_inputs(ggml_tensor * idx, ggml_tensor * vidx, const std::vector<int64_t> & rows) {
+        const int64_t width = kv_width();
+        std::vector<int64_t> v(rows.size() * width);
+        for (size_t r = 0; r < rows.size(); ++r)
+            for (int64_t e = 0; e < width; ++e) v[r * width + e] = e * (n_ctx + 1) + rows[r];
+        ggml_backend_tensor_set(idx, rows.data(), 0, rows.size() * sizeof(int64_t));
+        ggml_backend_tensor_set(vidx, v.data(), 0, v.size() * sizeof(int64_t));
+    }
+
+    // context rows: g = hidden_norm(fc(features)), then each layer's K/V of g into the cache
+    void inject_rows(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * feat, ggml_tensor * pos, ggml_tensor * idx,
+                     ggml_tensor * vidx) {
         ggml_tensor * g = rms_norm(ctx, ggml_mul_mat(ctx, model.fc, feat), model.hidden_norm);  // [E, n]
-        for (uint32_t il = 0; il < hp().n_layer; ++il) {
-            const DraftLayer & l = model.layers[il];
-            ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, g), hp().head_dim, hp().n_head_kv, n);
-            k = rope(ctx, rms_norm(ctx, k, l.k_norm), pos);                                         // [hd, nkv, n]
-            ggml_tensor * v = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wv, g), hp().head_dim, hp().n_head_kv, n);
-            store_kv(ctx, gf, il, n0, n, k, v);
-        }
-        *inp_feat = feat;
-        *inp_pos = pos;
-        return gf;
+        for (uint32_t il = 0; il < hp().n_layer; ++il) store_kv(ctx, gf, il, g, pos, idx, vidx);
     }
 
-    void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, uint32_t n0, uint32_t n, ggml_tensor * k, ggml_tensor * v) {
-        ggml_tensor * kc = cache_k[il];
-        ggml_tensor * vc = cache_v[il];
-        ggml_tensor * k_dst = ggml_view_3d(ctx, kc, hp().head_dim, hp().n_head_kv, n, kc->nb[1], kc->nb[2], n0 * kc->nb[2]);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, k, k_dst));
-        // V is stored token-fastest so that attention can multiply by it without a transpose
-        ggml_tensor * v_dst = ggml_view_3d(ctx, vc, n, hp().head_dim, hp().n_head_kv, vc->nb[1], vc->nb[2], n0 * vc->nb[0]);
-        ggml_build_forward_expand(gf, ggml_cpy(ctx, ggml_permute(ctx, v, 1, 2, 0, 3), v_dst));
+    struct InjectGraph {
+        ggml_cgraph * gf;
+        ggml_tensor * feat, * pos, * idx, * vidx;
+    };
+
+    InjectGraph build_inject(ggml_context * ctx, uint32_t n) {
+        InjectGraph ig{};
+        ig.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
+        ig.feat = input(ctx, GGML_TYPE_F32, hp().n_target_features(), n, "inp_features");
+        ig.pos = input(ctx, GGML_TYPE_I32, n, 0, "inp_pos");
+        ig.idx = input(ctx, GGML_TYPE_I64, n, 0, "inp_rows");
+        ig.vidx = input(ctx, GGML_TYPE_I64, kv_width() * n, 0, "inp_v_elems");
+        inject_rows(ctx, ig.gf, ig.feat, ig.pos, ig.idx, ig.vidx);
+        return ig;
     }
 
-    // DFlash2 block-local two-tap dynamic conv: y'[t] = sum_tap (base[side, tap] + c[t, side, tap, group]) * y[t - tap]
-    // The per-group coefficients broadcast over their channels ([1, G, B] against [gs, G, B]) instead of being repeated.
-    ggml_tensor * conv(ggml_context * ctx, ggml_tensor * y, ggml_tensor * c, ggml_tensor * base, int side) const {
-        const int64_t E = hp().n_embd, B = y->ne[1];
-        const int64_t K = hp().conv_kernel, G = hp().n_conv_groups(), gs = hp().conv_group;
-        ggml_tensor * c4 = ggml_reshape_4d(ctx, c, G, K, 2, B);  // [group, tap, side, row]
-        ggml_tensor * out = nullptr;
-        for (int64_t tap = 0; tap < std::min<int64_t>(K, B); ++tap) {
-            ggml_tensor * coef = ggml_view_2d(ctx, c4, G, B, c4->nb[3], side * c4->nb[2] + tap * c4->nb[1]);  // [G, B]
-            coef = ggml_reshape_3d(ctx, ggml_cont(ctx, coef), 1, G, B);
-            ggml_tensor * base_row = ggml_view_1d(ctx, base, E, (size_t) (side * K + tap) * base->nb[1]);
-            ggml_tensor * shifted = y;
-            if (tap > 0) {
-                shifted = ggml_view_2d(ctx, y, E, B - tap, y->nb[1], 0);
-                shifted = ggml_pad_ext(ctx, shifted, 0, 0, (int) tap, 0, 0, 0, 0, 0);  // zeros before row 0
-            } else if (!ggml_is_contiguous(y)) {
-                shifted = ggml_cont(ctx, y);
-            }
-            ggml_tensor * dyn = ggml_reshape_2d(ctx, ggml_mul(ctx, ggml_reshape_3d(ctx, shifted, gs, G, B), coef), E, B);
-            ggml_tensor * term = ggml_add(ctx, dyn, ggml_mul(ctx, shifted, base_row));
-            out = out ? ggml_add(ctx, out, term) : term;
+    // DFlash2 dynamic conv coefficients of one conv module for every block row:
+    // coef[:, tap, side, t] = base[:, tap, side] + c[t, side, tap, group(channel)], as [E, K, 2, B].
+    // The group value is repeated over its channels once here, so the convs below are plain products.
+    ggml_tensor * conv_coef(ggml_context * ctx, ggml_tensor * h, ggml_tensor * proj, ggml_tensor * base) const {
+        const int64_t E = hp().n_embd, B = h->ne[1], K = hp().conv_kernel, G = hp().n_conv_groups();
+        ggml_tensor * c = ggml_reshape_4d(ctx, ggml_mul_mat(ctx, proj, h), 1, G, 2 * K, B);  // [1, G, (tap, side), B]
+        c = ggml_repeat_4d(ctx, c, hp().conv_group, G, 2 * K, B);
+        return ggml_add(ctx, ggml_reshape_4d(ctx, c, E, K, 2, B), ggml_reshape_4d(ctx, base, E, K, 2, 1));
+    }
+
+    // y'[t] = sum_tap coef[:, tap, side, t] * y[t - tap], block-local (rows before 0 are zero)
+    ggml_tensor * conv(ggml_context * ctx, ggml_tensor * y, ggml_tensor * coef, int side) const {
+        const int64_t E = hp().n_embd, B = y->ne[1], K = hp().conv_kernel;
+        auto coef_rows = [&](int64_t tap, int64_t t0) {
+            return ggml_view_2d(ctx, coef, E, B - t0, coef->nb[3], side * coef->nb[2] + tap * coef->nb[1] + t0 * coef->nb[3]);
+        };
+        ggml_tensor * out = ggml_mul(ctx, y, coef_rows(0, 0));
+        for (int64_t tap = 1; tap < std::min<int64_t>(K, B); ++tap) {
+            ggml_tensor * earlier = ggml_view_2d(ctx, y, E, B - tap, y->nb[1], 0);  // y[t - tap] for t >= tap
+            ggml_tensor * term = ggml_mul(ctx, earlier, coef_rows(tap, tap));
+            out = ggml_acc(ctx, out, term, out->nb[1], out->nb[2], out->nb[3], tap * out->nb[1]);
         }
         return out;
     }
 
-    struct BlockGraph {
-        ggml_cgraph * gf;
-        ggml_tensor * tokens, * pos, * anchor, * mask;
-        ggml_tensor * logits, * argmax;
-        ggml_tensor * cand, * unary, * scores;  // DFlash2
-    };
-
-    BlockGraph build_block(ggml_context * ctx, uint32_t n_past, uint32_t B) {
-        BlockGraph bg{};
+    // The block [anchor, MASK...] at positions n..n+B-1 attends to cache rows [0, window) through a mask
+    // (the context, the block itself, never the stale rows after it); the rows still pending are written first.
+    void build_block(uint32_t window) {
         const DraftHparams & h = hp();
-        const uint32_t n_kv = n_past + B;
+        const uint32_t B = h.block_size;
+        block_ctx = new_ctx(block_meta);
+        ggml_context * ctx = block_ctx.get();
+        bg = BlockGraph{};
+        bg.window = window;
         bg.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
         ggml_cgraph * gf = bg.gf;
-        bg.tokens = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
-        ggml_set_name(bg.tokens, "inp_tokens");
-        ggml_set_input(bg.tokens);
-        bg.pos = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, B);
-        ggml_set_name(bg.pos, "inp_pos");
-        ggml_set_input(bg.pos);
-        if (h.causal) {
-            bg.mask = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_kv, B);
-            ggml_set_name(bg.mask, "inp_mask");
-            ggml_set_input(bg.mask);
-        }
+        bg.ctx_feat = input(ctx, GGML_TYPE_F32, h.n_target_features(), B, "inp_ctx_features");
+        bg.ctx_pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_ctx_pos");
+        bg.ctx_idx = input(ctx, GGML_TYPE_I64, B, 0, "inp_ctx_rows");
+        bg.ctx_vidx = input(ctx, GGML_TYPE_I64, kv_width() * B, 0, "inp_ctx_v_elems");
+        bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
+        bg.pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_pos");
+        bg.blk_idx = input(ctx, GGML_TYPE_I64, B, 0, "inp_block_rows");
+        bg.blk_vidx = input(ctx, GGML_TYPE_I64, kv_width() * B, 0, "inp_block_v_elems");
+        bg.mask = input(ctx, GGML_TYPE_F16, window, B, "inp_mask");
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float) h.head_dim);
+
+        inject_rows(ctx, gf, bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx);
 
         ggml_tensor * x = ggml_get_rows(ctx, tok_embd, bg.tokens);  // [E, B]
         if (h.embedding_scale != 0.0f) x = ggml_scale(ctx, x, h.embedding_scale);
@@ -170,41 +221,36 @@ struct Drafter::Impl {
             ggml_tensor * hcur = rms_norm(ctx, x, l.attn_norm);
             ggml_tensor * c_attn = nullptr;
             if (h.version == 2) {
-                c_attn = ggml_mul_mat(ctx, l.attn_conv_proj, hcur);  // [2*K*G, B]
-                hcur = conv(ctx, hcur, c_attn, l.attn_conv_base, 0);
+                c_attn = conv_coef(ctx, hcur, l.attn_conv_proj, l.attn_conv_base);
+                hcur = conv(ctx, hcur, c_attn, 0);
             }
             ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wq, hcur), h.head_dim, h.n_head, B);
             q = rope(ctx, rms_norm(ctx, q, l.q_norm), bg.pos);
-            ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, hcur), h.head_dim, h.n_head_kv, B);
-            k = rope(ctx, rms_norm(ctx, k, l.k_norm), bg.pos);
-            ggml_tensor * v = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wv, hcur), h.head_dim, h.n_head_kv, B);
-            // block rows go to scratch slots after the context; they are never committed
-            store_kv(ctx, gf, il, n_past, B, k, v);
+            store_kv(ctx, gf, il, hcur, bg.pos, bg.blk_idx, bg.blk_vidx);  // block rows: scratch rows after the context
 
             ggml_tensor * kc = cache_k[il];
             ggml_tensor * vc = cache_v[il];
-            ggml_tensor * k_all = ggml_view_3d(ctx, kc, h.head_dim, n_kv, h.n_head_kv, kc->nb[2], kc->nb[1], 0);  // [hd, n_kv, nkv]
-            ggml_tensor * v_all = ggml_view_3d(ctx, vc, n_kv, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2], 0);  // [n_kv, hd, nkv]
-            ggml_tensor * qp = ggml_permute(ctx, q, 0, 2, 1, 3);                                          // [hd, B, nh]
-            ggml_tensor * kq = ggml_mul_mat(ctx, k_all, qp);                                              // [n_kv, B, nh]
+            ggml_tensor * k_win = ggml_view_3d(ctx, kc, h.head_dim, window, h.n_head_kv, kc->nb[2], kc->nb[1], 0);  // [hd, W, nkv]
+            ggml_tensor * v_win = ggml_view_3d(ctx, vc, window, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2], 0);  // [W, hd, nkv]
+            ggml_tensor * kq = ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
             ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
             kq = ggml_soft_max_ext(ctx, kq, bg.mask, kq_scale, 0.0f);
-            ggml_tensor * kqv = ggml_mul_mat(ctx, v_all, kq);                                             // [hd, B, nh]
-            kqv = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);                 // [hd*nh, B]
-            ggml_tensor * o = ggml_mul_mat(ctx, l.wo, kqv);                                               // [E, B]
+            ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, kq);                                                        // [hd, B, nh]
+            ggml_tensor * att = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);            // [hd*nh, B]
+            ggml_tensor * o = ggml_mul_mat(ctx, l.wo, att);  // [E, B]
             if (h.attn_value_scale != 0.0f) o = ggml_scale(ctx, o, h.attn_value_scale);
-            if (h.version == 2) o = conv(ctx, o, c_attn, l.attn_conv_base, 1);
+            if (h.version == 2) o = conv(ctx, o, c_attn, 1);
             x = ggml_add(ctx, x, o);
 
             hcur = rms_norm(ctx, x, l.ffn_norm);
             ggml_tensor * c_ffn = nullptr;
             if (h.version == 2) {
-                c_ffn = ggml_mul_mat(ctx, l.ffn_conv_proj, hcur);
-                hcur = conv(ctx, hcur, c_ffn, l.ffn_conv_base, 0);
+                c_ffn = conv_coef(ctx, hcur, l.ffn_conv_proj, l.ffn_conv_base);
+                hcur = conv(ctx, hcur, c_ffn, 0);
             }
             ggml_tensor * m = ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, l.ffn_gate, hcur)), ggml_mul_mat(ctx, l.ffn_up, hcur));
             m = ggml_mul_mat(ctx, l.ffn_down, m);
-            if (h.version == 2) m = conv(ctx, m, c_ffn, l.ffn_conv_base, 1);
+            if (h.version == 2) m = conv(ctx, m, c_ffn, 1);
             x = ggml_add(ctx, x, m);
         }
 
@@ -230,9 +276,7 @@ struct Drafter::Impl {
             ggml_tensor * hf = ggml_view_2d(ctx, h_final, h.n_embd, rows, h_final->nb[1], h_final->nb[1]);
             ggml_tensor * gate = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, model.sel_hidden, hf), R, 1, rows);
             ggml_tensor * succ = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model.sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
-            bg.anchor = ggml_new_tensor_1d(ctx, GGML_TYPE_I32, 1);
-            ggml_set_name(bg.anchor, "inp_anchor");
-            ggml_set_input(bg.anchor);
+            bg.anchor = input(ctx, GGML_TYPE_I32, 1, 0, "inp_anchor");
             ggml_tensor * pred = ggml_repeat_4d(ctx, ggml_get_rows(ctx, model.sel_prev, bg.anchor), R, k, 1, 1);  // row 1
             if (rows > 1) {
                 ggml_tensor * prev_ids = ggml_view_1d(ctx, cand, k * (rows - 1), 0);  // candidates of rows 1..B-2
@@ -250,45 +294,59 @@ struct Drafter::Impl {
             bg.unary = unary;
             bg.scores = scores;
         }
-        return bg;
     }
 
-    void alloc(ggml_cgraph * gf) {
+    // the attention window for a block ending at row `end`, in whole units
+    uint32_t window_for(uint32_t end) const {
+        const uint32_t unit = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? kWindowCpu : kWindowGpu;
+        return std::min(n_ctx, (end + unit - 1) / unit * unit);
+    }
+
+    // (re)builds and allocates the block graph when the window changes; otherwise it stays allocated
+    void ensure_block(uint32_t window) {
+        if (bg.window == window) return;
+        build_block(window);
         counters.graphs_built++;
-        ggml_backend_sched_reset(sched.get());
-        if (!ggml_backend_sched_alloc_graph(sched.get(), gf)) {
+        alloc(sched_block.get(), bg.gf);
+    }
+
+    void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf) {
+        ggml_backend_sched_reset(sched);
+        if (!ggml_backend_sched_alloc_graph(sched, gf)) {
             throw Error("draft graph allocation failed on " + std::string(ggml_backend_dev_name(dev)));
         }
-        counters.n_splits_last = ggml_backend_sched_get_n_splits(sched.get());
+        counters.n_splits_last = ggml_backend_sched_get_n_splits(sched);
+        note_reallocs();
     }
 
-    void run(ggml_cgraph * gf) {
-        if (ggml_backend_sched_graph_compute(sched.get(), gf) != GGML_STATUS_SUCCESS) {
+    void run(ggml_backend_sched_t sched, ggml_cgraph * gf) {
+        prof_t0 = std::chrono::steady_clock::now();
+        if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
             throw Error("draft graph compute failed on " + std::string(ggml_backend_dev_name(dev)));
         }
     }
 
     size_t compute_buffer_bytes() const {
         size_t total = 0;
-        for (ggml_backend_t b : {backend.get(), backend_cpu.get()}) {
-            if (b) total += ggml_backend_sched_get_buffer_size(sched.get(), b);
+        for (ggml_backend_sched_t s : {sched_inject.get(), sched_block.get()}) {
+            for (ggml_backend_t b : {backend.get(), backend_cpu.get()}) {
+                if (b) total += ggml_backend_sched_get_buffer_size(s, b);
+            }
         }
         return total;
     }
 
     void reserve() {
-        // worst cases: a full inject chunk and a block over a full cache
+        // worst cases: a full inject chunk and a block whose window is the whole cache
         {
-            auto ctx = new_graph_ctx();
-            ggml_tensor * f, * p;
-            ggml_cgraph * gf = build_inject(ctx.get(), 0, std::min(kInjectChunk, n_ctx), &f, &p);
-            if (!ggml_backend_sched_reserve(sched.get(), gf)) throw Error("cannot reserve the inject graph");
+            auto ctx = new_ctx(inject_meta);
+            InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
+            if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
         }
-        {
-            auto ctx = new_graph_ctx();
-            BlockGraph bg = build_block(ctx.get(), n_ctx - hp().block_size, hp().block_size);
-            if (!ggml_backend_sched_reserve(sched.get(), bg.gf)) throw Error("cannot reserve the block graph");
-        }
+        build_block(n_ctx);
+        if (!ggml_backend_sched_reserve(sched_block.get(), bg.gf)) throw Error("cannot reserve the block graph");
+        bg = BlockGraph{};
+        block_ctx.reset();
         reserved_bytes = compute_buffer_bytes();
     }
 
@@ -297,6 +355,68 @@ struct Drafter::Impl {
         if (now > reserved_bytes) {
             counters.sched_reallocs++;
             reserved_bytes = now;
+        }
+    }
+
+    // writes rows through the inject graph in chunks (long prompts, or more rows than a block carries)
+    void inject_now(const float * features, uint32_t n) {
+        const size_t width = hp().n_target_features();
+        for (uint32_t done = 0; done < n;) {
+            const uint32_t chunk = std::min(kInjectChunk, n - done);
+            auto ctx = new_ctx(inject_meta);
+            InjectGraph ig = build_inject(ctx.get(), chunk);
+            counters.graphs_built++;
+            alloc(sched_inject.get(), ig.gf);
+            std::vector<int32_t> pos(chunk);
+            std::vector<int64_t> rows(chunk);
+            std::iota(pos.begin(), pos.end(), (int32_t) n_cached);
+            std::iota(rows.begin(), rows.end(), (int64_t) n_cached);
+            ggml_backend_tensor_set(ig.feat, features + done * width, 0, chunk * width * sizeof(float));
+            ggml_backend_tensor_set(ig.pos, pos.data(), 0, chunk * sizeof(int32_t));
+            set_rows_inputs(ig.idx, ig.vidx, rows);
+            run(sched_inject.get(), ig.gf);
+            n_cached += chunk;
+            done += chunk;
+        }
+    }
+
+    void flush_pending() {
+        if (n_pending == 0) return;
+        const uint32_t n = n_pending;
+        n_pending = 0;
+        inject_now(pending.data(), n);
+        pending.clear();
+    }
+
+    // DFLASH_PROFILE=1: the scheduler computes node by node and each node's time is summed per op
+    // (the per-node callbacks add overhead, so compare shares, not totals); the table prints at exit
+    struct OpProfile { double ms = 0; uint64_t n = 0; };
+    std::map<std::string, OpProfile> profile;
+    std::chrono::steady_clock::time_point prof_t0;
+    static bool profile_cb(ggml_tensor * t, bool ask, void * ud) {
+        auto * m = static_cast<Impl *>(ud);
+        if (ask) return true;
+        std::string key = ggml_op_desc(t);
+        if (t->op == GGML_OP_MUL_MAT) {
+            key += std::string(" ") + ggml_type_name(t->src[0]->type) + " " + std::to_string(t->src[0]->ne[0]) + "x" +
+                   std::to_string(t->src[0]->ne[1]) + "x" + std::to_string(t->src[1]->ne[1]);
+        }
+        OpProfile & e = m->profile[key];
+        e.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - m->prof_t0).count();
+        e.n++;
+        m->prof_t0 = std::chrono::steady_clock::now();
+        return true;
+    }
+    ~Impl() {
+        if (profile.empty()) return;
+        std::vector<std::pair<std::string, OpProfile>> v(profile.begin(), profile.end());
+        std::sort(v.begin(), v.end(), [](const auto & a, const auto & b) { return a.second.ms > b.second.ms; });
+        double total = 0;
+        for (const auto & e : v) total += e.second.ms;
+        std::fprintf(stderr, "dflash draft graph profile (DFLASH_PROFILE): %.3f ms in nodes\n", total);
+        for (const auto & e : v) {
+            std::fprintf(stderr, "  %-44s %10.3f ms %5.1f%%  x%llu\n", e.first.c_str(), e.second.ms,
+                         100.0 * e.second.ms / total, (unsigned long long) e.second.n);
         }
     }
 };
@@ -368,8 +488,8 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
         m.cache_ctx.reset(ggml_init(ip));
         for (uint32_t il = 0; il < h.n_layer; ++il) {
-            m.cache_k.push_back(ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, h.head_dim, h.n_head_kv, m.n_ctx));
-            m.cache_v.push_back(ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, m.n_ctx, h.head_dim, h.n_head_kv));
+            m.cache_k.push_back(ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, h.head_dim, h.n_head_kv, m.n_ctx + 1));
+            m.cache_v.push_back(ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, m.n_ctx + 1, h.head_dim, h.n_head_kv));
         }
         m.cache_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(m.cache_ctx.get(), ggml_backend_dev_buffer_type(m.dev)));
         if (!m.cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(m.n_ctx) + " rows)");
@@ -378,8 +498,13 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
 
     std::vector<ggml_backend_buffer_type_t> bufts;
     for (ggml_backend_t b : backends) bufts.push_back(ggml_backend_get_default_buffer_type(b));
-    m.sched.reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize, false, true));
-    m.graph_meta.resize(ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false));
+    for (ggml_backend_sched_ptr * s : {&m.sched_inject, &m.sched_block}) {
+        s->reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize, false, true));
+        if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s->get(), &Impl::profile_cb, &m);
+    }
+    const size_t meta = ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false);
+    m.inject_meta.resize(meta);
+    m.block_meta.resize(meta);
     m.reserve();
 }
 
@@ -389,7 +514,7 @@ const DraftHparams & Drafter::hparams() const { return impl_->hp(); }
 const DraftFileInfo & Drafter::info() const { return impl_->model.info; }
 uint32_t Drafter::n_vocab() const { return impl_->hp().n_vocab; }
 uint32_t Drafter::n_ctx() const { return impl_->n_ctx; }
-uint32_t Drafter::n_cached() const { return impl_->n_cached; }
+uint32_t Drafter::n_cached() const { return impl_->n_cached + impl_->n_pending; }
 std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->dev); }
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
 const DrafterCounters & Drafter::counters() const { return impl_->counters; }
@@ -397,38 +522,40 @@ const DrafterCounters & Drafter::counters() const { return impl_->counters; }
 void Drafter::inject(const float * features, const int32_t * positions, uint32_t n) {
     Impl & m = *impl_;
     if (n == 0) return;
-    if ((uint64_t) m.n_cached + n + m.hp().block_size > m.n_ctx) {
-        throw Error("draft cache full: " + std::to_string(m.n_cached) + " + " + std::to_string(n) +
+    const uint32_t first = m.n_cached + m.n_pending;
+    if ((uint64_t) first + n + m.hp().block_size > m.n_ctx) {
+        throw Error("draft cache full: " + std::to_string(first) + " + " + std::to_string(n) +
                     " rows (+ one block) exceed n_ctx = " + std::to_string(m.n_ctx));
     }
     for (uint32_t i = 0; i < n; ++i) {
-        if (positions[i] != (int32_t) (m.n_cached + i)) {
+        if (positions[i] != (int32_t) (first + i)) {
             throw Error("inject: position " + std::to_string(positions[i]) + " at row " + std::to_string(i) +
-                        " does not continue the draft cache (expected " + std::to_string(m.n_cached + i) + ")");
+                        " does not continue the draft cache (expected " + std::to_string(first + i) + ")");
         }
     }
     const size_t width = m.hp().n_target_features();
-    for (uint32_t done = 0; done < n;) {
-        const uint32_t chunk = std::min(kInjectChunk, n - done);
-        auto ctx = m.new_graph_ctx();
-        ggml_tensor * feat, * pos;
-        ggml_cgraph * gf = m.build_inject(ctx.get(), m.n_cached, chunk, &feat, &pos);
-        m.alloc(gf);
-        ggml_backend_tensor_set(feat, features + done * width, 0, chunk * width * sizeof(float));
-        ggml_backend_tensor_set(pos, positions + done, 0, chunk * sizeof(int32_t));
-        m.run(gf);
-        m.note_reallocs();
-        m.n_cached += chunk;
-        done += chunk;
+    if (m.n_pending + n <= m.hp().block_size) {  // few rows (a speculative step's): the next draft writes them
+        m.pending.insert(m.pending.end(), features, features + n * width);
+        m.n_pending += n;
+        return;
     }
+    m.flush_pending();
+    m.inject_now(features, n);
 }
 
 void Drafter::truncate(uint32_t n) {
-    if (n > impl_->n_cached) {
+    Impl & m = *impl_;
+    if (n > m.n_cached + m.n_pending) {
         throw Error("truncate: cannot keep " + std::to_string(n) + " rows, the cache holds " +
-                    std::to_string(impl_->n_cached));
+                    std::to_string(m.n_cached + m.n_pending));
     }
-    impl_->n_cached = n;
+    if (n <= m.n_cached) {
+        m.n_cached = n;
+        m.n_pending = 0;
+    } else {
+        m.n_pending = n - m.n_cached;
+    }
+    m.pending.resize((size_t) m.n_pending * m.hp().n_target_features());
 }
 
 DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits) {
@@ -443,26 +570,51 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
                     std::to_string(h.n_vocab) + ")");
     }
     if (position < 0 || (uint64_t) position + B > (uint64_t) INT32_MAX) throw Error("draft: invalid position");
-    if (m.n_cached + B > m.n_ctx) throw Error("draft: the draft cache is full (n_ctx = " + std::to_string(m.n_ctx) + ")");
 
-    auto ctx = m.new_graph_ctx();
-    Impl::BlockGraph bg = m.build_block(ctx.get(), m.n_cached, B);
-    m.alloc(bg.gf);
+    if (m.n_cached + m.n_pending + B > m.n_ctx) {
+        throw Error("draft: the draft cache is full (n_ctx = " + std::to_string(m.n_ctx) + ")");
+    }
+
+    const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
+    m.ensure_block(m.window_for(ctx_end + B));
+    m.counters.window_last = m.bg.window;
+    const Impl::BlockGraph & bg = m.bg;
+    const size_t width = h.n_target_features();
+    {
+        // pending context rows, padded to B rows that write the scratch row
+        std::vector<float> feat((size_t) B * width, 0.0f);
+        std::copy(m.pending.begin(), m.pending.end(), feat.begin());
+        std::vector<int32_t> ctx_pos(B, 0);
+        std::vector<int64_t> ctx_rows(B, (int64_t) m.n_ctx);
+        for (uint32_t i = 0; i < m.n_pending; ++i) ctx_pos[i] = (int32_t) (m.n_cached + i), ctx_rows[i] = m.n_cached + i;
+        ggml_backend_tensor_set(bg.ctx_feat, feat.data(), 0, feat.size() * sizeof(float));
+        ggml_backend_tensor_set(bg.ctx_pos, ctx_pos.data(), 0, B * sizeof(int32_t));
+        m.set_rows_inputs(bg.ctx_idx, bg.ctx_vidx, ctx_rows);
+    }
     std::vector<int32_t> tokens(B, h.mask_token_id), pos(B);
+    std::vector<int64_t> blk_rows(B);
     tokens[0] = anchor;
     std::iota(pos.begin(), pos.end(), position);
+    std::iota(blk_rows.begin(), blk_rows.end(), (int64_t) ctx_end);
     ggml_backend_tensor_set(bg.tokens, tokens.data(), 0, B * sizeof(int32_t));
     ggml_backend_tensor_set(bg.pos, pos.data(), 0, B * sizeof(int32_t));
+    m.set_rows_inputs(bg.blk_idx, bg.blk_vidx, blk_rows);
     if (bg.anchor) ggml_backend_tensor_set(bg.anchor, &anchor, 0, sizeof(int32_t));
-    if (bg.mask) {
-        const uint32_t n_kv = m.n_cached + B;
-        std::vector<float> mask((size_t) n_kv * B, 0.0f);
-        for (uint32_t i = 0; i < B; ++i)
-            for (uint32_t j = i + 1; j < B; ++j) mask[(size_t) i * n_kv + m.n_cached + j] = -INFINITY;
-        ggml_backend_tensor_set(bg.mask, mask.data(), 0, mask.size() * sizeof(float));
+    {
+        // row i sees the context, and the block's rows (all of them, or j <= i when causal); nothing after
+        const uint32_t W = bg.window;
+        const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
+        m.mask_host.assign((size_t) W * B, ninf);
+        for (uint32_t i = 0; i < B; ++i) {
+            ggml_fp16_t * row = &m.mask_host[(size_t) i * W];
+            std::fill(row, row + ctx_end + (h.causal ? i + 1 : B), zero);
+        }
+        ggml_backend_tensor_set(bg.mask, m.mask_host.data(), 0, m.mask_host.size() * sizeof(ggml_fp16_t));
     }
-    m.run(bg.gf);
-    m.note_reallocs();
+    m.run(m.sched_block.get(), bg.gf);
+    m.n_cached = ctx_end;
+    m.n_pending = 0;
+    m.pending.clear();
 
     DraftResult r;
     r.block_size = B;

@@ -31,11 +31,13 @@ struct DraftResult {
     std::vector<float> logits;         // [B][n_vocab] when requested
 };
 
-// Statistics that show the per-step work stays bounded (issue: no per-step allocation).
+// Statistics that show the per-step work stays bounded: a block graph is built only when its
+// attention window changes, and buffers are never re-reserved after the start.
 struct DrafterCounters {
     uint64_t graphs_built = 0;
     uint64_t sched_reallocs = 0;   // compute-buffer growth after the initial reservation
     int n_splits_last = 0;         // backend splits of the last graph (1 = all on one device)
+    uint32_t window_last = 0;      // cache rows the last draft step attended to (its graph's fixed window)
 };
 
 class Drafter {
