@@ -8,7 +8,10 @@ namespace {
 constexpr double kDecay = 0.98;       // acceptance memory: about the last 50 steps
 constexpr double kAlpha = 0.05;       // timing EMA
 constexpr double kPrior = 1.0;        // pseudo-counts: acceptance starts at 1/2
-constexpr uint32_t kProbeEvery = 16;  // plain steps between drafted probes
+// plain steps between drafted probes: doubles after each probe that does not make drafting pay
+// (so a pair that never pays costs a probe per kProbeMax tokens), back to the first when it does
+constexpr uint32_t kProbeFirst = 16;
+constexpr uint32_t kProbeMax = 256;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
@@ -21,10 +24,14 @@ DraftLengthController::DraftLengthController(uint32_t cap)
       t_verify_(cap + 1, -1.0) {}
 
 void DraftLengthController::reset_acceptance() {
+    plain_run_ = 0;
+    probe_every_ = kProbeFirst;
+    // auto mode is timing-driven (never repeatable), so what it learned of this drafter carries over
+    // to the next sequence; fixed mode forgets so that a seeded run repeats whatever came before
+    if (mode_ == Mode::Auto) return;
     std::fill(reached_.begin(), reached_.end(), 2 * kPrior);
     std::fill(accepted_.begin(), accepted_.end(), kPrior);
     std::fill(accept_.begin(), accept_.end(), 0.5);
-    plain_run_ = 0;
 }
 
 void DraftLengthController::configure(Mode mode, uint32_t n_max) {
@@ -69,12 +76,17 @@ uint32_t DraftLengthController::choose() {
             }
         }
     }
-    if (best == 0 && ++plain_run_ >= kProbeEvery) {
+    if (best != 0) {
         plain_run_ = 0;
+        probe_every_ = kProbeFirst;
+        return best;
+    }
+    if (++plain_run_ >= probe_every_) {
+        plain_run_ = 0;
+        probe_every_ = std::min(2 * probe_every_, kProbeMax);
         return mode_ == Mode::Fixed ? n_max_ : cap_;  // probe: has the content become draftable?
     }
-    if (best != 0) plain_run_ = 0;
-    return best;
+    return 0;
 }
 
 void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms) {

@@ -7,8 +7,9 @@
 //     T(k) = t_draft + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
 // nondeterministic); fixed mode drafts n_max unless the expected gain per step
-// falls below a floor, judged on acceptance alone so that seeded runs repeat. While it decodes plainly it still probes a
-// drafted step now and then, so a change of content is noticed.
+// falls below a floor, judged on acceptance alone so that seeded runs repeat.
+// While it decodes plainly it still probes a drafted step now and then (less
+// often while probes keep failing), so a change of content is noticed.
 #include <cstdint>
 #include <vector>
 
@@ -22,7 +23,7 @@ class DraftLengthController {
     void configure(Mode mode, uint32_t n_max);
 
     uint32_t choose();  // 0 = a plain step
-    void reset_acceptance();  // a new sequence: forget acceptance, keep the measured costs
+    void reset_acceptance();  // a new sequence: fixed modes forget acceptance; costs are always kept
     void observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms);
     void observe_plain(double ms);
 
@@ -38,6 +39,7 @@ class DraftLengthController {
     std::vector<double> t_verify_;                      // [k] ms, < 0 = not measured yet
     double t_draft_ = -1.0, t_plain_ = -1.0;
     uint32_t plain_run_ = 0;
+    uint32_t probe_every_ = 16;
 };
 
 }  // namespace dflash

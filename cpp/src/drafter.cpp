@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <cmath>
 #include <numeric>
@@ -47,6 +48,63 @@ void set_threads(ggml_backend_t backend, int n_threads) {
     if (fn) fn(backend, n_threads);
 }
 
+// Tensors placed back to back in one buffer of the device, with a host mirror, so that all of them move
+// in one transfer (on a GPU every transfer is a synchronisation). Unplaced, set/get go tensor by tensor.
+class Packed {
+  public:
+    void clear() { *this = Packed{}; }
+
+    void place(ggml_context * ctx, ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & ts) {
+        const size_t align = ggml_backend_buft_get_alignment(buft);
+        size_t size = 0;
+        for (ggml_tensor * t : ts) {
+            size = (size + align - 1) / align * align;
+            offsets_.push_back(size);
+            size += ggml_backend_buft_get_alloc_size(buft, t);
+        }
+        buf_.reset(ggml_backend_buft_alloc_buffer(buft, size));
+        if (!buf_) throw Error("cannot allocate " + std::to_string(size) + " bytes for the draft graph's inputs/outputs");
+        char * base = (char *) ggml_backend_buffer_get_base(buf_.get());
+        blob_ = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) size);
+        check(ggml_backend_tensor_alloc(buf_.get(), blob_, base));
+        for (size_t i = 0; i < ts.size(); ++i) check(ggml_backend_tensor_alloc(buf_.get(), ts[i], base + offsets_[i]));
+        tensors_ = ts;
+        host_.assign(size, 0);
+    }
+
+    // host memory standing for t's data until upload() (t must be placed, or the bytes go directly)
+    void set(ggml_tensor * t, const void * data, size_t bytes) {
+        if (!blob_) return ggml_backend_tensor_set(t, data, 0, bytes);
+        std::memcpy(host(t), data, bytes);
+    }
+    void upload() {
+        if (blob_) ggml_backend_tensor_set(blob_, host_.data(), 0, host_.size());
+    }
+    void download() {
+        if (blob_) ggml_backend_tensor_get(blob_, host_.data(), 0, host_.size());
+    }
+    void get(ggml_tensor * t, void * data, size_t bytes) {
+        if (!blob_) return ggml_backend_tensor_get(t, data, 0, bytes);
+        std::memcpy(data, host(t), bytes);
+    }
+
+  private:
+    static void check(ggml_status st) {
+        if (st != GGML_STATUS_SUCCESS) throw Error("cannot place a draft graph tensor in its buffer");
+    }
+    uint8_t * host(ggml_tensor * t) {
+        for (size_t i = 0; i < tensors_.size(); ++i) {
+            if (tensors_[i] == t) return host_.data() + offsets_[i];
+        }
+        throw Error(std::string("internal: tensor ") + ggml_get_name(t) + " is not packed");
+    }
+    std::vector<ggml_tensor *> tensors_;
+    std::vector<size_t> offsets_;
+    ggml_backend_buffer_ptr buf_;
+    ggml_tensor * blob_ = nullptr;
+    std::vector<uint8_t> host_;
+};
+
 }  // namespace
 
 struct Drafter::Impl {
@@ -84,6 +142,7 @@ struct Drafter::Impl {
         ggml_tensor * cand, * unary, * scores;  // DFlash2
     };
     BlockGraph bg;
+    Packed bg_in, bg_out;  // the block graph's inputs and small outputs, each moved in one transfer
     ggml_context_ptr block_ctx;
     std::vector<uint8_t> block_meta, inject_meta;  // metadata arenas of the two graphs
     std::vector<ggml_fp16_t> mask_host;
@@ -132,13 +191,13 @@ struct Drafter::Impl {
     int64_t kv_width() const { return (int64_t) hp().head_dim * hp().n_head_kv; }
 
     // the inputs that place n rows at cache rows `rows`: idx = rows, vidx as store_kv describes
-    void set_rows_inputs(ggml_tensor * idx, ggml_tensor * vidx, const std::vector<int64_t> & rows) {
+    void set_rows_inputs(Packed & in, ggml_tensor * idx, ggml_tensor * vidx, const std::vector<int64_t> & rows) {
         const int64_t width = kv_width();
         std::vector<int64_t> v(rows.size() * width);
         for (size_t r = 0; r < rows.size(); ++r)
             for (int64_t e = 0; e < width; ++e) v[r * width + e] = e * (n_ctx + 1) + rows[r];
-        ggml_backend_tensor_set(idx, rows.data(), 0, rows.size() * sizeof(int64_t));
-        ggml_backend_tensor_set(vidx, v.data(), 0, v.size() * sizeof(int64_t));
+        in.set(idx, rows.data(), rows.size() * sizeof(int64_t));
+        in.set(vidx, v.data(), v.size() * sizeof(int64_t));
     }
 
     // context rows: g = hidden_norm(fc(features)), then each layer's K/V of g into the cache
@@ -271,8 +330,8 @@ struct Drafter::Impl {
             const int64_t V = logits->ne[0], k = h.selector_top_k, R = h.selector_rank, rows = B - 1;
             ggml_tensor * lg = ggml_view_2d(ctx, logits, V, rows, logits->nb[1], logits->nb[1]);  // rows 1..B-1
             ggml_tensor * cand = ggml_top_k(ctx, lg, (int) k);                                      // [k, rows] i32
-            ggml_tensor * unary = ggml_get_rows(ctx, ggml_reshape_3d(ctx, lg, 1, V, rows), cand);   // [1, k, rows]
-            unary = ggml_reshape_3d(ctx, unary, k, 1, rows);
+            ggml_tensor * unary_rows = ggml_get_rows(ctx, ggml_reshape_3d(ctx, lg, 1, V, rows), cand);  // [1, k, rows]
+            ggml_tensor * unary = ggml_reshape_3d(ctx, unary_rows, k, 1, rows);
             ggml_tensor * hf = ggml_view_2d(ctx, h_final, h.n_embd, rows, h_final->nb[1], h_final->nb[1]);
             ggml_tensor * gate = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, model.sel_hidden, hf), R, 1, rows);
             ggml_tensor * succ = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model.sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
@@ -286,12 +345,12 @@ struct Drafter::Impl {
             ggml_tensor * cond = ggml_mul(ctx, pred, gate);         // [R, k pred, rows]
             ggml_tensor * scores = ggml_mul_mat(ctx, succ, cond);    // [k succ, k pred, rows]
             scores = ggml_add(ctx, scores, unary);
-            for (ggml_tensor * t : {cand, unary, scores}) {
+            for (ggml_tensor * t : {cand, unary_rows, scores}) {
                 ggml_set_output(t);
                 ggml_build_forward_expand(gf, t);
             }
             bg.cand = cand;
-            bg.unary = unary;
+            bg.unary = unary_rows;
             bg.scores = scores;
         }
     }
@@ -305,7 +364,20 @@ struct Drafter::Impl {
     // (re)builds and allocates the block graph when the window changes; otherwise it stays allocated
     void ensure_block(uint32_t window) {
         if (bg.window == window) return;
+        bg_in.clear();
+        bg_out.clear();
         build_block(window);
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+        std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx, bg.tokens,
+                                         bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
+        if (bg.anchor) in.push_back(bg.anchor);
+        bg_in.place(block_ctx.get(), buft, in);
+        std::vector<ggml_tensor *> out = {bg.argmax};
+        if (bg.cand) out.insert(out.end(), {bg.cand, bg.unary, bg.scores});
+        // an output placed on the device must be computed there: only pack them when the device runs them all
+        if (std::all_of(out.begin(), out.end(), [&](ggml_tensor * t) { return ggml_backend_dev_supports_op(dev, t); })) {
+            bg_out.place(block_ctx.get(), buft, out);
+        }
         counters.graphs_built++;
         alloc(sched_block.get(), bg.gf);
     }
@@ -373,7 +445,8 @@ struct Drafter::Impl {
             std::iota(rows.begin(), rows.end(), (int64_t) n_cached);
             ggml_backend_tensor_set(ig.feat, features + done * width, 0, chunk * width * sizeof(float));
             ggml_backend_tensor_set(ig.pos, pos.data(), 0, chunk * sizeof(int32_t));
-            set_rows_inputs(ig.idx, ig.vidx, rows);
+            Packed direct;  // the inject graph's inputs go tensor by tensor
+            set_rows_inputs(direct, ig.idx, ig.vidx, rows);
             run(sched_inject.get(), ig.gf);
             n_cached += chunk;
             done += chunk;
@@ -580,6 +653,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     m.counters.window_last = m.bg.window;
     const Impl::BlockGraph & bg = m.bg;
     const size_t width = h.n_target_features();
+    Packed & in = m.bg_in;
     {
         // pending context rows, padded to B rows that write the scratch row
         std::vector<float> feat((size_t) B * width, 0.0f);
@@ -587,19 +661,19 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         std::vector<int32_t> ctx_pos(B, 0);
         std::vector<int64_t> ctx_rows(B, (int64_t) m.n_ctx);
         for (uint32_t i = 0; i < m.n_pending; ++i) ctx_pos[i] = (int32_t) (m.n_cached + i), ctx_rows[i] = m.n_cached + i;
-        ggml_backend_tensor_set(bg.ctx_feat, feat.data(), 0, feat.size() * sizeof(float));
-        ggml_backend_tensor_set(bg.ctx_pos, ctx_pos.data(), 0, B * sizeof(int32_t));
-        m.set_rows_inputs(bg.ctx_idx, bg.ctx_vidx, ctx_rows);
+        in.set(bg.ctx_feat, feat.data(), feat.size() * sizeof(float));
+        in.set(bg.ctx_pos, ctx_pos.data(), B * sizeof(int32_t));
+        m.set_rows_inputs(in, bg.ctx_idx, bg.ctx_vidx, ctx_rows);
     }
     std::vector<int32_t> tokens(B, h.mask_token_id), pos(B);
     std::vector<int64_t> blk_rows(B);
     tokens[0] = anchor;
     std::iota(pos.begin(), pos.end(), position);
     std::iota(blk_rows.begin(), blk_rows.end(), (int64_t) ctx_end);
-    ggml_backend_tensor_set(bg.tokens, tokens.data(), 0, B * sizeof(int32_t));
-    ggml_backend_tensor_set(bg.pos, pos.data(), 0, B * sizeof(int32_t));
-    m.set_rows_inputs(bg.blk_idx, bg.blk_vidx, blk_rows);
-    if (bg.anchor) ggml_backend_tensor_set(bg.anchor, &anchor, 0, sizeof(int32_t));
+    in.set(bg.tokens, tokens.data(), B * sizeof(int32_t));
+    in.set(bg.pos, pos.data(), B * sizeof(int32_t));
+    m.set_rows_inputs(in, bg.blk_idx, bg.blk_vidx, blk_rows);
+    if (bg.anchor) in.set(bg.anchor, &anchor, sizeof(int32_t));
     {
         // row i sees the context, and the block's rows (all of them, or j <= i when causal); nothing after
         const uint32_t W = bg.window;
@@ -609,9 +683,11 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
             ggml_fp16_t * row = &m.mask_host[(size_t) i * W];
             std::fill(row, row + ctx_end + (h.causal ? i + 1 : B), zero);
         }
-        ggml_backend_tensor_set(bg.mask, m.mask_host.data(), 0, m.mask_host.size() * sizeof(ggml_fp16_t));
+        in.set(bg.mask, m.mask_host.data(), m.mask_host.size() * sizeof(ggml_fp16_t));
     }
+    in.upload();
     m.run(m.sched_block.get(), bg.gf);
+    m.bg_out.download();
     m.n_cached = ctx_end;
     m.n_pending = 0;
     m.pending.clear();
@@ -619,7 +695,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     DraftResult r;
     r.block_size = B;
     r.argmax.resize(B);
-    ggml_backend_tensor_get(bg.argmax, r.argmax.data(), 0, B * sizeof(int32_t));
+    m.bg_out.get(bg.argmax, r.argmax.data(), B * sizeof(int32_t));
     if (want_logits) {
         r.logits.resize((size_t) B * h.n_vocab);
         ggml_backend_tensor_get(bg.logits, r.logits.data(), 0, r.logits.size() * sizeof(float));
@@ -634,9 +710,9 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     r.top_k = k;
     std::vector<int32_t> cand((size_t) k * rows);
     std::vector<float> unary((size_t) k * rows), raw((size_t) k * k * rows);
-    ggml_backend_tensor_get(bg.cand, cand.data(), 0, cand.size() * sizeof(int32_t));
-    ggml_backend_tensor_get(bg.unary, unary.data(), 0, unary.size() * sizeof(float));
-    ggml_backend_tensor_get(bg.scores, raw.data(), 0, raw.size() * sizeof(float));
+    m.bg_out.get(bg.cand, cand.data(), cand.size() * sizeof(int32_t));
+    m.bg_out.get(bg.unary, unary.data(), unary.size() * sizeof(float));
+    m.bg_out.get(bg.scores, raw.data(), raw.size() * sizeof(float));
 
     std::vector<uint32_t> perm((size_t) k * rows);  // perm[t][j] = raw index of sorted candidate j
     for (uint32_t t = 0; t < rows; ++t) {
