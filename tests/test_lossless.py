@@ -152,6 +152,19 @@ def test_greedy_lossless_random_drafter(spec_random: SpeculativeLlama, ref: Gree
     assert s["plain_steps"] > s["steps"] // 2, (s["plain_steps"], s["steps"])  # the fallback kicked in
 
 
+def test_auto_stops_drafting_an_untrained_drafter(ref: GreedyReference, ptoks: list[list[int]]) -> None:
+    """n_max="auto" with a drafter that is never right, from a fresh start: the controller soon decodes
+    plainly and its probes thin out (the interval doubles while they fail, and carries over to the next
+    prompt), so almost no step pays for a draft; output stays exact."""
+    spec = SpeculativeLlama(str(TARGET), str(random_drafter_gguf()), n_ctx=N_CTX, n_threads=THREADS, n_max="auto")
+    s = _run_all(spec, ref, ptoks, "random_drafter_auto")
+    assert not s["problems"], "\n".join(s["problems"])
+    drafted_steps = s["steps"] - s["plain_steps"]
+    # 20 prompts x N_NEW tokens: a probe every 16 plain steps (no back-off) would draft ~6% of the steps
+    print(f"auto, untrained drafter: {drafted_steps} drafted of {s['steps']} steps")
+    assert 1 <= drafted_steps <= 0.02 * s["steps"], (drafted_steps, s["steps"])
+
+
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_greedy_lossless_quantized_drafter(outtype: str, ref: GreedyReference, ptoks: list[list[int]]) -> None:
     """The drafter's own type changes acceptance, never the output (first 8 prompts)."""

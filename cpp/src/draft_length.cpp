@@ -24,11 +24,11 @@ DraftLengthController::DraftLengthController(uint32_t cap)
       t_verify_(cap + 1, -1.0) {}
 
 void DraftLengthController::reset_acceptance() {
-    plain_run_ = 0;
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
     // how often probing is worth it) carries over to the next sequence; fixed mode forgets so that a
     // seeded run repeats whatever came before
     if (mode_ == Mode::Auto) return;
+    plain_run_ = 0;
     probe_every_ = kProbeFirst;
     std::fill(reached_.begin(), reached_.end(), 2 * kPrior);
     std::fill(accepted_.begin(), accepted_.end(), kPrior);
