@@ -25,7 +25,6 @@ the original. Nothing is written outside a temp directory.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -60,98 +59,6 @@ def make_drafter_gguf(tmp: Path, block: int, outtype: str, target: Path) -> Path
     return out
 
 
-class Verifier:
-    """The target in libllama: prefill `context` tokens once, then time B-token decodes.
-
-    flash_attn: libllama's llama_context_params.flash_attn_type (-1 auto, 0 off, 1 on)."""
-
-    def __init__(self, llc, model, context: int, max_block: int, n_threads: int, flash_attn: int):
-        self.llc = llc
-        cp = llc.llama_context_default_params()
-        cp.n_ctx = (context + max_block + 255) // 256 * 256
-        cp.n_batch = cp.n_ubatch = max(256, max_block)
-        cp.n_seq_max = 1
-        cp.n_threads = cp.n_threads_batch = n_threads
-        cp.flash_attn_type = flash_attn
-        self.ctx = llc.llama_init_from_model(model, cp)
-        if not self.ctx:
-            raise SystemExit("cannot create the target context")
-        self.mem = llc.llama_get_memory(self.ctx)
-        self.n_vocab = llc.llama_vocab_n_tokens(llc.llama_model_get_vocab(model))
-        self.context = context
-        rng = np.random.default_rng(0)
-        ids = rng.integers(2, self.n_vocab, size=context).tolist()
-        for start in range(0, context, cp.n_batch):
-            self._decode(ids[start : start + cp.n_batch], start, all_logits=False)
-        self.batches = {}
-
-    def _make_batch(self, ids: list[int], pos0: int, all_logits: bool):
-        llc = self.llc
-        b = llc.llama_batch_init(len(ids), 0, 1)
-        for i, t in enumerate(ids):
-            b.token[i] = t
-            b.pos[i] = pos0 + i
-            b.n_seq_id[i] = 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1 if all_logits or i == len(ids) - 1 else 0
-        b.n_tokens = len(ids)
-        return b
-
-    def _decode(self, ids: list[int], pos0: int, all_logits: bool) -> None:
-        b = self._make_batch(ids, pos0, all_logits)
-        try:
-            rc = self.llc.llama_decode(self.ctx, b)
-        finally:
-            self.llc.llama_batch_free(b)
-        if rc != 0:
-            raise SystemExit(f"llama_decode returned {rc}")
-
-    def verify(self, block: int) -> float:
-        """Seconds for one llama_decode of `block` tokens at context.., all logits (+ sync)."""
-        llc = self.llc
-        b = self.batches.get(block)
-        if b is None:
-            ids = np.random.default_rng(block).integers(2, self.n_vocab, size=block).tolist()
-            b = self.batches[block] = self._make_batch(ids, self.context, all_logits=True)
-        t0 = time.perf_counter()
-        rc = llc.llama_decode(self.ctx, b)
-        llc.llama_synchronize(self.ctx)
-        dt = time.perf_counter() - t0
-        if rc != 0:
-            raise SystemExit(f"llama_decode returned {rc}")
-        llc.llama_memory_seq_rm(self.mem, 0, self.context, -1)
-        return dt
-
-    def close(self) -> None:
-        for b in self.batches.values():
-            self.llc.llama_batch_free(b)
-        self.llc.llama_free(self.ctx)
-
-
-def load_target(target: Path, gpu: bool):
-    import llama_cpp  # noqa: F401
-    from llama_cpp import llama_cpp as llc
-
-    @llc.llama_log_callback
-    def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        pass
-
-    load_target.keep = _quiet  # the callback must outlive libllama's use of it
-    llc.llama_log_set(_quiet, ctypes.c_void_p(0))
-    llc.llama_backend_init()
-    mp = llc.llama_model_default_params()
-    mp.n_gpu_layers = 999 if gpu else 0
-    model = llc.llama_model_load_from_file(str(target).encode(), mp)
-    if not model:
-        raise SystemExit(f"cannot load {target}")
-    return llc, model
-
-
-def pct(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="Drafter device: cpu, auto, or a ggml device name (e.g. CUDA0); "
@@ -171,6 +78,8 @@ def main() -> int:
     gpu = args.device.lower() != "cpu"
 
     import dflash_gguf
+    from dflash_gguf.bench import spread
+    from dflash_gguf.verify_timing import FLASH_ATTN_AUTO, FLASH_ATTN_OFF, FLASH_ATTN_ON, Verifier, load_model
 
     with tempfile.TemporaryDirectory(prefix="bench_draft_") as tmpd:
         tmp = Path(tmpd)
@@ -186,8 +95,8 @@ def main() -> int:
                      np.arange(args.context, dtype=np.int32))
             drafters[b] = d
         dev_name = drafters[blocks[0]].device
-        llc, model = load_target(args.target, gpu)
-        fa_modes = {"off": 0, "auto": -1, "on": 1}
+        llc, model = load_model(args.target, n_gpu_layers=999 if gpu else 0)
+        fa_modes = {"off": FLASH_ATTN_OFF, "auto": FLASH_ATTN_AUTO, "on": FLASH_ATTN_ON}
         modes = list(fa_modes) if args.flash_attn == "both" else [args.flash_attn]
         modes = [m for m in modes if m != "on"] if args.flash_attn == "both" else modes
         verifiers = {m: Verifier(llc, model, args.context, max(blocks), args.n_threads, fa_modes[m]) for m in modes}
@@ -220,15 +129,14 @@ def main() -> int:
         print(f"{'block':>5} | {'draft step':<26}{vcols} | draft/verify (best) | goal <= {GOAL:.0%}")
         ok = True
         for b in blocks:
-            dr = [1e3 * x for x in times[("draft", b)]]
-            line = f"{b:>5} | {statistics.median(dr):8.3f} [{pct(dr, .1):7.3f}, {pct(dr, .9):7.3f}]"
+            dr = spread([1e3 * x for x in times[("draft", b)]])
+            line = f"{b:>5} | {dr['median']:8.3f} [{dr['p10']:7.3f}, {dr['p90']:7.3f}]"
             best = None
             for m in modes:
-                vr = [1e3 * x for x in times[(m, b)]]
-                med = statistics.median(vr)
-                best = med if best is None else min(best, med)
-                line += f" | {med:8.3f} [{pct(vr, .1):7.3f}, {pct(vr, .9):7.3f}]"
-            ratio = statistics.median(dr) / best
+                vr = spread([1e3 * x for x in times[(m, b)]])
+                best = vr["median"] if best is None else min(best, vr["median"])
+                line += f" | {vr['median']:8.3f} [{vr['p10']:7.3f}, {vr['p90']:7.3f}]"
+            ratio = dr["median"] / best
             met = ratio <= GOAL
             ok &= met
             line += f" | {ratio:19.1%} | {'met' if met else 'NOT met'}"

@@ -80,10 +80,18 @@ def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, 
 
 
 @main.command()
-@click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF.")
-@click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF.")
-@click.option("--prompts", required=True, type=click.Path(dir_okay=False),
-              help="JSONL, one {\"id\": ..., \"text\": ...} per line (raw text, no chat template).")
+@click.option("--target", "-m", type=click.Path(dir_okay=False), help="Target model GGUF (not with --scale).")
+@click.option("--draft", "-d", type=click.Path(dir_okay=False), help="DFlash drafter GGUF (not with --scale).")
+@click.option("--prompts", type=click.Path(dir_okay=False),
+              help="JSONL, one {\"id\": ..., \"text\": ...} per line (raw text, no chat template; not with --scale).")
+@click.option("--scale", is_flag=True,
+              help="Instead: draft/verify/plain step costs on generated random 0.5B and 2B Qwen3 targets with "
+                   "5-layer DFlash2 drafters, and the speedups they imply (docs/bench.md).")
+@click.option("--scale-sizes", default="0.5B,2B", show_default=True, help="--scale: comma list of 0.5B, 2B.")
+@click.option("--scale-dir", type=click.Path(file_okay=False),
+              help="--scale: where the generated GGUFs are kept and reused [default: ~/.cache/dflash-gguf/scale].")
+@click.option("--scale-context", default=512, show_default=True,
+              help="--scale: committed context (prefilled target tokens, injected drafter rows).")
 @click.option("-n", "--n-predict", default=128, show_default=True, help="Tokens to generate per prompt.")
 @click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy).")
 @click.option("--top-k", default=0, show_default=True, help="Top-k for every system (0 = off).")
@@ -92,7 +100,7 @@ def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, 
 @click.option("--n-max", default="0", show_default=True,
               help="Drafted tokens per step: an int (0 = block size - 1), a comma list (one configuration "
                    "each), or 'auto'.")
-@click.option("--repeat", default=1, show_default=True, help="Rounds over the prompts.")
+@click.option("--repeat", type=int, default=None, help="Rounds over the prompts [default: 1; --scale: 5 rounds].")
 @click.option("--systems", default="ar,ours,upstream", show_default=True,
               help="Comma list of ar, ours, upstream, upstream-ar (ar always runs: it is the baseline).")
 @click.option("--limit", default=0, show_default=True, help="Use only the first N prompts (0 = all).")
@@ -109,20 +117,35 @@ def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, 
               help="llama-server to use (default: $DFLASH_LLAMA_SERVER, the build script's cache, PATH).")
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def bench(target: str, draft: str, prompts: str, n_predict: int, temp: float, top_k: int, top_p: float,
-          min_p: float, n_max: str, repeat: int, systems: str, limit: int, json_out: str | None,
+def bench(target: str | None, draft: str | None, prompts: str | None, scale: bool, scale_sizes: str,
+          scale_dir: str | None, scale_context: int, n_predict: int, temp: float, top_k: int, top_p: float,
+          min_p: float, n_max: str, repeat: int | None, systems: str, limit: int, json_out: str | None,
           plot_out: str | None, threads: int, seed: int, ctx_size: int, n_gpu_layers: int, device: str,
           draft_q: str, server_binary: str | None, server_args: tuple[str, ...], no_progress: bool) -> None:
-    """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved."""
+    """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved.
+
+    With --scale: step costs at 0.5B / 2B on generated random-weight pairs (no --target/--draft/--prompts)."""
     from .bench import BenchError, BenchOptions, format_table, parse_n_max, parse_systems, run_bench, write_json
 
+    if scale:
+        given = [name for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts),
+                                      ("--plot", plot_out)) if v]
+        if given:
+            raise click.UsageError(f"--scale generates its own models and prompts; drop {', '.join(given)}")
+        _bench_scale(scale_sizes, scale_dir, scale_context, 5 if repeat is None else repeat, threads, n_gpu_layers,
+                     device, json_out)
+        return
+    missing = [name for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts)) if not v]
+    if missing:
+        raise click.UsageError(f"missing {', '.join(missing)} (required unless --scale)")
+    assert target and draft and prompts
     try:
         opts = BenchOptions(
             target=target, draft=draft, prompts=prompts, n_predict=n_predict, temperature=temp, top_k=top_k,
-            top_p=top_p, min_p=min_p, n_max=parse_n_max(n_max), repeat=repeat, systems=parse_systems(systems),
-            threads=threads, seed=seed, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, device=device,
-            draft_q=draft_q, limit=limit or None, server_binary=server_binary, server_args=list(server_args),
-            progress=not no_progress,
+            top_p=top_p, min_p=min_p, n_max=parse_n_max(n_max), repeat=1 if repeat is None else repeat,
+            systems=parse_systems(systems), threads=threads, seed=seed, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers,
+            device=device, draft_q=draft_q, limit=limit or None, server_binary=server_binary,
+            server_args=list(server_args), progress=not no_progress,
         )
         result = run_bench(opts)
     except (BenchError, DFlashError, ValueError, RuntimeError) as e:
@@ -136,6 +159,26 @@ def bench(target: str, draft: str, prompts: str, n_predict: int, temp: float, to
 
         plot(result, plot_out)
         click.echo(f"wrote {plot_out}", err=True)
+
+
+def _bench_scale(sizes: str, folder: str | None, context: int, repeat: int, threads: int, n_gpu_layers: int,
+                 device: str, json_out: str | None) -> None:
+    from pathlib import Path
+
+    from dflash_convert.errors import ConversionError
+
+    from .bench import BenchError
+    from .bench_scale import format_table, parse_sizes, run_scale, write_json
+
+    try:
+        result = run_scale(parse_sizes(sizes), folder=Path(folder) if folder else None, context=context,
+                           repeat=repeat, threads=threads, n_gpu_layers=n_gpu_layers, device=device)
+    except (BenchError, ConversionError, DFlashError, OSError, ValueError, RuntimeError) as e:
+        _fail(e)
+    click.echo(format_table(result))
+    if json_out:
+        write_json(result, json_out)
+        click.echo(f"wrote {json_out}", err=True)
 
 
 if __name__ == "__main__":
