@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ logging.getLogger("llama-cpp-python").setLevel(logging.ERROR)
 torch.set_num_threads(1)
 
 TINY = Path(__file__).resolve().parent.parent / "examples" / "tinycode"
+# the ggml device under test: the CPU in CI; scripts/gpu_check.sh runs the same file with CUDA0
+DEVICE = os.environ.get("DFLASH_TEST_DEVICE", "cpu")
 
 VOCAB, HIDDEN, N_TARGET_LAYERS = 512, 64, 4
 BLOCKS = (4, 8, 16)
@@ -123,7 +126,7 @@ class Case:
 
     def drafter(self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256) -> Any:
         target = "" if embed_head else str(self.target_path)
-        return dflash_gguf.Drafter(str(self.gguf(outtype, embed_head)), target, device="cpu", n_threads=1, n_ctx=n_ctx)
+        return dflash_gguf.Drafter(str(self.gguf(outtype, embed_head)), target, device=DEVICE, n_threads=1, n_ctx=n_ctx)
 
 
 _CASES: dict[tuple[int, int], Case] = {}
@@ -348,7 +351,7 @@ def golden_features() -> dict[str, np.ndarray]:
 
 
 def tiny_drafter(path: Path) -> Any:
-    return dflash_gguf.Drafter(str(path), str(TINY / "target-f16.gguf"), device="cpu", n_threads=1, n_ctx=512)
+    return dflash_gguf.Drafter(str(path), str(TINY / "target-f16.gguf"), device=DEVICE, n_threads=1, n_ctx=512)
 
 
 def draft_case(d: Any, c: dict[str, Any], feats: np.ndarray) -> dict[str, Any]:
