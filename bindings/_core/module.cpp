@@ -22,4 +22,5 @@ PYBIND11_MODULE(_core, m) {
     register_drafter(m);
     register_speculator(m);
     register_sampling(m);
+    register_draft_length(m);
 }

@@ -12,3 +12,4 @@ void register_model(py::module_ & m);
 void register_drafter(py::module_ & m);
 void register_speculator(py::module_ & m);
 void register_sampling(py::module_ & m);
+void register_draft_length(py::module_ & m);

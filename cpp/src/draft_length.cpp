@@ -1,27 +1,37 @@
-#include "draft_length.h"
+#include "dflash/draft_length.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace dflash {
 
 namespace {
-constexpr double kDecay = 0.98;       // acceptance memory: about the last 50 steps
-constexpr double kAlpha = 0.05;       // timing EMA
-constexpr double kPrior = 1.0;        // pseudo-counts: acceptance starts at 1/2
-// plain steps between drafted probes: doubles after each probe that does not make drafting pay
-// (so a pair that never pays costs a probe per kProbeMax tokens), back to the first when it does
+constexpr double kDecay = 0.99;  // acceptance memory: about the last 100 drafted steps
+constexpr double kPrior = 0.25;  // pseudo-counts: acceptance starts at 1/2, and one drafted step moves it far
+// auto mode's optimism: a_j + kOptimism * sqrt(1/4 / drafts seen at j), the bound of a coin of
+// unknown bias, so an estimate from a handful of drafts is not trusted to rule drafting out
+constexpr double kOptimism = 0.5;
+// costs follow a faster measurement at once and a slower one over ~20 steps: one-off slow steps
+// (the OS preempts) do not keep drafting off for long, a cost that really grows still gets through
+constexpr double kAlphaDown = 0.5;
+constexpr double kAlphaUp = 0.05;
+// plain steps between drafted probes: doubles after each probe (so a pair that never pays costs a
+// probe per kProbeMax tokens), back to the first when drafting is chosen on its merits
 constexpr uint32_t kProbeFirst = 16;
 constexpr uint32_t kProbeMax = 256;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
-
-double ema(double old, double x) { return old < 0.0 ? x : (1.0 - kAlpha) * old + kAlpha * x; }
 }  // namespace
+
+void DraftLengthController::Cost::observe(double x) {
+    if (n++ == 0) return;  // the first step of a shape: allocation, warm-up
+    ms = ms < 0.0 ? x : ms + (x < ms ? kAlphaDown : kAlphaUp) * (x - ms);
+}
 
 DraftLengthController::DraftLengthController(uint32_t cap)
     : cap_(cap), n_max_(cap), reached_(cap, 2 * kPrior), accepted_(cap, kPrior), accept_(cap, 0.5),
-      t_verify_(cap + 1, -1.0) {}
+      t_verify_(cap + 1), probe_every_(kProbeFirst) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
@@ -40,25 +50,28 @@ void DraftLengthController::configure(Mode mode, uint32_t n_max) {
     n_max_ = std::min(std::max(n_max, 1u), cap_);
 }
 
-double DraftLengthController::expected_tokens(uint32_t k) const {
+double DraftLengthController::tokens_at(uint32_t k, bool optimistic) const {
     double e = 1.0, run = 1.0;
     for (uint32_t i = 0; i < k; ++i) {
-        run *= accept_[i];
+        const double a = optimistic ? std::min(1.0, accept_[i] + kOptimism * std::sqrt(0.25 / reached_[i])) : accept_[i];
+        run *= a;
         e += run;
     }
     return e;
 }
 
+double DraftLengthController::expected_tokens(uint32_t k) const { return tokens_at(k, false); }
+
 double DraftLengthController::expected_cost_ms(uint32_t k) const {
     // unmeasured costs are taken optimistically (as the nearest cheaper measured one), so each k gets tried
     auto verify = [&](uint32_t kk) {
         for (int64_t j = kk; j >= 1; --j) {
-            if (t_verify_[(size_t) j] >= 0.0) return t_verify_[(size_t) j];
+            if (t_verify_[(size_t) j].ms >= 0.0) return t_verify_[(size_t) j].ms;
         }
-        return t_plain_ >= 0.0 ? t_plain_ : 0.0;
+        return std::max(t_plain_.ms, 0.0);
     };
-    if (k == 0) return t_plain_ >= 0.0 ? t_plain_ : verify(1);
-    return std::max(t_draft_, 0.0) + verify(k);
+    if (k == 0) return t_plain_.ms >= 0.0 ? t_plain_.ms : verify(1);
+    return std::max(t_draft_.ms, 0.0) + verify(k);
 }
 
 uint32_t DraftLengthController::choose() {
@@ -70,7 +83,8 @@ uint32_t DraftLengthController::choose() {
         double best_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
             const double cost = expected_cost_ms(k);
-            const double rate = cost > 0.0 ? expected_tokens(k) / cost : 1e30 * expected_tokens(k);
+            const double tokens = tokens_at(k, true);
+            const double rate = cost > 0.0 ? tokens / cost : 1e30 * tokens;
             if (rate > best_rate) {
                 best_rate = rate;
                 best = k;
@@ -100,10 +114,10 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
         if (i < accepted) accepted_[i] += 1.0;
     }
     for (uint32_t i = 0; i < cap_; ++i) accept_[i] = accepted_[i] / reached_[i];
-    t_draft_ = ema(t_draft_, draft_ms);
-    t_verify_[k] = ema(t_verify_[k], verify_ms);
+    t_draft_.observe(draft_ms);
+    t_verify_[k].observe(verify_ms);
 }
 
-void DraftLengthController::observe_plain(double ms) { t_plain_ = ema(t_plain_, ms); }
+void DraftLengthController::observe_plain(double ms) { t_plain_.observe(ms); }
 
 }  // namespace dflash

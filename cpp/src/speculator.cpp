@@ -5,7 +5,7 @@
 #include <numeric>
 
 #include "dflash/error.h"
-#include "draft_length.h"
+#include "dflash/draft_length.h"
 
 namespace dflash {
 

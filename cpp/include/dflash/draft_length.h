@@ -6,10 +6,15 @@
 //     E(k) / T(k),  E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
 //     T(k) = t_draft + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
-// nondeterministic); fixed mode drafts n_max unless the expected gain per step
-// falls below a floor, judged on acceptance alone so that seeded runs repeat.
-// While it decodes plainly it still probes a drafted step now and then (less
-// often while probes keep failing), so a change of content is noticed.
+// nondeterministic), optimistic where it has seen little: each a_j is taken at
+// an upper confidence bound that shrinks as drafts are observed, and a cost not
+// yet measured is taken as the nearest cheaper one, so every choice gets tried
+// before it is ruled out; the first measurement of each cost is not believed
+// (a backend's first step of a new shape allocates and warms up). Fixed mode
+// drafts n_max unless the expected gain per step falls below a floor, judged on
+// acceptance alone so that seeded runs repeat. While either decodes plainly it
+// still probes a drafted step now and then (less often while it keeps deciding
+// against drafting), so a change of content is noticed.
 #include <cstdint>
 #include <vector>
 
@@ -27,19 +32,28 @@ class DraftLengthController {
     void observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms);
     void observe_plain(double ms);
 
-    double expected_tokens(uint32_t k) const;
+    double expected_tokens(uint32_t k) const;  // from the acceptance estimate itself
     double expected_cost_ms(uint32_t k) const;
     const std::vector<double> & acceptance() const { return accept_; }
 
   private:
+    // a cost: not believed on its first measurement, then an average that follows faster
+    // measurements at once and slower ones gradually
+    struct Cost {
+        double ms = -1.0;  // < 0: not measured (beyond the first)
+        uint64_t n = 0;
+        void observe(double x);
+    };
+    double tokens_at(uint32_t k, bool optimistic) const;
+
     uint32_t cap_;
     Mode mode_ = Mode::Fixed;
     uint32_t n_max_;
     std::vector<double> reached_, accepted_, accept_;  // decayed counts and their ratio, positions 1..cap
-    std::vector<double> t_verify_;                      // [k] ms, < 0 = not measured yet
-    double t_draft_ = -1.0, t_plain_ = -1.0;
+    std::vector<Cost> t_verify_;                        // [k]
+    Cost t_draft_, t_plain_;
     uint32_t plain_run_ = 0;
-    uint32_t probe_every_ = 16;
+    uint32_t probe_every_;
 };
 
 }  // namespace dflash
