@@ -34,14 +34,15 @@ for t in f32 f16; do
   python3 -m dflash_convert examples/tinycode/drafter-dflash2 --target examples/tinycode/target-f16.gguf \
     --outfile /tmp/g/tinycode-$t.gguf --outtype $t > /dev/null || exit 1
 done
-dflash() { python3 -m dflash_gguf.cli "$@"; }
+# a command, not a shell function: `timeout` runs it
+DFLASH=(python3 -m dflash_gguf.cli)
 BENCH=(bench --target examples/tinycode/target-f16.gguf --draft /tmp/g/tinycode-f16.gguf
        --prompts examples/tinycode/prompts.jsonl -n 128 -ngl 99 --threads 4 --no-progress)
 
 echo "== draft step vs verify (CUDA)"
 timeout 60 python3 scripts/bench_draft.py --device CUDA0 --n-threads 4 --reps 100 2>&1 | tee "$OUT/bench_draft.txt" | tail -12
 echo "== dflash bench ar,ours (CUDA)"
-timeout 90 dflash "${BENCH[@]}" --systems ar,ours --n-max 3,7,auto --json "$OUT/bench_ours.json" \
+timeout 90 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours --n-max 3,7,auto --json "$OUT/bench_ours.json" \
   2>&1 | tee "$OUT/bench_ours.txt" | grep -v "^wrote"
 echo "== parity (CUDA)"
 DFLASH_TEST_DEVICE=CUDA0 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_graph_parity.py 2>&1 | tee "$OUT/parity.txt" | tail -5
@@ -55,10 +56,10 @@ t2=$(date +%s)
 SERVER=$(find "$LLB" -name llama-server -type f -perm -u+x | head -1)
 echo "llama-server: ${SERVER:-none} ($(( $(date +%s) - t2 )) s)"
 if [[ -n "$SERVER" ]]; then
-  timeout 100 dflash "${BENCH[@]}" --systems ar,ours,upstream --n-max 3,7 --server-binary "$SERVER" \
+  timeout 100 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours,upstream --n-max 3,7 --server-binary "$SERVER" \
     --json "$OUT/bench_3way.json" --plot "$OUT/bench_3way.png" 2>&1 | tee "$OUT/bench_3way.txt" | grep -v "^wrote"
 fi
-timeout 40 dflash "${BENCH[@]}" --systems ar,ours --n-max 7 --temp 1.0 --seed 1 --limit 10 --json "$OUT/bench_t1.json" \
+timeout 40 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours --n-max 7 --temp 1.0 --seed 1 --limit 10 --json "$OUT/bench_t1.json" \
   2>&1 | tee "$OUT/bench_t1.txt" | tail -8
 DFLASH_PROFILE=1 timeout 30 python3 scripts/bench_draft.py --device CUDA0 --n-threads 4 --reps 30 --blocks 8 \
   > "$OUT/profile_draft.txt" 2>&1
