@@ -83,21 +83,24 @@ void register_drafter(py::module_ & m) {
         })
         .def(
             "draft",
-            [](PyDrafter & p, int32_t anchor, int32_t position, int n, bool details) -> py::object {
+            [](PyDrafter & p, int32_t anchor, int32_t position, int n, bool details, py::object all_rows) -> py::object {
                 Busy busy(p.mu, "this Drafter");
                 const uint32_t B = p.d->hparams().block_size;
                 const uint32_t n_draft = n < 0 ? B - 1 : (uint32_t) n;
+                const bool every_row = all_rows.is_none() ? details : all_rows.cast<bool>();
                 dflash::DraftResult r;
                 {
                     py::gil_scoped_release nogil;
-                    r = p.d->draft(anchor, position, n_draft, details);
+                    r = p.d->draft(anchor, position, n_draft, details, every_row);
                 }
                 if (!details) return py::cast(r.tokens);
                 py::dict d;
-                const py::ssize_t rows = B - 1, k = r.top_k, V = p.d->n_vocab();
+                const py::ssize_t head = (py::ssize_t) r.argmax.size(), rows = (py::ssize_t) r.walk_index.size();
+                const py::ssize_t k = r.top_k, V = p.d->n_vocab();
                 d["tokens"] = r.tokens;
-                d["argmax"] = to_array(r.argmax, {(py::ssize_t) B});
-                d["logits"] = to_array(r.logits, {(py::ssize_t) B, V});
+                d["first_row"] = r.first_row;
+                d["argmax"] = to_array(r.argmax, {head});
+                d["logits"] = to_array(r.logits, {head, V});
                 if (k > 0) {
                     d["candidates"] = to_array(r.candidates, {rows, k});
                     d["scores"] = to_array(r.scores, {rows, k, k});
@@ -107,6 +110,9 @@ void register_drafter(py::module_ & m) {
                 return d;
             },
             py::arg("anchor"), py::arg("position"), py::arg("n") = -1, py::arg("details") = false,
+            py::arg("all_rows") = py::none(),
             "Draft the block [anchor, MASK...] at position..; returns n tokens, or a dict with logits, "
-            "candidates, selector scores and the walk's q when details=True.");
+            "candidates, selector scores and the walk's q when details=True. The LM head and the selector "
+            "run for block rows 1..n only, or for every row with all_rows (default: details); first_row "
+            "says which block row argmax[0] and logits[0] are.");
 }

@@ -136,6 +136,7 @@ struct Drafter::Impl {
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
         uint32_t window = 0;  // attended cache rows; 0 = not built
+        uint32_t head_first = 0, head_rows = 0;  // block rows that get logits (and, from row 1, the selector)
         ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to B (scratch row)
         ggml_tensor * tokens, * pos, * blk_idx, * blk_vidx, * mask, * anchor;
         ggml_tensor * logits, * argmax;
@@ -250,13 +251,15 @@ struct Drafter::Impl {
 
     // The block [anchor, MASK...] at positions n..n+B-1 attends to cache rows [0, window) through a mask
     // (the context, the block itself, never the stale rows after it); the rows still pending are written first.
-    void build_block(uint32_t window) {
+    void build_block(uint32_t window, uint32_t head_first, uint32_t head_rows) {
         const DraftHparams & h = hp();
         const uint32_t B = h.block_size;
         block_ctx = new_ctx(block_meta);
         ggml_context * ctx = block_ctx.get();
         bg = BlockGraph{};
         bg.window = window;
+        bg.head_first = head_first;
+        bg.head_rows = head_rows;
         bg.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
         ggml_cgraph * gf = bg.gf;
         bg.ctx_feat = input(ctx, GGML_TYPE_F32, h.n_target_features(), B, "inp_ctx_features");
@@ -313,8 +316,10 @@ struct Drafter::Impl {
             x = ggml_add(ctx, x, m);
         }
 
+        // the LM head (the costliest matmul at a real vocabulary) only for the rows asked for
         ggml_tensor * h_final = rms_norm(ctx, x, model.output_norm);  // [E, B]
-        ggml_tensor * logits = ggml_mul_mat(ctx, output, h_final);     // [V, B]
+        ggml_tensor * h_head = ggml_view_2d(ctx, h_final, h.n_embd, head_rows, h_final->nb[1], head_first * h_final->nb[1]);
+        ggml_tensor * logits = ggml_mul_mat(ctx, output, h_head);      // [V, head_rows]
         if (h.logit_scale != 0.0f) logits = ggml_scale(ctx, logits, h.logit_scale);
         if (h.logit_softcap > 0.0f) {
             logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / h.logit_softcap)), h.logit_softcap);
@@ -322,13 +327,14 @@ struct Drafter::Impl {
         ggml_set_name(logits, "logits");
         ggml_set_output(logits);
         bg.logits = logits;
-        bg.argmax = ggml_argmax(ctx, logits);  // [B]
+        bg.argmax = ggml_argmax(ctx, logits);  // [head_rows]
         ggml_set_output(bg.argmax);
         ggml_build_forward_expand(gf, bg.argmax);
 
-        if (h.version == 2 && B >= 2) {
-            const int64_t V = logits->ne[0], k = h.selector_top_k, R = h.selector_rank, rows = B - 1;
-            ggml_tensor * lg = ggml_view_2d(ctx, logits, V, rows, logits->nb[1], logits->nb[1]);  // rows 1..B-1
+        const int64_t rows = head_first + head_rows - 1;  // the selector's rows: 1..rows
+        if (h.version == 2 && rows >= 1) {
+            const int64_t V = logits->ne[0], k = h.selector_top_k, R = h.selector_rank;
+            ggml_tensor * lg = ggml_view_2d(ctx, logits, V, rows, logits->nb[1], (1 - head_first) * logits->nb[1]);
             ggml_tensor * cand = ggml_top_k(ctx, lg, (int) k);                                      // [k, rows] i32
             ggml_tensor * unary_rows = ggml_get_rows(ctx, ggml_reshape_3d(ctx, lg, 1, V, rows), cand);  // [1, k, rows]
             ggml_tensor * unary = ggml_reshape_3d(ctx, unary_rows, k, 1, rows);
@@ -338,7 +344,7 @@ struct Drafter::Impl {
             bg.anchor = input(ctx, GGML_TYPE_I32, 1, 0, "inp_anchor");
             ggml_tensor * pred = ggml_repeat_4d(ctx, ggml_get_rows(ctx, model.sel_prev, bg.anchor), R, k, 1, 1);  // row 1
             if (rows > 1) {
-                ggml_tensor * prev_ids = ggml_view_1d(ctx, cand, k * (rows - 1), 0);  // candidates of rows 1..B-2
+                ggml_tensor * prev_ids = ggml_view_1d(ctx, cand, k * (rows - 1), 0);  // candidates of rows 1..rows-1
                 ggml_tensor * p = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model.sel_prev, prev_ids), R, k, rows - 1);
                 pred = ggml_concat(ctx, pred, p, 2);  // [R, k, rows]
             }
@@ -361,12 +367,12 @@ struct Drafter::Impl {
         return std::min(n_ctx, (end + unit - 1) / unit * unit);
     }
 
-    // (re)builds and allocates the block graph when the window changes; otherwise it stays allocated
-    void ensure_block(uint32_t window) {
-        if (bg.window == window) return;
+    // (re)builds and allocates the block graph when its window or head rows change; otherwise it stays allocated
+    void ensure_block(uint32_t window, uint32_t head_first, uint32_t head_rows) {
+        if (bg.window == window && bg.head_first == head_first && bg.head_rows == head_rows) return;
         bg_in.clear();
         bg_out.clear();
-        build_block(window);
+        build_block(window, head_first, head_rows);
         ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
         std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx, bg.tokens,
                                          bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
@@ -415,7 +421,7 @@ struct Drafter::Impl {
             InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
             if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
         }
-        build_block(n_ctx);
+        build_block(n_ctx, 0, hp().block_size);
         if (!ggml_backend_sched_reserve(sched_block.get(), bg.gf)) throw Error("cannot reserve the block graph");
         bg = BlockGraph{};
         block_ctx.reset();
@@ -631,7 +637,7 @@ void Drafter::truncate(uint32_t n) {
     m.pending.resize((size_t) m.n_pending * m.hp().n_target_features());
 }
 
-DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits) {
+DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits, bool all_rows) {
     Impl & m = *impl_;
     const DraftHparams & h = m.hp();
     const uint32_t B = h.block_size;
@@ -649,7 +655,8 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
 
     const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
-    m.ensure_block(m.window_for(ctx_end + B));
+    const uint32_t head_first = all_rows ? 0 : 1, head_rows = all_rows ? B : std::max(n, 1u);
+    m.ensure_block(m.window_for(ctx_end + B), head_first, head_rows);
     m.counters.window_last = m.bg.window;
     const Impl::BlockGraph & bg = m.bg;
     const size_t width = h.n_target_features();
@@ -694,19 +701,20 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
 
     DraftResult r;
     r.block_size = B;
-    r.argmax.resize(B);
-    m.bg_out.get(bg.argmax, r.argmax.data(), B * sizeof(int32_t));
+    r.first_row = head_first;
+    r.argmax.resize(head_rows);
+    m.bg_out.get(bg.argmax, r.argmax.data(), head_rows * sizeof(int32_t));
     if (want_logits) {
-        r.logits.resize((size_t) B * h.n_vocab);
+        r.logits.resize((size_t) head_rows * h.n_vocab);
         ggml_backend_tensor_get(bg.logits, r.logits.data(), 0, r.logits.size() * sizeof(float));
     }
     if (h.version == 1) {
-        r.tokens.assign(r.argmax.begin() + 1, r.argmax.begin() + 1 + n);
+        r.tokens.assign(r.argmax.begin() + (1 - head_first), r.argmax.begin() + (1 - head_first) + n);
         return r;
     }
 
     // DFlash2: canonical candidate order (logit descending), then the greedy walk
-    const uint32_t k = h.selector_top_k, rows = B - 1;
+    const uint32_t k = h.selector_top_k, rows = head_first + head_rows - 1;
     r.top_k = k;
     std::vector<int32_t> cand((size_t) k * rows);
     std::vector<float> unary((size_t) k * rows), raw((size_t) k * k * rows);

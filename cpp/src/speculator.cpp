@@ -122,7 +122,7 @@ SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, i
         return softmax_on(&r.candidates[(size_t) row * k], &r.scores[((size_t) row * k + (uint32_t) pred_index) * k], k, T);
     }
     const uint32_t V = drafter_->n_vocab();
-    return softmax_on(all_ids_.data(), &r.logits[(size_t) (row + 1) * V], V, T);
+    return softmax_on(all_ids_.data(), r.row_logits(row + 1, V), V, T);
 }
 
 StepOutput Speculator::step() {

@@ -18,17 +18,24 @@ struct DrafterOptions {
     uint32_t n_ctx = 4096;        // draft cache capacity in context rows
 };
 
+// Rows: a draft of n tokens computes the LM head and the selector for block rows 1..n only; with
+// all_rows, for every row (0..B-1, the selector 1..B-1). R = the selector's rows, H = the head's.
 struct DraftResult {
     uint32_t block_size = 0;
     uint32_t top_k = 0;                // DFlash2 selector k (0 for DFlash1)
+    uint32_t first_row = 0;            // the block row of argmax[0] and of the first logits row (0 or 1)
     std::vector<int32_t> tokens;       // the draft: rows 1..n (walk for DFlash2, argmax for DFlash1)
-    // DFlash2, rows 1..B-1, candidates sorted by logit (descending):
-    std::vector<int32_t> candidates;   // [B-1][k]
-    std::vector<float> scores;         // [B-1][k pred][k succ]; row 1's k pred rows all use the anchor
-    std::vector<float> walk_q;         // [B-1][k] softmax of the walked row's scores (the sampler's q)
-    std::vector<int32_t> walk_index;   // [B-1] index of the walked token in its row's candidates
-    std::vector<int32_t> argmax;       // [B] per-row argmax of the logits (both versions)
-    std::vector<float> logits;         // [B][n_vocab] when requested
+    // DFlash2, rows 1..R, candidates sorted by logit (descending):
+    std::vector<int32_t> candidates;   // [R][k]
+    std::vector<float> scores;         // [R][k pred][k succ]; row 1's k pred rows all use the anchor
+    std::vector<float> walk_q;         // [R][k] softmax of the walked row's scores (the sampler's q)
+    std::vector<int32_t> walk_index;   // [R] index of the walked token in its row's candidates
+    std::vector<int32_t> argmax;       // [H] per-row argmax of the logits (both versions)
+    std::vector<float> logits;         // [H][n_vocab] when requested
+
+    const float * row_logits(uint32_t block_row, uint32_t n_vocab) const {
+        return &logits[(size_t) (block_row - first_row) * n_vocab];
+    }
 };
 
 // Statistics that show the per-step work stays bounded: a block graph is built only when its
@@ -64,8 +71,9 @@ class Drafter {
     void reset() { truncate(0); }
 
     // Drafts the block [anchor, MASK...] at positions position..position+B-1
-    // over the cached context; keeps n <= B-1 tokens.
-    DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false);
+    // over the cached context; keeps n <= B-1 tokens. The graph is kept per
+    // (attention window, head rows): alternating all_rows rebuilds it.
+    DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false, bool all_rows = false);
 
   private:
     struct Impl;
