@@ -23,37 +23,80 @@ SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, flo
     d.probs.resize(n);
     const float mx = *std::max_element(values, values + n);
     double z = 0.0;
-    for (uint32_t i = 0; i < n; ++i) z += std::exp(((double) values[i] - mx) / temperature);
-    for (uint32_t i = 0; i < n; ++i) d.probs[i] = (float) (std::exp(((double) values[i] - mx) / temperature) / z);
+    for (uint32_t i = 0; i < n; ++i) {
+        d.probs[i] = (float) std::exp(((double) values[i] - mx) / temperature);
+        z += d.probs[i];
+    }
+    const float inv = (float) (1.0 / z);
+    for (float & p : d.probs) p *= inv;
     return d;
 }
+
+namespace {
+std::vector<float> logits_of(const float * logits, const std::vector<int32_t> & ids) {
+    std::vector<float> v(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) v[i] = logits[ids[i]];
+    return v;
+}
+}  // namespace
 
 SparseDist target_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params) {
     // llama-cpp-python's chain: top-k, top-p, min-p on the raw logits, then the
     // temperature on what survives, then the softmax that is sampled
-    std::vector<int32_t> ids(n_vocab);
-    std::iota(ids.begin(), ids.end(), 0);
-    size_t keep = n_vocab;
-    if (params.top_k > 0 && (uint32_t) params.top_k < n_vocab) keep = (size_t) params.top_k;
-    std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), [&](int32_t a, int32_t b) {
-        return logits[a] != logits[b] ? logits[a] > logits[b] : a < b;
-    });
-    ids.resize(keep);
-    std::vector<float> vals(keep);
-    for (size_t i = 0; i < keep; ++i) vals[i] = logits[ids[i]];
-    size_t n = keep;
-    if (params.top_p < 1.0f) {
-        const SparseDist raw = softmax_on(ids.data(), vals.data(), (uint32_t) keep, 1.0f);
-        double cum = 0.0;
-        size_t i = 0;
-        while (i < n) {
-            cum += raw.probs[i++];
-            if (cum >= params.top_p) break;
+    const bool cut_k = params.top_k > 0 && (uint32_t) params.top_k < n_vocab;
+    const bool cut_p = params.top_p < 1.0f;
+    std::vector<int32_t> ids;
+    std::vector<float> vals;
+    if (!cut_k && !cut_p) {
+        // no ordering needed (a real vocabulary has 150k entries: no sort per verified row);
+        // min-p keeps p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p)
+        const float mx = *std::max_element(logits, logits + n_vocab);
+        const double thr = params.min_p > 0.0f ? (double) mx + std::log((double) params.min_p) : -INFINITY;
+        ids.reserve(n_vocab);
+        vals.reserve(n_vocab);
+        for (uint32_t i = 0; i < n_vocab; ++i) {
+            if ((double) logits[i] >= thr) {
+                ids.push_back((int32_t) i);
+                vals.push_back(logits[i]);
+            }
         }
-        n = std::max<size_t>(1, i);
+        return softmax_on(ids.data(), vals.data(), (uint32_t) ids.size(), params.temperature);
     }
-    if (params.min_p > 0.0f) {
-        // p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p)
+    ids.resize(n_vocab);
+    std::iota(ids.begin(), ids.end(), 0);
+    auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+    size_t n = 0;
+    if (cut_k) {
+        n = (size_t) params.top_k;
+        std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by_logit);
+        ids.resize(n);
+        if (cut_p) {
+            const SparseDist raw = softmax_on(ids.data(), logits_of(logits, ids).data(), (uint32_t) n, 1.0f);
+            double cum = 0.0;
+            size_t i = 0;
+            while (i < n && cum < params.top_p) cum += raw.probs[i++];
+            n = std::max<size_t>(1, i);
+        }
+    } else {
+        // top-p over the whole vocabulary: the nucleus is usually small, so sort a short head first
+        // and widen it only while its mass stays below top_p
+        const float mx = *std::max_element(logits, logits + n_vocab);
+        double z = 0.0;
+        for (uint32_t i = 0; i < n_vocab; ++i) z += std::exp((double) logits[i] - mx);
+        for (size_t head = std::min<size_t>(256, n_vocab);; head = std::min<size_t>(n_vocab, head * 16)) {
+            std::partial_sort(ids.begin(), ids.begin() + head, ids.end(), by_logit);
+            double cum = 0.0;
+            size_t i = 0;
+            while (i < head && cum < params.top_p) cum += std::exp((double) logits[ids[i++]] - mx) / z;
+            if (cum >= params.top_p || head == n_vocab) {
+                n = std::max<size_t>(1, i);
+                break;
+            }
+        }
+    }
+    ids.resize(n);
+    vals = logits_of(logits, ids);
+    if (params.min_p > 0.0f) {  // on the sorted survivors: a prefix
         const double thr = (double) vals[0] + std::log((double) params.min_p);
         size_t i = 1;
         while (i < n && vals[i] >= thr) ++i;
