@@ -83,8 +83,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_draft_") as tmpd:
         tmp = Path(tmpd)
-        # the target first, as our runtime does: with the CUDA build, libllama's model load segfaulted
-        # in a process where a CUDA Drafter already existed (seen twice on the H200, not yet explained)
+        # the target first, as our runtime does (with the CUDA build this script segfaulted in libllama's
+        # model load, drafters created first, on the H200; not explained: `dflash bench --scale` ran
+        # in that order there)
         llc, model = load_model(args.target, n_gpu_layers=999 if gpu else 0)
         drafters = {}
         rng = np.random.default_rng(1)
