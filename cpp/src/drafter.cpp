@@ -119,8 +119,8 @@ struct Drafter::Impl {
     // One scheduler per graph kind, so that a long injection never evicts the block graph's allocation.
     ggml_backend_sched_ptr sched_inject, sched_block;
 
-    // draft context cache: K and V [head_dim, n_head_kv, n_ctx + 1] per layer; row n_ctx is a scratch row
-    // that padded writes go to and that no attention window reaches
+    // draft context cache per layer: K [head_dim, n_head_kv, n_ctx + 1], V transposed [n_ctx + 1, head_dim,
+    // n_head_kv]; row n_ctx is a scratch row that padded writes go to and that no attention window reaches
     ggml_context_ptr cache_ctx;
     ggml_backend_buffer_ptr cache_buf;
     std::vector<ggml_tensor *> cache_k, cache_v;
@@ -131,7 +131,7 @@ struct Drafter::Impl {
     std::vector<float> pending;
     uint32_t n_pending = 0;
 
-    // the block graph stays built and allocated while its attention window is unchanged, so a draft step
+    // the block graph stays built and allocated while its attention window and head rows are unchanged, so a draft step
     // is: set inputs, compute, read back (and backends such as CUDA can replay it as a device graph)
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
@@ -179,7 +179,7 @@ struct Drafter::Impl {
     void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, ggml_tensor * h, ggml_tensor * pos, ggml_tensor * idx,
                   ggml_tensor * vidx) {
         const DraftLayer & l = model.layers[il];
-        const int64_t n = h->ne[1], width = (int64_t) hp().head_dim * hp().n_head_kv;
+        const int64_t n = h->ne[1], width = kv_width();
         ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, h), hp().head_dim, hp().n_head_kv, n);
         k = rope(ctx, rms_norm(ctx, k, l.k_norm), pos);
         ggml_tensor * v = ggml_mul_mat(ctx, l.wv, h);
