@@ -45,7 +45,7 @@ TINY = Path(__file__).resolve().parent.parent / "examples" / "tinycode"
 DEVICE = os.environ.get("DFLASH_TEST_DEVICE", "cpu")
 
 VOCAB, HIDDEN, N_TARGET_LAYERS = 512, 64, 4
-BLOCKS = (4, 8, 16)
+BLOCKS = (2, 4, 8, 16, 32)  # the issue asks for 4/8/16; 2 and 32 are the format's limits
 CONTEXTS = (0, 5, 37)
 
 NMSE_F32 = 1e-6  # the brief's bound for f32 weights
