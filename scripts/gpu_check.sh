@@ -3,28 +3,33 @@
 # this workplace): builds llama-cpp-python 0.3.36 with CUDA from a trimmed copy
 # of its sdist (.gpu/llama-src.tar.xz, made by hand: the sdist minus models/,
 # docs/, non-CUDA GPU backends and the UI's tests), builds our extension against
-# it, then, most important first: the draft-graph parity tests on CUDA, the
-# draft-step benchmark, `dflash bench` ar vs ours, and llama-server built from
-# the same build tree for the three-way bench with upstream. Logs go to $OUT;
-# each step has its own timeout so that a slow one leaves the others' results.
+# it, then, most important first: the draft-step benchmark, `dflash bench` ar vs
+# ours, the draft-graph parity tests on CUDA, and llama-server built from the
+# same build tree for the three-way bench with upstream. Each step has its own
+# timeout so that a slow one leaves the others' results.
+# The device tool returns at most 8 files from $OUT: run it as
+#   bash scripts/gpu_check.sh 2>&1 | tee $OUT/all.txt
+# (all.txt holds every table); 7 more are written below; build logs stay in
+# $LOGS and are shown when a build fails. Carry .gpu (see .git/info/exclude).
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+LOGS=/tmp/gpu_logs; mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 PYTHONFAULTHANDLER=1 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)"
 SITE=/tmp/site
 LLB=/tmp/llbuild  # kept, so that llama-server builds on the same objects
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 1
 export PYTHONPATH="$SITE"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 t0=$(date +%s)
 tar xJf .gpu/llama-src.tar.xz -C /tmp
 CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=ON" \
   python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" -C build-dir="$LLB" \
-  /tmp/llama-src > "$OUT/build_llama.log" 2>&1 || { tail -40 "$OUT/build_llama.log"; exit 1; }
+  /tmp/llama-src > "$LOGS/build_llama.log" 2>&1 || { tail -40 "$LOGS/build_llama.log"; exit 1; }
 t1=$(date +%s); echo "llama-cpp-python CUDA build: $((t1 - t0)) s"
-python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" . > "$OUT/build_ours.log" 2>&1 \
-  || { tail -40 "$OUT/build_ours.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" . > "$LOGS/build_ours.log" 2>&1 \
+  || { tail -40 "$LOGS/build_ours.log"; exit 1; }
 echo "our build: $(( $(date +%s) - t1 )) s"
-python3 - <<'PY' 2>&1 | tee "$OUT/devices.txt"
+python3 - <<'PY' 2>&1
 import llama_cpp, dflash_gguf, re
 maps = open('/proc/self/maps').read()
 print(sorted(set(re.findall(r'lib(?:ggml-base|llama|ggml-cuda)\.so[.\d]*', maps))))
@@ -40,28 +45,31 @@ BENCH=(bench --target examples/tinycode/target-f16.gguf --draft /tmp/g/tinycode-
        --prompts examples/tinycode/prompts.jsonl -n 128 -ngl 99 --threads 4 --no-progress)
 
 echo "== draft step vs verify (CUDA)"
-timeout 60 python3 scripts/bench_draft.py --device CUDA0 --n-threads 4 --reps 100 2>&1 | tee "$OUT/bench_draft.txt" | tail -12
+timeout 60 python3 scripts/bench_draft.py --device CUDA0 --n-threads 4 --reps 100 2>&1 | tee "$OUT/bench_draft.txt"
 echo "== dflash bench ar,ours (CUDA)"
 timeout 90 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours --n-max 3,7,auto --json "$OUT/bench_ours.json" \
-  2>&1 | tee "$OUT/bench_ours.txt" | grep -v "^wrote"
+  2>&1 | grep -v "^wrote"
 echo "== parity (CUDA)"
-DFLASH_TEST_DEVICE=CUDA0 timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_graph_parity.py 2>&1 | tee "$OUT/parity.txt" | tail -5
+DFLASH_TEST_DEVICE=CUDA0 timeout 100 python3 -m pytest -q -s --tb=line -p no:cacheprovider tests/test_graph_parity.py \
+  > "$OUT/parity.txt" 2>&1
+grep -E "passed|failed|^E |Error" "$OUT/parity.txt" | tail -30
 
 echo "== llama-server from the same build tree"
 t2=$(date +%s)
 ( cmake -S /tmp/llama-src -B "$LLB" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$OUT/server_configure.log" 2>&1 \
-  && timeout 200 cmake --build "$LLB" --target llama-server -j "$(nproc)" > "$OUT/server_build.log" 2>&1 ) \
-  || { echo "llama-server build failed"; tail -15 "$OUT/server_configure.log" "$OUT/server_build.log"; }
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$LOGS/server_configure.log" 2>&1 \
+  && timeout 200 cmake --build "$LLB" --target llama-server -j "$(nproc)" > "$LOGS/server_build.log" 2>&1 ) \
+  || { echo "llama-server build failed"; tail -15 "$LOGS/server_configure.log" "$LOGS/server_build.log"; }
 SERVER=$(find "$LLB" -name llama-server -type f -perm -u+x | head -1)
 echo "llama-server: ${SERVER:-none} ($(( $(date +%s) - t2 )) s)"
 if [[ -n "$SERVER" ]]; then
   timeout 100 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours,upstream --n-max 3,7 --server-binary "$SERVER" \
-    --json "$OUT/bench_3way.json" --plot "$OUT/bench_3way.png" 2>&1 | tee "$OUT/bench_3way.txt" | grep -v "^wrote"
+    --json "$OUT/bench_3way.json" --plot "$OUT/bench_3way.png" 2>&1 | grep -v "^wrote"
 fi
-timeout 40 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours --n-max 7 --temp 1.0 --seed 1 --limit 10 --json "$OUT/bench_t1.json" \
-  2>&1 | tee "$OUT/bench_t1.txt" | tail -8
+timeout 40 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours --n-max 7 --temp 1.0 --seed 1 --limit 10 2>&1 | tail -8
 DFLASH_PROFILE=1 timeout 30 python3 scripts/bench_draft.py --device CUDA0 --n-threads 4 --reps 30 --blocks 8 \
   > "$OUT/profile_draft.txt" 2>&1
 echo "== upstream parity (CUDA build of libllama)"
-timeout 60 python3 -m pytest -q -p no:cacheprovider tests/test_upstream_parity.py 2>&1 | tee "$OUT/upstream_parity.txt" | tail -8
+timeout 60 python3 -m pytest -q --tb=line -p no:cacheprovider tests/test_upstream_parity.py \
+  > "$OUT/upstream_parity.txt" 2>&1
+tail -20 "$OUT/upstream_parity.txt"
