@@ -405,26 +405,31 @@ def test_bundled_quantized(tiny_gguf: Any, golden_features: dict[str, np.ndarray
 
 @pytest.mark.parametrize("version", (1, 2))
 def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
-    """A draft of n tokens runs the LM head and the selector for block rows 1..n only (the costliest
-    matmul at a real vocabulary): the same logits, candidates, scores and walk as the full block's rows."""
+    """A draft of n tokens runs the LM head and the selector only for block rows 1..h, h = n rounded up
+    to a power of two (the costliest matmul at a real vocabulary): the same logits, candidates, scores
+    and walk as the full block's rows; a length seen before reuses its graph."""
     c: Case = case(version, 8)
     d = c.drafter("f32")
     d.inject(features(37, c.width, 5), np.arange(37, dtype=np.int32))
     full = d.draft(11, 37, details=True)
     assert full["first_row"] == 0 and np.asarray(full["logits"]).shape[0] == 8
-    for n in (1, 3, 7):
+    for n, h in ((1, 1), (3, 4), (5, 7), (7, 7)):
         fast = d.draft(11, 37, n, details=True, all_rows=False)
         assert fast["first_row"] == 1
         logits = np.asarray(fast["logits"])
-        assert logits.shape == (n, VOCAB)
-        np.testing.assert_allclose(logits, np.asarray(full["logits"])[1:n + 1], rtol=0, atol=1e-5)
-        assert list(fast["argmax"]) == list(np.asarray(full["argmax"])[1:n + 1])
+        assert logits.shape == (h, VOCAB)
+        np.testing.assert_allclose(logits, np.asarray(full["logits"])[1:h + 1], rtol=0, atol=1e-5)
+        assert list(fast["argmax"]) == list(np.asarray(full["argmax"])[1:h + 1])
         assert list(fast["tokens"]) == list(full["tokens"])[:n]
         assert d.draft(11, 37, n) == list(full["tokens"])[:n]  # the loop's path: tokens only
         if version == 2:
-            assert np.array_equal(fast["candidates"], np.asarray(full["candidates"])[:n])
-            np.testing.assert_allclose(fast["scores"], np.asarray(full["scores"])[:n], rtol=0, atol=1e-4)
-            assert np.array_equal(fast["walk_index"], np.asarray(full["walk_index"])[:n])
+            assert np.array_equal(fast["candidates"], np.asarray(full["candidates"])[:h])
+            np.testing.assert_allclose(fast["scores"], np.asarray(full["scores"])[:h], rtol=0, atol=1e-4)
+            assert np.array_equal(fast["walk_index"], np.asarray(full["walk_index"])[:h])
+    built = d.counters["graphs_built"]
+    for n in (1, 3, 5, 7, 2, 4, 6):  # every bucket exists already: nothing is built
+        d.draft(11, 37, n)
+    assert d.counters["graphs_built"] == built + 1  # n = 2: the one bucket not drafted above
 
 
 @pytest.mark.parametrize("version", (1, 2))

@@ -31,7 +31,7 @@ void DraftLengthController::Cost::observe(double x) {
 
 DraftLengthController::DraftLengthController(uint32_t cap)
     : cap_(cap), n_max_(cap), reached_(cap, 2 * kPrior), accepted_(cap, kPrior), accept_(cap, 0.5),
-      t_verify_(cap + 1), probe_every_(kProbeFirst) {}
+      t_draft_(cap + 1), t_verify_(cap + 1), probe_every_(kProbeFirst) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
@@ -63,15 +63,16 @@ double DraftLengthController::tokens_at(uint32_t k, bool optimistic) const {
 double DraftLengthController::expected_tokens(uint32_t k) const { return tokens_at(k, false); }
 
 double DraftLengthController::expected_cost_ms(uint32_t k) const {
-    // unmeasured costs are taken optimistically (as the nearest cheaper measured one), so each k gets tried
-    auto verify = [&](uint32_t kk) {
+    // unmeasured costs are taken optimistically (as the nearest cheaper measured one), so each k gets
+    // tried; a draft of k tokens costs more with k (the LM head runs for its rows), a verify too
+    auto nearest_below = [](const std::vector<Cost> & t, uint32_t kk, double otherwise) {
         for (int64_t j = kk; j >= 1; --j) {
-            if (t_verify_[(size_t) j].ms >= 0.0) return t_verify_[(size_t) j].ms;
+            if (t[(size_t) j].ms >= 0.0) return t[(size_t) j].ms;
         }
-        return std::max(t_plain_.ms, 0.0);
+        return otherwise;
     };
-    if (k == 0) return t_plain_.ms >= 0.0 ? t_plain_.ms : verify(1);
-    return std::max(t_draft_.ms, 0.0) + verify(k);
+    if (k == 0) return std::max(t_plain_.ms, 0.0);
+    return nearest_below(t_draft_, k, 0.0) + nearest_below(t_verify_, k, std::max(t_plain_.ms, 0.0));
 }
 
 uint32_t DraftLengthController::choose() {
@@ -114,7 +115,7 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
         if (i < accepted) accepted_[i] += 1.0;
     }
     for (uint32_t i = 0; i < cap_; ++i) accept_[i] = accepted_[i] / reached_[i];
-    t_draft_.observe(draft_ms);
+    t_draft_[k].observe(draft_ms);
     t_verify_[k].observe(verify_ms);
 }
 

@@ -52,8 +52,6 @@ void set_threads(ggml_backend_t backend, int n_threads) {
 // in one transfer (on a GPU every transfer is a synchronisation). Unplaced, set/get go tensor by tensor.
 class Packed {
   public:
-    void clear() { *this = Packed{}; }
-
     void place(ggml_context * ctx, ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & ts) {
         const size_t align = ggml_backend_buft_get_alignment(buft);
         size_t size = 0;
@@ -142,10 +140,20 @@ struct Drafter::Impl {
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
     };
-    BlockGraph bg;
-    Packed bg_in, bg_out;  // the block graph's inputs and small outputs, each moved in one transfer
-    ggml_context_ptr block_ctx;
-    std::vector<uint8_t> block_meta, inject_meta;  // metadata arenas of the two graphs
+    // A built block graph with its own metadata arena and transfer buffers. The current window's graphs
+    // are kept, one per head-rows bucket, so that a draft length the loop comes back to is not rebuilt
+    // (and a backend such as CUDA keeps one device graph per bucket).
+    struct BlockVariant {
+        std::vector<uint8_t> meta;
+        ggml_context_ptr ctx;
+        BlockGraph bg;
+        Packed in, out;  // the inputs and the small outputs, each moved in one transfer
+    };
+    std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
+    uint32_t variants_window = 0;
+    BlockVariant * active = nullptr;  // the variant the block scheduler holds allocated
+    size_t meta_bytes = 0;
+    std::vector<uint8_t> inject_meta;
     std::vector<ggml_fp16_t> mask_host;
     DrafterCounters counters;
     size_t reserved_bytes = 0;
@@ -251,11 +259,13 @@ struct Drafter::Impl {
 
     // The block [anchor, MASK...] at positions n..n+B-1 attends to cache rows [0, window) through a mask
     // (the context, the block itself, never the stale rows after it); the rows still pending are written first.
-    void build_block(uint32_t window, uint32_t head_first, uint32_t head_rows) {
+    void build_block(BlockVariant & v, uint32_t window, uint32_t head_first, uint32_t head_rows) {
         const DraftHparams & h = hp();
         const uint32_t B = h.block_size;
-        block_ctx = new_ctx(block_meta);
-        ggml_context * ctx = block_ctx.get();
+        v.meta.resize(meta_bytes);
+        v.ctx = new_ctx(v.meta);
+        ggml_context * ctx = v.ctx.get();
+        BlockGraph & bg = v.bg;
         bg = BlockGraph{};
         bg.window = window;
         bg.head_first = head_first;
@@ -367,25 +377,37 @@ struct Drafter::Impl {
         return std::min(n_ctx, (end + unit - 1) / unit * unit);
     }
 
-    // (re)builds and allocates the block graph when its window or head rows change; otherwise it stays allocated
-    void ensure_block(uint32_t window, uint32_t head_first, uint32_t head_rows) {
-        if (bg.window == window && bg.head_first == head_first && bg.head_rows == head_rows) return;
-        bg_in.clear();
-        bg_out.clear();
-        build_block(window, head_first, head_rows);
-        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-        std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx, bg.tokens,
-                                         bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
-        if (bg.anchor) in.push_back(bg.anchor);
-        bg_in.place(block_ctx.get(), buft, in);
-        std::vector<ggml_tensor *> out = {bg.argmax};
-        if (bg.cand) out.insert(out.end(), {bg.cand, bg.unary, bg.scores});
-        // an output placed on the device must be computed there: only pack them when the device runs them all
-        if (std::all_of(out.begin(), out.end(), [&](ggml_tensor * t) { return ggml_backend_dev_supports_op(dev, t); })) {
-            bg_out.place(block_ctx.get(), buft, out);
+    // the block graph for a window and head rows: built once per window and bucket, (re)allocated when the
+    // scheduler held another one; a draft step that repeats the last one's shape does neither
+    BlockVariant & ensure_block(uint32_t window, uint32_t head_first, uint32_t head_rows) {
+        if (window != variants_window) {
+            active = nullptr;
+            variants.clear();
+            variants_window = window;
         }
-        counters.graphs_built++;
-        alloc(sched_block.get(), bg.gf);
+        std::unique_ptr<BlockVariant> & v = variants[head_first << 16 | head_rows];
+        if (!v) {
+            v = std::make_unique<BlockVariant>();
+            build_block(*v, window, head_first, head_rows);
+            const BlockGraph & bg = v->bg;
+            ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
+            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx, bg.tokens,
+                                             bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
+            if (bg.anchor) in.push_back(bg.anchor);
+            v->in.place(v->ctx.get(), buft, in);
+            std::vector<ggml_tensor *> out = {bg.argmax};
+            if (bg.cand) out.insert(out.end(), {bg.cand, bg.unary, bg.scores});
+            // an output placed on the device must be computed there: only pack them when the device runs them all
+            if (std::all_of(out.begin(), out.end(), [&](ggml_tensor * t) { return ggml_backend_dev_supports_op(dev, t); })) {
+                v->out.place(v->ctx.get(), buft, out);
+            }
+            counters.graphs_built++;
+        }
+        if (active != v.get()) {
+            alloc(sched_block.get(), v->bg.gf);
+            active = v.get();
+        }
+        return *v;
     }
 
     void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf) {
@@ -421,10 +443,9 @@ struct Drafter::Impl {
             InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
             if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
         }
-        build_block(n_ctx, 0, hp().block_size);
-        if (!ggml_backend_sched_reserve(sched_block.get(), bg.gf)) throw Error("cannot reserve the block graph");
-        bg = BlockGraph{};
-        block_ctx.reset();
+        BlockVariant worst;
+        build_block(worst, n_ctx, 0, hp().block_size);
+        if (!ggml_backend_sched_reserve(sched_block.get(), worst.bg.gf)) throw Error("cannot reserve the block graph");
         reserved_bytes = compute_buffer_bytes();
     }
 
@@ -583,7 +604,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     }
     const size_t meta = ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false);
     m.inject_meta.resize(meta);
-    m.block_meta.resize(meta);
+    m.meta_bytes = meta;
     m.reserve();
 }
 
@@ -655,12 +676,18 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
 
     const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
-    const uint32_t head_first = all_rows ? 0 : 1, head_rows = all_rows ? B : std::max(n, 1u);
-    m.ensure_block(m.window_for(ctx_end + B), head_first, head_rows);
-    m.counters.window_last = m.bg.window;
-    const Impl::BlockGraph & bg = m.bg;
+    // the head rows of a short draft, rounded up to a power of two: few graphs cover every draft length
+    uint32_t head_first = 0, head_rows = B;
+    if (!all_rows) {
+        head_first = 1;
+        for (head_rows = 1; head_rows < n; head_rows *= 2) {}
+        head_rows = std::min(head_rows, B - 1);
+    }
+    Impl::BlockVariant & v = m.ensure_block(m.window_for(ctx_end + B), head_first, head_rows);
+    m.counters.window_last = v.bg.window;
+    const Impl::BlockGraph & bg = v.bg;
     const size_t width = h.n_target_features();
-    Packed & in = m.bg_in;
+    Packed & in = v.in;
     {
         // pending context rows, padded to B rows that write the scratch row
         std::vector<float> feat((size_t) B * width, 0.0f);
@@ -694,7 +721,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
     in.upload();
     m.run(m.sched_block.get(), bg.gf);
-    m.bg_out.download();
+    v.out.download();
     m.n_cached = ctx_end;
     m.n_pending = 0;
     m.pending.clear();
@@ -703,7 +730,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     r.block_size = B;
     r.first_row = head_first;
     r.argmax.resize(head_rows);
-    m.bg_out.get(bg.argmax, r.argmax.data(), head_rows * sizeof(int32_t));
+    v.out.get(bg.argmax, r.argmax.data(), head_rows * sizeof(int32_t));
     if (want_logits) {
         r.logits.resize((size_t) head_rows * h.n_vocab);
         ggml_backend_tensor_get(bg.logits, r.logits.data(), 0, r.logits.size() * sizeof(float));
@@ -718,9 +745,9 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     r.top_k = k;
     std::vector<int32_t> cand((size_t) k * rows);
     std::vector<float> unary((size_t) k * rows), raw((size_t) k * k * rows);
-    m.bg_out.get(bg.cand, cand.data(), cand.size() * sizeof(int32_t));
-    m.bg_out.get(bg.unary, unary.data(), unary.size() * sizeof(float));
-    m.bg_out.get(bg.scores, raw.data(), raw.size() * sizeof(float));
+    v.out.get(bg.cand, cand.data(), cand.size() * sizeof(int32_t));
+    v.out.get(bg.unary, unary.data(), unary.size() * sizeof(float));
+    v.out.get(bg.scores, raw.data(), raw.size() * sizeof(float));
 
     std::vector<uint32_t> perm((size_t) k * rows);  // perm[t][j] = raw index of sorted candidate j
     for (uint32_t t = 0; t < rows; ++t) {

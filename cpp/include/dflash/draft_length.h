@@ -4,7 +4,7 @@
 // the cost of a plain decode, of a draft step and of verifying k tokens.
 // Expected tokens per second of verifying k drafts:
 //     E(k) / T(k),  E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
-//     T(k) = t_draft + t_verify(k)  (T(0) = t_plain, no drafting)
+//     T(k) = t_draft(k) + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
 // nondeterministic), optimistic where it has seen little: each a_j is taken at
 // an upper confidence bound that shrinks as drafts are observed, and a cost not
@@ -50,8 +50,8 @@ class DraftLengthController {
     Mode mode_ = Mode::Fixed;
     uint32_t n_max_;
     std::vector<double> reached_, accepted_, accept_;  // decayed counts and their ratio, positions 1..cap
-    std::vector<Cost> t_verify_;                        // [k]
-    Cost t_draft_, t_plain_;
+    std::vector<Cost> t_draft_, t_verify_;              // [k]
+    Cost t_plain_;
     uint32_t plain_run_ = 0;
     uint32_t probe_every_;
 };
