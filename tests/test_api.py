@@ -364,3 +364,15 @@ def test_two_objects_two_threads(draft: str, spec: SpeculativeLlama, baseline: d
         assert not isinstance(results[k], BaseException), results[k]
         for (i, mode, _), toks in results[k].items():
             assert toks == (baseline[i] if mode == "greedy" else want_sampled[i]), (k, i, mode)
+
+
+def test_default_draft_device_follows_the_target() -> None:
+    """device="auto" puts the drafter where the target's layers are: the CPU when none are offloaded
+    (a CPU-only run never wakes a GPU), ggml's first GPU when some are; a named device is kept."""
+    from dflash_gguf.speculative import draft_device_for
+
+    assert draft_device_for("auto", 0) == "cpu"
+    assert draft_device_for("auto", 99) == "auto"
+    assert draft_device_for("auto", -1) == "auto"
+    assert draft_device_for("CUDA0", 0) == "CUDA0"
+    assert draft_device_for("cpu", 99) == "cpu"

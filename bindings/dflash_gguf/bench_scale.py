@@ -81,10 +81,11 @@ def measure(s: ScaleSize, target: Path, draft: Path, *, context: int, repeat: in
     """Interleaved rounds of: draft and verify of k = 1..B-1 tokens, plain; the summary of one size.
     A draft of k tokens runs the LM head for k rows only, so its cost is measured per k too."""
     from . import Drafter
+    from .speculative import draft_device_for
     from .verify_timing import Verifier, load_model, runtime_flash_attn
 
     ks = list(range(1, s.block_size))
-    drafter = Drafter(str(draft), str(target), device=device, n_threads=threads,
+    drafter = Drafter(str(draft), str(target), device=draft_device_for(device, n_gpu_layers), n_threads=threads,
                       n_ctx=(context + 2 * s.block_size + 255) // 256 * 256)
     hp, draft_device = drafter.hparams, drafter.device
     width = hp["target_hidden"] * len(hp["target_layers"])

@@ -52,7 +52,7 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size.")
 @click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")
 @click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = all cores).")
-@click.option("--device", default="auto", show_default=True, help="ggml device for the drafter (auto, cpu, CUDA0, ...).")
+@click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ...")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,
@@ -110,7 +110,7 @@ def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, 
 @click.option("--seed", default=0, show_default=True, help="Base RNG seed (per prompt: seed + index + 1000*round).")
 @click.option("--ctx-size", "-c", default=2048, show_default=True, help="Context size for every system.")
 @click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")
-@click.option("--device", default="auto", show_default=True, help="ggml device for our drafter.")
+@click.option("--device", default="auto", show_default=True, help="ggml device for our drafter (auto: where the target's layers are).")
 @click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
               help="Which exact q our draft tokens are sampled from at temperature > 0.")
 @click.option("--server-binary", type=click.Path(dir_okay=False),

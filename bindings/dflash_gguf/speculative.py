@@ -49,6 +49,14 @@ class GenerationStats:
         )
 
 
+def draft_device_for(device: str, n_gpu_layers: int) -> str:
+    """device="auto": the drafter goes where the target's layers are (the first GPU when any are
+    offloaded, else the CPU), so a CPU-only run never wakes a GPU; a named device is kept."""
+    if device == "auto" and n_gpu_layers == 0:
+        return "cpu"
+    return device
+
+
 def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     """n_max as (cap, adaptive): "auto" lets the loop choose per step (cap block_size - 1)."""
     if n_max == "auto":
@@ -103,7 +111,8 @@ class SpeculativeLlama:
             cap, adaptive = _parse_n_max(n_max)
             _core = Speculator(
                 target, draft, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                device=device, n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback,
+                device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive, draft_q=draft_q,
+                fallback=fallback,
             )
         self._spec = _core
         self.model_path = target
@@ -128,8 +137,10 @@ class SpeculativeLlama:
         except AttributeError as e:
             raise ValueError(f"from_llama needs a llama_cpp.Llama instance, got {type(llm).__name__}") from e
         cap, adaptive = _parse_n_max(n_max)
-        core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0), device=device,
-                                n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback)
+        n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
+        core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0),
+                                device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive,
+                                draft_q=draft_q, fallback=fallback)
         # llama_cpp.Llama keeps its own idea of what its KV cache holds; ours differs now
         llm.n_tokens = 0
         obj = cls(path, draft, n_max=n_max, _core=core)
