@@ -10,7 +10,7 @@
 # The device tool returns at most 8 files from $OUT: run it as
 #   bash scripts/gpu_check.sh 2>&1 | tee $OUT/all.txt
 # (all.txt holds every table); 7 more are written below; build logs stay in
-# $LOGS and are shown when a build fails. Carry .gpu (see .git/info/exclude).
+# $LOGS and are shown when a build fails. Carry .gpu, made by scripts/make_gpu_bundle.sh.
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOGS=/tmp/gpu_logs; mkdir -p "$LOGS"
