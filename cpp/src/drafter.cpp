@@ -1,17 +1,16 @@
 #include "dflash/drafter.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <map>
 #include <cmath>
+#include <cstdlib>
+#include <map>
 #include <numeric>
 #include <thread>
 
 #include "dflash/error.h"
 #include "ggml-cpu.h"
+#include "op_profile.h"
+#include "packed_tensors.h"
 
 namespace dflash {
 
@@ -47,61 +46,6 @@ void set_threads(ggml_backend_t backend, int n_threads) {
     auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
     if (fn) fn(backend, n_threads);
 }
-
-// Tensors placed back to back in one buffer of the device, with a host mirror, so that all of them move
-// in one transfer (on a GPU every transfer is a synchronisation). Unplaced, set/get go tensor by tensor.
-class Packed {
-  public:
-    void place(ggml_context * ctx, ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & ts) {
-        const size_t align = ggml_backend_buft_get_alignment(buft);
-        size_t size = 0;
-        for (ggml_tensor * t : ts) {
-            size = (size + align - 1) / align * align;
-            offsets_.push_back(size);
-            size += ggml_backend_buft_get_alloc_size(buft, t);
-        }
-        buf_.reset(ggml_backend_buft_alloc_buffer(buft, size));
-        if (!buf_) throw Error("cannot allocate " + std::to_string(size) + " bytes for the draft graph's inputs/outputs");
-        char * base = (char *) ggml_backend_buffer_get_base(buf_.get());
-        blob_ = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) size);
-        check(ggml_backend_tensor_alloc(buf_.get(), blob_, base));
-        for (size_t i = 0; i < ts.size(); ++i) check(ggml_backend_tensor_alloc(buf_.get(), ts[i], base + offsets_[i]));
-        tensors_ = ts;
-        host_.assign(size, 0);
-    }
-
-    // host memory standing for t's data until upload() (t must be placed, or the bytes go directly)
-    void set(ggml_tensor * t, const void * data, size_t bytes) {
-        if (!blob_) return ggml_backend_tensor_set(t, data, 0, bytes);
-        std::memcpy(host(t), data, bytes);
-    }
-    void upload() {
-        if (blob_) ggml_backend_tensor_set(blob_, host_.data(), 0, host_.size());
-    }
-    void download() {
-        if (blob_) ggml_backend_tensor_get(blob_, host_.data(), 0, host_.size());
-    }
-    void get(ggml_tensor * t, void * data, size_t bytes) {
-        if (!blob_) return ggml_backend_tensor_get(t, data, 0, bytes);
-        std::memcpy(data, host(t), bytes);
-    }
-
-  private:
-    static void check(ggml_status st) {
-        if (st != GGML_STATUS_SUCCESS) throw Error("cannot place a draft graph tensor in its buffer");
-    }
-    uint8_t * host(ggml_tensor * t) {
-        for (size_t i = 0; i < tensors_.size(); ++i) {
-            if (tensors_[i] == t) return host_.data() + offsets_[i];
-        }
-        throw Error(std::string("internal: tensor ") + ggml_get_name(t) + " is not packed");
-    }
-    std::vector<ggml_tensor *> tensors_;
-    std::vector<size_t> offsets_;
-    ggml_backend_buffer_ptr buf_;
-    ggml_tensor * blob_ = nullptr;
-    std::vector<uint8_t> host_;
-};
 
 }  // namespace
 
@@ -420,7 +364,7 @@ struct Drafter::Impl {
     }
 
     void run(ggml_backend_sched_t sched, ggml_cgraph * gf) {
-        prof_t0 = std::chrono::steady_clock::now();
+        profile.start();
         if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
             throw Error("draft graph compute failed on " + std::string(ggml_backend_dev_name(dev)));
         }
@@ -488,37 +432,7 @@ struct Drafter::Impl {
         pending.clear();
     }
 
-    // DFLASH_PROFILE=1: the scheduler computes node by node and each node's time is summed per op
-    // (the per-node callbacks add overhead, so compare shares, not totals); the table prints at exit
-    struct OpProfile { double ms = 0; uint64_t n = 0; };
-    std::map<std::string, OpProfile> profile;
-    std::chrono::steady_clock::time_point prof_t0;
-    static bool profile_cb(ggml_tensor * t, bool ask, void * ud) {
-        auto * m = static_cast<Impl *>(ud);
-        if (ask) return true;
-        std::string key = ggml_op_desc(t);
-        if (t->op == GGML_OP_MUL_MAT) {
-            key += std::string(" ") + ggml_type_name(t->src[0]->type) + " " + std::to_string(t->src[0]->ne[0]) + "x" +
-                   std::to_string(t->src[0]->ne[1]) + "x" + std::to_string(t->src[1]->ne[1]);
-        }
-        OpProfile & e = m->profile[key];
-        e.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - m->prof_t0).count();
-        e.n++;
-        m->prof_t0 = std::chrono::steady_clock::now();
-        return true;
-    }
-    ~Impl() {
-        if (profile.empty()) return;
-        std::vector<std::pair<std::string, OpProfile>> v(profile.begin(), profile.end());
-        std::sort(v.begin(), v.end(), [](const auto & a, const auto & b) { return a.second.ms > b.second.ms; });
-        double total = 0;
-        for (const auto & e : v) total += e.second.ms;
-        std::fprintf(stderr, "dflash draft graph profile (DFLASH_PROFILE): %.3f ms in nodes\n", total);
-        for (const auto & e : v) {
-            std::fprintf(stderr, "  %-44s %10.3f ms %5.1f%%  x%llu\n", e.first.c_str(), e.second.ms,
-                         100.0 * e.second.ms / total, (unsigned long long) e.second.n);
-        }
-    }
+    OpProfile profile;  // DFLASH_PROFILE=1 only
 };
 
 Drafter::Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts)
@@ -600,7 +514,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     for (ggml_backend_t b : backends) bufts.push_back(ggml_backend_get_default_buffer_type(b));
     for (ggml_backend_sched_ptr * s : {&m.sched_inject, &m.sched_block}) {
         s->reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize, false, true));
-        if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s->get(), &Impl::profile_cb, &m);
+        if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s->get(), &OpProfile::callback, &m.profile);
     }
     const size_t meta = ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false);
     m.inject_meta.resize(meta);
