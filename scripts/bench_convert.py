@@ -124,22 +124,14 @@ def make_bench_checkpoint(root: Path, size_gb: float, seed: int = 0) -> dict[str
     (draft / "config.json").write_text(json.dumps(config, indent=1))
 
     # a metadata-only target GGUF: sizes + a byte-level BPE tokenizer of the same vocabulary
-    sys.path.insert(0, str(ROOT / "tests"))
-    from factories import synthetic_bpe_vocab
+    from dflash_gguf.scale_models import add_tokenizer
     from gguf import GGUFWriter
 
-    tokens, types, merges = synthetic_bpe_vocab(vocab)
     target = root / "target-meta.gguf"
     w = GGUFWriter(target, "qwen3")
     w.add_block_count(n_target)
     w.add_embedding_length(h)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
+    add_tokenizer(w, vocab)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

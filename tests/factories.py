@@ -260,41 +260,6 @@ def _merge(dst: dict[str, Any], overrides: Mapping[str, Any] | None) -> None:
 # tiny Qwen3 target GGUF
 # ----------------------------------------------------------------------------
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable unicode character table."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
-
-
-def synthetic_bpe_vocab(vocab: int) -> tuple[list[str], list[int], list[str]]:
-    """A GPT-2-style byte-level BPE: 2 control tokens, 256 byte tokens, then 2-letter merges."""
-    if vocab < 258:
-        raise ValueError("vocab must be >= 258 (2 control tokens + 256 bytes)")
-    byte_chars = list(_bytes_to_unicode().values())
-    tokens = ["<|endoftext|>", "<|mask|>"] + byte_chars
-    types = [3, 3] + [1] * 256  # CONTROL, NORMAL
-    letters = "etaoinshrdlcumwfgypbvkjxqz"
-    merges: list[str] = []
-    for a in letters:
-        for b in letters:
-            if len(tokens) >= vocab:
-                break
-            tokens.append(a + b)
-            types.append(1)
-            merges.append(f"{a} {b}")
-    while len(tokens) < vocab:  # beyond 26*26 merges: unused filler tokens
-        tokens.append(f"<|unused{len(tokens)}|>")
-        types.append(5)  # UNUSED
-    return tokens, types, merges
-
-
 def make_target_gguf(
     path: Path | str,
     *,
@@ -319,35 +284,15 @@ def make_target_gguf(
     ``dtype`` "f32" or "f16" for the 2-D weights (norms stay F32).
     Returns {GGUF tensor name: float32 array (torch order)} as stored.
     """
+    from dflash_gguf.scale_models import add_qwen3_header
     from gguf import GGMLQuantizationType, GGUFWriter
 
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens, types, merges = synthetic_bpe_vocab(vocab)
-
     w = GGUFWriter(path, "qwen3")
-    w.add_type("model")
-    w.add_name("tiny random qwen3 target")
-    w.add_file_type(1 if dtype == "f16" else 0)
-    w.add_context_length(context_length)
-    w.add_embedding_length(hidden)
-    w.add_block_count(n_layers)
-    w.add_feed_forward_length(ff)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(rope_theta)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(0)
-    w.add_pad_token_id(0)
-    w.add_add_bos_token(False)
+    add_qwen3_header(w, name="tiny random qwen3 target", hidden=hidden, n_layers=n_layers, ff=ff, heads=heads,
+                     kv_heads=kv_heads, head_dim=head_dim, rope_theta=rope_theta, vocab=vocab,
+                     context_length=context_length, file_type=1 if dtype == "f16" else 0)
 
     def mat(shape: tuple[int, ...]) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)

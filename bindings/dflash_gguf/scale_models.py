@@ -133,26 +133,9 @@ def synthetic_vocab(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
     return tokens, types, merges
 
 
-def write_target_gguf(path: Path, s: ScaleSize, seed: int = 0) -> None:
-    """A random Qwen3 target: F16 matrices, F32 norms of 1, synthetic vocabulary."""
-    from gguf import GGMLQuantizationType, GGUFWriter
-
-    rng = np.random.default_rng(seed)
-    tokens, types, merges = synthetic_vocab(s.vocab)
-    w = GGUFWriter(path, "qwen3")
-    w.add_type("model")
-    w.add_name(f"dflash-gguf random qwen3 {s.name} ({s.key()})")
-    w.add_file_type(1)  # mostly F16
-    w.add_context_length(40960)
-    w.add_embedding_length(s.hidden)
-    w.add_block_count(s.n_layers)
-    w.add_feed_forward_length(s.ff)
-    w.add_head_count(s.n_heads)
-    w.add_head_count_kv(s.n_kv_heads)
-    w.add_key_length(s.head_dim)
-    w.add_value_length(s.head_dim)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(s.rope_theta)
+def add_tokenizer(w: Any, n_vocab: int) -> None:
+    """The synthetic GPT-2 vocabulary's keys (bos = eos = pad = <|endoftext|>, no BOS added)."""
+    tokens, types, merges = synthetic_vocab(n_vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")  # libllama 0.3.36 rejects "gpt2" here
     w.add_token_list(tokens)
@@ -162,6 +145,36 @@ def write_target_gguf(path: Path, s: ScaleSize, seed: int = 0) -> None:
     w.add_eos_token_id(0)
     w.add_pad_token_id(0)
     w.add_add_bos_token(False)
+
+
+def add_qwen3_header(w: Any, *, name: str, hidden: int, n_layers: int, ff: int, heads: int, kv_heads: int,
+                     head_dim: int, rope_theta: float, vocab: int, context_length: int, file_type: int) -> None:
+    """Every key but the tensors that libllama needs to load a qwen3 target (a gguf.GGUFWriter)."""
+    w.add_type("model")
+    w.add_name(name)
+    w.add_file_type(file_type)
+    w.add_context_length(context_length)
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(ff)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(rope_theta)
+    add_tokenizer(w, vocab)
+
+
+def write_target_gguf(path: Path, s: ScaleSize, seed: int = 0) -> None:
+    """A random Qwen3 target: F16 matrices, F32 norms of 1, synthetic vocabulary."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(path, "qwen3")
+    add_qwen3_header(w, name=f"dflash-gguf random qwen3 {s.name} ({s.key()})", hidden=s.hidden,
+                     n_layers=s.n_layers, ff=s.ff, heads=s.n_heads, kv_heads=s.n_kv_heads, head_dim=s.head_dim,
+                     rope_theta=s.rope_theta, vocab=s.vocab, context_length=40960, file_type=1)  # mostly F16
     shapes = target_tensor_shapes(s)
     F16, F32 = GGMLQuantizationType.F16, GGMLQuantizationType.F32
     for name, shape in shapes.items():
