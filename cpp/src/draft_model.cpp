@@ -28,7 +28,7 @@ constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxHeadDim = 1024;
 constexpr int64_t kMaxVocab = 1 << 22;
 constexpr int64_t kMinBlock = 2;
-constexpr int64_t kMaxBlock = 32;
+constexpr int64_t kMaxBlock = kMaxBlockSize;
 constexpr int64_t kMaxTargetLayer = 4096;
 
 struct FileCloser {

@@ -98,7 +98,6 @@ struct Drafter::Impl {
     BlockVariant * active = nullptr;  // the variant the block scheduler holds allocated
     size_t meta_bytes = 0;
     std::vector<uint8_t> inject_meta;
-    std::vector<ggml_fp16_t> mask_host;
     DrafterCounters counters;
     size_t reserved_bytes = 0;
 
@@ -143,14 +142,13 @@ struct Drafter::Impl {
 
     int64_t kv_width() const { return (int64_t) hp().head_dim * hp().n_head_kv; }
 
-    // the inputs that place n rows at cache rows `rows`: idx = rows, vidx as store_kv describes
-    void set_rows_inputs(Packed & in, ggml_tensor * idx, ggml_tensor * vidx, const std::vector<int64_t> & rows) {
+    // store_kv's inputs for n rows going to cache rows rows[0..n): idx = rows, vidx[r][e] = e * (n_ctx + 1) + rows[r]
+    void fill_rows(int64_t * idx, int64_t * vidx, const int64_t * rows, size_t n) const {
         const int64_t width = kv_width();
-        std::vector<int64_t> v(rows.size() * width);
-        for (size_t r = 0; r < rows.size(); ++r)
-            for (int64_t e = 0; e < width; ++e) v[r * width + e] = e * (n_ctx + 1) + rows[r];
-        in.set(idx, rows.data(), rows.size() * sizeof(int64_t));
-        in.set(vidx, v.data(), v.size() * sizeof(int64_t));
+        for (size_t r = 0; r < n; ++r) {
+            idx[r] = rows[r];
+            for (int64_t e = 0; e < width; ++e) vidx[r * width + e] = e * (n_ctx + 1) + rows[r];
+        }
     }
 
     // context rows: g = hidden_norm(fc(features)), then each layer's K/V of g into the cache
@@ -411,13 +409,14 @@ struct Drafter::Impl {
             counters.graphs_built++;
             alloc(sched_inject.get(), ig.gf);
             std::vector<int32_t> pos(chunk);
-            std::vector<int64_t> rows(chunk);
+            std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t) chunk * kv_width());
             std::iota(pos.begin(), pos.end(), (int32_t) n_cached);
             std::iota(rows.begin(), rows.end(), (int64_t) n_cached);
+            fill_rows(idx.data(), vidx.data(), rows.data(), chunk);
             ggml_backend_tensor_set(ig.feat, features + done * width, 0, chunk * width * sizeof(float));
             ggml_backend_tensor_set(ig.pos, pos.data(), 0, chunk * sizeof(int32_t));
-            Packed direct;  // the inject graph's inputs go tensor by tensor
-            set_rows_inputs(direct, ig.idx, ig.vidx, rows);
+            ggml_backend_tensor_set(ig.idx, idx.data(), 0, idx.size() * sizeof(int64_t));
+            ggml_backend_tensor_set(ig.vidx, vidx.data(), 0, vidx.size() * sizeof(int64_t));
             run(sched_inject.get(), ig.gf);
             n_cached += chunk;
             done += chunk;
@@ -600,38 +599,39 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     Impl::BlockVariant & v = m.ensure_block(m.window_for(ctx_end + B), head_first, head_rows);
     m.counters.window_last = v.bg.window;
     const Impl::BlockGraph & bg = v.bg;
-    const size_t width = h.n_target_features();
+    // the inputs, written straight into the one upload
     Packed & in = v.in;
     {
-        // pending context rows, padded to B rows that write the scratch row
-        std::vector<float> feat((size_t) B * width, 0.0f);
-        std::copy(m.pending.begin(), m.pending.end(), feat.begin());
-        std::vector<int32_t> ctx_pos(B, 0);
-        std::vector<int64_t> ctx_rows(B, (int64_t) m.n_ctx);
-        for (uint32_t i = 0; i < m.n_pending; ++i) ctx_pos[i] = (int32_t) (m.n_cached + i), ctx_rows[i] = m.n_cached + i;
-        in.set(bg.ctx_feat, feat.data(), feat.size() * sizeof(float));
-        in.set(bg.ctx_pos, ctx_pos.data(), B * sizeof(int32_t));
-        m.set_rows_inputs(in, bg.ctx_idx, bg.ctx_vidx, ctx_rows);
-    }
-    std::vector<int32_t> tokens(B, h.mask_token_id), pos(B);
-    std::vector<int64_t> blk_rows(B);
-    tokens[0] = anchor;
-    std::iota(pos.begin(), pos.end(), position);
-    std::iota(blk_rows.begin(), blk_rows.end(), (int64_t) ctx_end);
-    in.set(bg.tokens, tokens.data(), B * sizeof(int32_t));
-    in.set(bg.pos, pos.data(), B * sizeof(int32_t));
-    m.set_rows_inputs(in, bg.blk_idx, bg.blk_vidx, blk_rows);
-    if (bg.anchor) in.set(bg.anchor, &anchor, sizeof(int32_t));
-    {
+        // pending context rows; the padding rows up to B write the scratch row (their features: whatever
+        // the buffer held, finite)
+        std::copy(m.pending.begin(), m.pending.end(), in.host<float>(bg.ctx_feat));
+        int32_t * ctx_pos = in.host<int32_t>(bg.ctx_pos);
+        int64_t rows[kMaxBlockSize];
+        for (uint32_t i = 0; i < B; ++i) {
+            const bool real = i < m.n_pending;
+            ctx_pos[i] = real ? (int32_t) (m.n_cached + i) : 0;
+            rows[i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
+        }
+        m.fill_rows(in.host<int64_t>(bg.ctx_idx), in.host<int64_t>(bg.ctx_vidx), rows, B);
+        int32_t * tokens = in.host<int32_t>(bg.tokens);
+        int32_t * pos = in.host<int32_t>(bg.pos);
+        for (uint32_t i = 0; i < B; ++i) {
+            tokens[i] = i == 0 ? anchor : h.mask_token_id;
+            pos[i] = position + (int32_t) i;
+            rows[i] = (int64_t) (ctx_end + i);
+        }
+        m.fill_rows(in.host<int64_t>(bg.blk_idx), in.host<int64_t>(bg.blk_vidx), rows, B);
+        if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
         // row i sees the context, and the block's rows (all of them, or j <= i when causal); nothing after
         const uint32_t W = bg.window;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-        m.mask_host.assign((size_t) W * B, ninf);
+        ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask);
         for (uint32_t i = 0; i < B; ++i) {
-            ggml_fp16_t * row = &m.mask_host[(size_t) i * W];
-            std::fill(row, row + ctx_end + (h.causal ? i + 1 : B), zero);
+            ggml_fp16_t * row = mask + (size_t) i * W;
+            const uint32_t seen = ctx_end + (h.causal ? i + 1 : B);
+            std::fill(row, row + seen, zero);
+            std::fill(row + seen, row + W, ninf);
         }
-        in.set(bg.mask, m.mask_host.data(), m.mask_host.size() * sizeof(ggml_fp16_t));
     }
     in.upload();
     m.run(m.sched_block.get(), bg.gf);

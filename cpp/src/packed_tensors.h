@@ -11,7 +11,9 @@
 namespace dflash {
 
 // Tensors placed back to back in one buffer of the device, with a host mirror, so that all of them move
-// in one transfer (on a GPU every transfer is a synchronisation). Unplaced, set/get go tensor by tensor.
+// in one transfer (on a GPU every transfer is a synchronisation). Inputs are written straight into the
+// mirror (host<T>), then upload(); outputs are read after download() with get(), which goes tensor by
+// tensor when nothing was placed (a device that cannot compute every output).
 class Packed {
   public:
     void place(ggml_context * ctx, ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & ts) {
@@ -32,11 +34,8 @@ class Packed {
         host_.assign(size, 0);
     }
 
-    // host memory standing for t's data until upload() (t must be placed, or the bytes go directly)
-    void set(ggml_tensor * t, const void * data, size_t bytes) {
-        if (!blob_) return ggml_backend_tensor_set(t, data, 0, bytes);
-        std::memcpy(host(t), data, bytes);
-    }
+    // host memory standing for placed tensor t's data until upload()
+    template <class T> T * host(ggml_tensor * t) { return reinterpret_cast<T *>(mirror(t)); }
     void upload() {
         if (blob_) ggml_backend_tensor_set(blob_, host_.data(), 0, host_.size());
     }
@@ -45,14 +44,14 @@ class Packed {
     }
     void get(ggml_tensor * t, void * data, size_t bytes) {
         if (!blob_) return ggml_backend_tensor_get(t, data, 0, bytes);
-        std::memcpy(data, host(t), bytes);
+        std::memcpy(data, mirror(t), bytes);
     }
 
   private:
     static void check(ggml_status st) {
         if (st != GGML_STATUS_SUCCESS) throw Error("cannot place a draft graph tensor in its buffer");
     }
-    uint8_t * host(ggml_tensor * t) {
+    uint8_t * mirror(ggml_tensor * t) {
         for (size_t i = 0; i < tensors_.size(); ++i) {
             if (tensors_[i] == t) return host_.data() + offsets_[i];
         }

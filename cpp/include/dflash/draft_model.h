@@ -13,6 +13,8 @@
 
 namespace dflash {
 
+constexpr uint32_t kMaxBlockSize = 32;  // dflash.block_size range: 2..kMaxBlockSize
+
 struct DraftHparams {
     int version = 1;                     // 1 = DFlash, 2 = DFlash2 (conv + selector)
     uint32_t n_ctx_train = 0;            // dflash.context_length
