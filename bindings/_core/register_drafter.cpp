@@ -26,6 +26,7 @@ struct PyDrafter {
 py::dict counters_dict(const dflash::DrafterCounters & c) {
     py::dict d;
     d["graphs_built"] = c.graphs_built;
+    d["setup_ms_last"] = c.setup_ms_last;
     d["sched_reallocs"] = c.sched_reallocs;
     d["n_splits_last"] = c.n_splits_last;
     d["window_last"] = c.window_last;
@@ -83,7 +84,8 @@ void register_drafter(py::module_ & m) {
         })
         .def(
             "draft",
-            [](PyDrafter & p, int32_t anchor, int32_t position, int n, bool details, py::object all_rows) -> py::object {
+            [](PyDrafter & p, int32_t anchor, int32_t position, int n, bool details, py::object all_rows,
+               bool short_block) -> py::object {
                 Busy busy(p.mu, "this Drafter");
                 const uint32_t B = p.d->hparams().block_size;
                 const uint32_t n_draft = n < 0 ? B - 1 : (uint32_t) n;
@@ -91,7 +93,7 @@ void register_drafter(py::module_ & m) {
                 dflash::DraftResult r;
                 {
                     py::gil_scoped_release nogil;
-                    r = p.d->draft(anchor, position, n_draft, details, every_row);
+                    r = p.d->draft(anchor, position, n_draft, details, every_row, short_block);
                 }
                 if (!details) return py::cast(r.tokens);
                 py::dict d;
@@ -110,7 +112,7 @@ void register_drafter(py::module_ & m) {
                 return d;
             },
             py::arg("anchor"), py::arg("position"), py::arg("n") = -1, py::arg("details") = false,
-            py::arg("all_rows") = py::none(),
+            py::arg("all_rows") = py::none(), py::arg("short_block") = false,
             "Draft the block [anchor, MASK...] at position..; returns n tokens, or a dict with logits, "
             "candidates, selector scores and the walk's q when details=True. The LM head and the selector "
             "run for block rows 1..n only, or for every row with all_rows (default: details); first_row "

@@ -11,10 +11,6 @@ constexpr double kPrior = 0.25;  // pseudo-counts: acceptance starts at 1/2, and
 // auto mode's optimism: a_j + kOptimism * sqrt(1/4 / drafts seen at j), the bound of a coin of
 // unknown bias, so an estimate from a handful of drafts is not trusted to rule drafting out
 constexpr double kOptimism = 0.5;
-// costs follow a faster measurement at once and a slower one over ~20 steps: one-off slow steps
-// (the OS preempts) do not keep drafting off for long, a cost that really grows still gets through
-constexpr double kAlphaDown = 0.5;
-constexpr double kAlphaUp = 0.05;
 // plain steps between drafted probes: doubles after each probe (so a pair that never pays costs a
 // probe per kProbeMax tokens), back to the first when drafting is chosen on its merits
 constexpr uint32_t kProbeFirst = 16;
@@ -26,7 +22,12 @@ constexpr double kFixedMinGain = 0.35;
 
 void DraftLengthController::Cost::observe(double x) {
     if (n++ == 0) return;  // the first step of a shape: allocation, warm-up
-    ms = ms < 0.0 ? x : ms + (x < ms ? kAlphaDown : kAlphaUp) * (x - ms);
+    recent[(n - 2) % kWindow] = x;
+    const size_t m = (size_t) std::min<uint64_t>(n - 1, kWindow);
+    double sorted[kWindow];
+    std::copy(recent, recent + m, sorted);
+    std::nth_element(sorted, sorted + m / 2, sorted + m);
+    ms = sorted[m / 2];
 }
 
 DraftLengthController::DraftLengthController(uint32_t cap)
@@ -77,30 +78,38 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
 
 uint32_t DraftLengthController::choose() {
     if (mode_ == Mode::FixedNoFallback) return n_max_;
-    uint32_t best = 0;
+    uint32_t best = 0, best_drafted = n_max_;
     if (mode_ == Mode::Fixed) {
         best = expected_tokens(n_max_) - 1.0 >= kFixedMinGain ? n_max_ : 0;
     } else {
-        double best_rate = -1.0;
+        // on the merits: the acceptance as measured; the probe: as it might be
+        double best_rate = -1.0, best_probe_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
             const double cost = expected_cost_ms(k);
-            const double tokens = tokens_at(k, true);
-            const double rate = cost > 0.0 ? tokens / cost : 1e30 * tokens;
-            if (rate > best_rate) {
-                best_rate = rate;
+            auto rate = [&](double tokens) { return cost > 0.0 ? tokens / cost : 1e30 * tokens; };
+            const double r = rate(tokens_at(k, false)), r_probe = rate(tokens_at(k, true));
+            if (r > best_rate) {
+                best_rate = r;
                 best = k;
+            }
+            if (k > 0 && r_probe > best_probe_rate) {
+                best_probe_rate = r_probe;
+                best_drafted = k;
             }
         }
     }
     if (best != 0) {
+        // drafting on its merits: probe sooner again once it stops paying, but not at once after one
+        // lucky probe (each probe that loses costs several plain steps)
         plain_run_ = 0;
-        probe_every_ = kProbeFirst;
+        probe_every_ = std::max(kProbeFirst, probe_every_ / 2);
         return best;
     }
     if (++plain_run_ >= probe_every_) {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);
-        return mode_ == Mode::Fixed ? n_max_ : cap_;  // probe: has the content become draftable?
+        // probe (has the content become draftable?) with the draft length most likely to pay
+        return best_drafted;
     }
     return 0;
 }

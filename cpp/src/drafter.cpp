@@ -1,6 +1,7 @@
 #include "dflash/drafter.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -18,10 +19,12 @@ namespace {
 
 constexpr int kGraphSize = 4096;
 constexpr uint32_t kInjectChunk = 256;  // rows per inject graph; longer prompts are chunked
-// Granularity of the block's attention window (cache rows): a GPU replays an unchanged graph, so its window
-// changes rarely; a CPU pays for every attended row, so its window follows the context closely.
+// Granularity of the block's attention window (cache rows). A window change rebuilds and re-plans every
+// block graph in use (about 1 ms on a CPU for the bundled drafter), while an attended row costs little
+// next to the block rows' matmuls (128 extra rows: ~2% of a tinycode draft step), so windows are wide; a GPU,
+// which replays an unchanged graph as a device graph, even more so.
 constexpr uint32_t kWindowGpu = 256;
-constexpr uint32_t kWindowCpu = 32;
+constexpr uint32_t kWindowCpu = 128;
 
 ggml_backend_dev_t pick_device(const std::string & want) {
     ggml_backend_load_all();  // no-op when the backends are linked in
@@ -58,8 +61,10 @@ struct Drafter::Impl {
     ggml_backend_dev_t dev = nullptr;
     ggml_backend_ptr backend;      // the chosen device
     ggml_backend_ptr backend_cpu;  // fallback for ops the device lacks (null when dev is the CPU)
-    // One scheduler per graph kind, so that a long injection never evicts the block graph's allocation.
-    ggml_backend_sched_ptr sched_inject, sched_block;
+    // The inject graph's scheduler; every block graph shape has its own (BlockVariant), so that neither a
+    // long injection nor another draft length evicts a block graph's allocation.
+    ggml_backend_sched_ptr sched_inject;
+    std::vector<ggml_backend_t> backends;  // the device, then the CPU fallback when the device is not the CPU
 
     // draft context cache per layer: K [head_dim, n_head_kv, n_ctx + 1], V transposed [n_ctx + 1, head_dim,
     // n_head_kv]; row n_ctx is a scratch row that padded writes go to and that no attention window reaches
@@ -78,28 +83,29 @@ struct Drafter::Impl {
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
         uint32_t window = 0;  // attended cache rows; 0 = not built
+        uint32_t rows = 0;      // block rows computed: [anchor, MASK x rows-1] (block_size, or fewer for a short draft)
         uint32_t head_first = 0, head_rows = 0;  // block rows that get logits (and, from row 1, the selector)
         ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to B (scratch row)
         ggml_tensor * tokens, * pos, * blk_idx, * blk_vidx, * mask, * anchor;
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
     };
-    // A built block graph with its own metadata arena and transfer buffers. The current window's graphs
-    // are kept, one per head-rows bucket, so that a draft length the loop comes back to is not rebuilt
-    // (and a backend such as CUDA keeps one device graph per bucket).
+    // One block graph shape (block rows, head rows) with its own scheduler, metadata arena and transfer
+    // buffers: built and allocated once per attention window, so a draft step is set inputs, compute,
+    // read back even when the loop alternates draft lengths (and CUDA keeps one device graph per shape).
     struct BlockVariant {
+        ggml_backend_sched_ptr sched;
+        size_t reserved_bytes = 0;  // its compute buffers after the worst-case (whole cache) reservation
         std::vector<uint8_t> meta;
         ggml_context_ptr ctx;
         BlockGraph bg;
         Packed in, out;  // the inputs and the small outputs, each moved in one transfer
     };
     std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
-    uint32_t variants_window = 0;
-    BlockVariant * active = nullptr;  // the variant the block scheduler holds allocated
     size_t meta_bytes = 0;
     std::vector<uint8_t> inject_meta;
     DrafterCounters counters;
-    size_t reserved_bytes = 0;
+    size_t inject_reserved = 0;
 
     const DraftHparams & hp() const { return model.hp(); }
 
@@ -201,23 +207,25 @@ struct Drafter::Impl {
 
     // The block [anchor, MASK...] at positions n..n+B-1 attends to cache rows [0, window) through a mask
     // (the context, the block itself, never the stale rows after it); the rows still pending are written first.
-    void build_block(BlockVariant & v, uint32_t window, uint32_t head_first, uint32_t head_rows) {
+    void build_block(BlockVariant & v, uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
         const DraftHparams & h = hp();
-        const uint32_t B = h.block_size;
+        const uint32_t B = n_rows;
         v.meta.resize(meta_bytes);
         v.ctx = new_ctx(v.meta);
         ggml_context * ctx = v.ctx.get();
         BlockGraph & bg = v.bg;
         bg = BlockGraph{};
         bg.window = window;
+        bg.rows = n_rows;
         bg.head_first = head_first;
         bg.head_rows = head_rows;
         bg.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
         ggml_cgraph * gf = bg.gf;
-        bg.ctx_feat = input(ctx, GGML_TYPE_F32, h.n_target_features(), B, "inp_ctx_features");
-        bg.ctx_pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_ctx_pos");
-        bg.ctx_idx = input(ctx, GGML_TYPE_I64, B, 0, "inp_ctx_rows");
-        bg.ctx_vidx = input(ctx, GGML_TYPE_I64, kv_width() * B, 0, "inp_ctx_v_elems");
+        const uint32_t P = n_rows;  // pending context rows: at most as many as the block's (else flushed first)
+        bg.ctx_feat = input(ctx, GGML_TYPE_F32, h.n_target_features(), P, "inp_ctx_features");
+        bg.ctx_pos = input(ctx, GGML_TYPE_I32, P, 0, "inp_ctx_pos");
+        bg.ctx_idx = input(ctx, GGML_TYPE_I64, P, 0, "inp_ctx_rows");
+        bg.ctx_vidx = input(ctx, GGML_TYPE_I64, kv_width() * P, 0, "inp_ctx_v_elems");
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
         bg.pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_pos");
         bg.blk_idx = input(ctx, GGML_TYPE_I64, B, 0, "inp_block_rows");
@@ -319,23 +327,36 @@ struct Drafter::Impl {
         return std::min(n_ctx, (end + unit - 1) / unit * unit);
     }
 
-    // the block graph for a window and head rows: built once per window and bucket, (re)allocated when the
-    // scheduler held another one; a draft step that repeats the last one's shape does neither
-    BlockVariant & ensure_block(uint32_t window, uint32_t head_first, uint32_t head_rows) {
-        if (window != variants_window) {
-            active = nullptr;
-            variants.clear();
-            variants_window = window;
-        }
-        std::unique_ptr<BlockVariant> & v = variants[head_first << 16 | head_rows];
+    ggml_backend_sched_ptr new_sched() {
+        std::vector<ggml_backend_buffer_type_t> bufts;
+        for (ggml_backend_t b : backends) bufts.push_back(ggml_backend_get_default_buffer_type(b));
+        ggml_backend_sched_ptr s(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize,
+                                                        false, true));
+        if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s.get(), &OpProfile::callback, &profile);
+        return s;
+    }
+
+    // the block graph of a shape for a window: its scheduler is made (and reserved for the whole cache) at
+    // the shape's first use, its graph built and allocated when the window changes; otherwise nothing to do
+    BlockVariant & ensure_block(uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
+        std::unique_ptr<BlockVariant> & v = variants[n_rows << 16 | head_first << 8 | head_rows];
         if (!v) {
             v = std::make_unique<BlockVariant>();
-            build_block(*v, window, head_first, head_rows);
+            v->sched = new_sched();
+            build_block(*v, n_ctx, n_rows, head_first, head_rows);
+            if (!ggml_backend_sched_reserve(v->sched.get(), v->bg.gf)) throw Error("cannot reserve the block graph");
+            v->reserved_bytes = buffer_bytes(v->sched.get());
+            v->bg.window = 0;  // reserved, not allocated: built again below
+        }
+        if (v->bg.window != window) {
+            build_block(*v, window, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
             std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx, bg.tokens,
                                              bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
             if (bg.anchor) in.push_back(bg.anchor);
+            v->in = Packed();
+            v->out = Packed();
             v->in.place(v->ctx.get(), buft, in);
             std::vector<ggml_tensor *> out = {bg.argmax};
             if (bg.cand) out.insert(out.end(), {bg.cand, bg.unary, bg.scores});
@@ -344,21 +365,25 @@ struct Drafter::Impl {
                 v->out.place(v->ctx.get(), buft, out);
             }
             counters.graphs_built++;
+            alloc(v->sched.get(), v->bg.gf, v->reserved_bytes);
         }
-        if (active != v.get()) {
-            alloc(sched_block.get(), v->bg.gf);
-            active = v.get();
-        }
+        counters.n_splits_last = ggml_backend_sched_get_n_splits(v->sched.get());
         return *v;
     }
 
-    void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf) {
+    // allocates gf in sched; growth past `reserved` (its compute buffers after the worst-case reservation)
+    // is counted, as it means a re-allocation at draft time
+    void alloc(ggml_backend_sched_t sched, ggml_cgraph * gf, size_t & reserved) {
         ggml_backend_sched_reset(sched);
         if (!ggml_backend_sched_alloc_graph(sched, gf)) {
             throw Error("draft graph allocation failed on " + std::string(ggml_backend_dev_name(dev)));
         }
         counters.n_splits_last = ggml_backend_sched_get_n_splits(sched);
-        note_reallocs();
+        const size_t now = buffer_bytes(sched);
+        if (now > reserved) {
+            counters.sched_reallocs++;
+            reserved = now;
+        }
     }
 
     void run(ggml_backend_sched_t sched, ggml_cgraph * gf) {
@@ -368,35 +393,19 @@ struct Drafter::Impl {
         }
     }
 
-    size_t compute_buffer_bytes() const {
+    size_t buffer_bytes(ggml_backend_sched_t sched) const {
         size_t total = 0;
-        for (ggml_backend_sched_t s : {sched_inject.get(), sched_block.get()}) {
-            for (ggml_backend_t b : {backend.get(), backend_cpu.get()}) {
-                if (b) total += ggml_backend_sched_get_buffer_size(s, b);
-            }
-        }
+        for (ggml_backend_t b : backends) total += ggml_backend_sched_get_buffer_size(sched, b);
         return total;
     }
 
     void reserve() {
-        // worst cases: a full inject chunk and a block whose window is the whole cache
-        {
-            auto ctx = new_ctx(inject_meta);
-            InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
-            if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
-        }
-        BlockVariant worst;
-        build_block(worst, n_ctx, 0, hp().block_size);
-        if (!ggml_backend_sched_reserve(sched_block.get(), worst.bg.gf)) throw Error("cannot reserve the block graph");
-        reserved_bytes = compute_buffer_bytes();
-    }
-
-    void note_reallocs() {
-        const size_t now = compute_buffer_bytes();
-        if (now > reserved_bytes) {
-            counters.sched_reallocs++;
-            reserved_bytes = now;
-        }
+        // worst cases: a full inject chunk, and the full block (every row) over the whole cache
+        auto ctx = new_ctx(inject_meta);
+        InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
+        if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
+        inject_reserved = buffer_bytes(sched_inject.get());
+        ensure_block(n_ctx, hp().block_size, 0, hp().block_size);
     }
 
     // writes rows through the inject graph in chunks (long prompts, or more rows than a block carries)
@@ -407,7 +416,7 @@ struct Drafter::Impl {
             auto ctx = new_ctx(inject_meta);
             InjectGraph ig = build_inject(ctx.get(), chunk);
             counters.graphs_built++;
-            alloc(sched_inject.get(), ig.gf);
+            alloc(sched_inject.get(), ig.gf, inject_reserved);
             std::vector<int32_t> pos(chunk);
             std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t) chunk * kv_width());
             std::iota(pos.begin(), pos.end(), (int32_t) n_cached);
@@ -441,10 +450,10 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.backend.reset(ggml_backend_dev_init(m.dev, nullptr));
     if (!m.backend) throw Error(std::string("cannot initialise device ") + ggml_backend_dev_name(m.dev));
     const int n_threads = opts.n_threads > 0 ? opts.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
-    std::vector<ggml_backend_t> backends = {m.backend.get()};
+    m.backends = {m.backend.get()};
     if (ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
         m.backend_cpu.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
-        backends.push_back(m.backend_cpu.get());
+        m.backends.push_back(m.backend_cpu.get());
         set_threads(m.backend_cpu.get(), n_threads);
     } else {
         set_threads(m.backend.get(), n_threads);
@@ -509,12 +518,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         ggml_backend_buffer_clear(m.cache_buf.get(), 0);
     }
 
-    std::vector<ggml_backend_buffer_type_t> bufts;
-    for (ggml_backend_t b : backends) bufts.push_back(ggml_backend_get_default_buffer_type(b));
-    for (ggml_backend_sched_ptr * s : {&m.sched_inject, &m.sched_block}) {
-        s->reset(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize, false, true));
-        if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s->get(), &OpProfile::callback, &m.profile);
-    }
+    m.sched_inject = m.new_sched();
     const size_t meta = ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false);
     m.inject_meta.resize(meta);
     m.meta_bytes = meta;
@@ -571,7 +575,8 @@ void Drafter::truncate(uint32_t n) {
     m.pending.resize((size_t) m.n_pending * m.hp().n_target_features());
 }
 
-DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits, bool all_rows) {
+DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits, bool all_rows,
+                           bool short_block) {
     Impl & m = *impl_;
     const DraftHparams & h = m.hp();
     const uint32_t B = h.block_size;
@@ -589,14 +594,23 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
 
     const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
-    // the head rows of a short draft, rounded up to a power of two: few graphs cover every draft length
-    uint32_t head_first = 0, head_rows = B;
-    if (!all_rows) {
+    // Block rows and head rows. A short block is [anchor, MASK x n] (as llama.cpp's draft-dflash runs it):
+    // the MASK rows after the draft are not computed at all. A full block computes all B rows and the
+    // head for rows 1..n rounded up to a power of two, so that few graphs cover every draft length.
+    uint32_t head_first = 0, head_rows = B, R = B;
+    if (short_block && !all_rows) {
+        head_first = 1;
+        head_rows = std::max(n, 1u);
+        R = head_rows + 1;
+    } else if (!all_rows) {
         head_first = 1;
         for (head_rows = 1; head_rows < n; head_rows *= 2) {}
         head_rows = std::min(head_rows, B - 1);
     }
-    Impl::BlockVariant & v = m.ensure_block(m.window_for(ctx_end + B), head_first, head_rows);
+    const auto t_setup = std::chrono::steady_clock::now();
+    if (m.n_pending > R) m.flush_pending();  // the block graph writes at most R pending rows itself
+    Impl::BlockVariant & v = m.ensure_block(m.window_for(ctx_end + B), R, head_first, head_rows);
+    m.counters.setup_ms_last = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup).count();
     m.counters.window_last = v.bg.window;
     const Impl::BlockGraph & bg = v.bg;
     // the inputs, written straight into the one upload
@@ -607,34 +621,34 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         std::copy(m.pending.begin(), m.pending.end(), in.host<float>(bg.ctx_feat));
         int32_t * ctx_pos = in.host<int32_t>(bg.ctx_pos);
         int64_t rows[kMaxBlockSize];
-        for (uint32_t i = 0; i < B; ++i) {
+        for (uint32_t i = 0; i < R; ++i) {
             const bool real = i < m.n_pending;
             ctx_pos[i] = real ? (int32_t) (m.n_cached + i) : 0;
             rows[i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
         }
-        m.fill_rows(in.host<int64_t>(bg.ctx_idx), in.host<int64_t>(bg.ctx_vidx), rows, B);
+        m.fill_rows(in.host<int64_t>(bg.ctx_idx), in.host<int64_t>(bg.ctx_vidx), rows, R);
         int32_t * tokens = in.host<int32_t>(bg.tokens);
         int32_t * pos = in.host<int32_t>(bg.pos);
-        for (uint32_t i = 0; i < B; ++i) {
+        for (uint32_t i = 0; i < R; ++i) {
             tokens[i] = i == 0 ? anchor : h.mask_token_id;
             pos[i] = position + (int32_t) i;
             rows[i] = (int64_t) (ctx_end + i);
         }
-        m.fill_rows(in.host<int64_t>(bg.blk_idx), in.host<int64_t>(bg.blk_vidx), rows, B);
+        m.fill_rows(in.host<int64_t>(bg.blk_idx), in.host<int64_t>(bg.blk_vidx), rows, R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
         // row i sees the context, and the block's rows (all of them, or j <= i when causal); nothing after
         const uint32_t W = bg.window;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask);
-        for (uint32_t i = 0; i < B; ++i) {
+        for (uint32_t i = 0; i < R; ++i) {
             ggml_fp16_t * row = mask + (size_t) i * W;
-            const uint32_t seen = ctx_end + (h.causal ? i + 1 : B);
+            const uint32_t seen = ctx_end + (h.causal ? i + 1 : R);
             std::fill(row, row + seen, zero);
             std::fill(row + seen, row + W, ninf);
         }
     }
     in.upload();
-    m.run(m.sched_block.get(), bg.gf);
+    m.run(v.sched.get(), bg.gf);
     v.out.download();
     m.n_cached = ctx_end;
     m.n_pending = 0;

@@ -6,11 +6,13 @@
 //     E(k) / T(k),  E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
 //     T(k) = t_draft(k) + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
-// nondeterministic), optimistic where it has seen little: each a_j is taken at
-// an upper confidence bound that shrinks as drafts are observed, and a cost not
+// nondeterministic). A cost is the median of its recent measurements (a shared
+// machine's timings are skewed: preempted steps, and lucky ones) and a cost not
 // yet measured is taken as the nearest cheaper one, so every choice gets tried
 // before it is ruled out; the first measurement of each cost is not believed
-// (a backend's first step of a new shape allocates and warms up). Fixed mode
+// (a backend's first step of a new shape allocates and warms up). Its probes
+// take each a_j at an upper confidence bound that shrinks as drafts are
+// observed, so that little evidence does not rule drafting out. Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
@@ -37,11 +39,12 @@ class DraftLengthController {
     const std::vector<double> & acceptance() const { return accept_; }
 
   private:
-    // a cost: not believed on its first measurement, then an average that follows faster
-    // measurements at once and slower ones gradually
+    // a cost: not believed on its first measurement, then the median of the last few
     struct Cost {
+        static constexpr uint32_t kWindow = 9;
         double ms = -1.0;  // < 0: not measured (beyond the first)
         uint64_t n = 0;
+        double recent[kWindow] = {};
         void observe(double x);
     };
     double tokens_at(uint32_t k, bool optimistic) const;

@@ -45,6 +45,8 @@ struct DrafterCounters {
     uint64_t sched_reallocs = 0;   // compute-buffer growth after the initial reservation
     int n_splits_last = 0;         // backend splits of the last graph (1 = all on one device)
     uint32_t window_last = 0;      // cache rows the last draft step attended to (its graph's fixed window)
+    double setup_ms_last = 0;      // of the last draft step: building / allocating its graph and writing
+                                   // pending rows through the inject graph (one-off work, not the step's own cost)
 };
 
 class Drafter {
@@ -72,8 +74,12 @@ class Drafter {
 
     // Drafts the block [anchor, MASK...] at positions position..position+B-1
     // over the cached context; keeps n <= B-1 tokens. The graph is kept per
-    // (attention window, head rows): alternating all_rows rebuilds it.
-    DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false, bool all_rows = false);
+    // (attention window, block rows, head rows): alternating all_rows rebuilds it.
+    // short_block computes only the rows the draft reads (the head rows' bucket):
+    // cheaper, but the missing MASK rows no longer take part in attention, so the
+    // draft is an approximation of the full block's (verification keeps output exact).
+    DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false, bool all_rows = false,
+                      bool short_block = false);
 
   private:
     struct Impl;
