@@ -12,6 +12,7 @@
 #include "ggml-cpu.h"
 #include "op_profile.h"
 #include "packed_tensors.h"
+#include "thread_pick.h"
 
 namespace dflash {
 
@@ -106,6 +107,9 @@ struct Drafter::Impl {
     std::vector<uint8_t> inject_meta;
     DrafterCounters counters;
     size_t inject_reserved = 0;
+    int n_threads = 1;
+    ThreadPick block_threads{1};  // the draft step's CPU threads (injections use all n_threads)
+    bool on_cpu() const { return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU; }
 
     const DraftHparams & hp() const { return model.hp(); }
 
@@ -417,6 +421,7 @@ struct Drafter::Impl {
             InjectGraph ig = build_inject(ctx.get(), chunk);
             counters.graphs_built++;
             alloc(sched_inject.get(), ig.gf, inject_reserved);
+            if (on_cpu()) set_threads(backend.get(), n_threads);
             std::vector<int32_t> pos(chunk);
             std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t) chunk * kv_width());
             std::iota(pos.begin(), pos.end(), (int32_t) n_cached);
@@ -450,6 +455,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.backend.reset(ggml_backend_dev_init(m.dev, nullptr));
     if (!m.backend) throw Error(std::string("cannot initialise device ") + ggml_backend_dev_name(m.dev));
     const int n_threads = opts.n_threads > 0 ? opts.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
+    m.n_threads = n_threads;
     m.backends = {m.backend.get()};
     if (ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
         m.backend_cpu.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
@@ -457,6 +463,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         set_threads(m.backend_cpu.get(), n_threads);
     } else {
         set_threads(m.backend.get(), n_threads);
+        m.block_threads = ThreadPick(n_threads);
     }
 
     m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev));
@@ -648,7 +655,12 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         }
     }
     in.upload();
+    const int threads = m.block_threads.next();
+    if (m.on_cpu()) set_threads(m.backend.get(), threads);
+    const auto t_run = std::chrono::steady_clock::now();
     m.run(v.sched.get(), bg.gf);
+    m.block_threads.observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
+    if (m.on_cpu()) m.counters.draft_threads = m.block_threads.chosen();
     v.out.download();
     m.n_cached = ctx_end;
     m.n_pending = 0;
