@@ -430,6 +430,64 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
     for n in (1, 3, 5, 7, 2, 4, 6):  # every bucket exists already: nothing is built
         d.draft(11, 37, n)
     assert d.counters["graphs_built"] == built + 1  # n = 2: the one bucket not drafted above
+    allocs = d.counters["graph_allocs"]
+    for n in (1, 7, 3, 2, 5, 1):  # each shape keeps its own allocation: alternating places nothing
+        d.draft(11, 37, n)
+    assert d.counters["graph_allocs"] == allocs
+
+
+@pytest.mark.parametrize("version", (1, 2))
+def test_short_block_is_the_smaller_block(case: Any, version: int) -> None:
+    """short_block (what the speculative loop drafts with, as llama.cpp's draft-dflash does) computes
+    the block [anchor, MASK x n] only: exactly the reference's draft with block size n + 1 (the weights
+    do not depend on the block size), which differs from the full block's first rows."""
+    c: Case = case(version, 8)
+    d = c.drafter("f32")
+    feats = features(37, c.width, 7)
+    d.inject(feats, np.arange(37, dtype=np.int32))
+    full = d.draft(13, 37, details=True)
+    for n in (1, 3, 6):
+        cfg = json.loads(json.dumps(c.config))
+        cfg["block_size"] = cfg["dflash_config"]["block_size"] = n + 1
+        ref_small = DraftReference(cfg, c.tensors, c.ref.embed, c.ref.lm_head)
+        ref = ref_small.draft(ref_small.inject(feats, list(range(37))), 13, 37)
+        ours = d.draft(13, 37, n, details=True, all_rows=False, short_block=True)
+        assert ours["first_row"] == 1
+        logits = np.asarray(ours["logits"])
+        assert logits.shape == (n, VOCAB)
+        e = row_nmse(logits, ref.logits.numpy()[1:])
+        assert e.max() <= NMSE_F32, f"n = {n}: per-row logits NMSE {e}"
+        note(f"f32 v{version} short block", float(e.max()))
+        tie = 1e-4 * float(np.abs(ref.logits.numpy()).max())
+        if version == 2:
+            check_selector(ours, ref, tie)
+        else:
+            assert ours["tokens"] == ref.argmax.tolist()
+        if not c.ref.cfg.causal:
+            gap = float(np.abs(logits - np.asarray(full["logits"])[1:n + 1]).max())
+            assert gap > 1e-3, f"n = {n}: the short block equals the full block's rows (gap {gap})"
+
+
+def test_draft_threads_are_picked_and_change_nothing(case: Any) -> None:
+    """On the CPU the first draft steps alternate between n_threads and one thread, then keep the
+    faster; the draft itself does not depend on the thread count it ran with."""
+    if DEVICE.lower() != "cpu":
+        pytest.skip("the thread count is picked for the CPU device only")
+    c: Case = case(2, 8)
+    path = str(c.gguf("f32"))
+    d = dflash_gguf.Drafter(path, str(c.target_path), device="cpu", n_threads=2, n_ctx=256)
+    d.inject(features(37, c.width, 9), np.arange(37, dtype=np.int32))
+    first = d.draft(5, 37, 3, details=True, all_rows=False, short_block=True)
+    assert d.counters["draft_threads"] == 0  # still timing
+    for _ in range(20):
+        again = d.draft(5, 37, 3, details=True, all_rows=False, short_block=True)
+        assert np.array_equal(np.asarray(again["logits"]), np.asarray(first["logits"]))
+        assert again["tokens"] == first["tokens"]
+    assert d.counters["draft_threads"] in (1, 2)
+    one = dflash_gguf.Drafter(path, str(c.target_path), device="cpu", n_threads=1, n_ctx=256)
+    one.inject(features(37, c.width, 9), np.arange(37, dtype=np.int32))
+    assert one.draft(5, 37, 3, short_block=True) == first["tokens"]
+    assert one.counters["draft_threads"] == 1
 
 
 @pytest.mark.parametrize("version", (1, 2))

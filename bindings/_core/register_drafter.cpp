@@ -26,6 +26,7 @@ struct PyDrafter {
 py::dict counters_dict(const dflash::DrafterCounters & c) {
     py::dict d;
     d["graphs_built"] = c.graphs_built;
+    d["graph_allocs"] = c.graph_allocs;
     d["setup_ms_last"] = c.setup_ms_last;
     d["sched_reallocs"] = c.sched_reallocs;
     d["n_splits_last"] = c.n_splits_last;
@@ -117,5 +118,6 @@ void register_drafter(py::module_ & m) {
             "Draft the block [anchor, MASK...] at position..; returns n tokens, or a dict with logits, "
             "candidates, selector scores and the walk's q when details=True. The LM head and the selector "
             "run for block rows 1..n only, or for every row with all_rows (default: details); first_row "
-            "says which block row argmax[0] and logits[0] are.");
+            "says which block row argmax[0] and logits[0] are. short_block computes the block [anchor, MASK x n] "
+            "only (what the speculative loop and llama.cpp draft), not all block_size rows; all_rows overrides it.");
 }

@@ -382,6 +382,7 @@ struct Drafter::Impl {
         if (!ggml_backend_sched_alloc_graph(sched, gf)) {
             throw Error("draft graph allocation failed on " + std::string(ggml_backend_dev_name(dev)));
         }
+        counters.graph_allocs++;
         counters.n_splits_last = ggml_backend_sched_get_n_splits(sched);
         const size_t now = buffer_bytes(sched);
         if (now > reserved) {

@@ -42,6 +42,7 @@ struct DraftResult {
 // attention window changes, and buffers are never re-reserved after the start.
 struct DrafterCounters {
     uint64_t graphs_built = 0;
+    uint64_t graph_allocs = 0;     // graphs placed in their compute buffers (a built graph is placed once)
     uint64_t sched_reallocs = 0;   // compute-buffer growth after the initial reservation
     int n_splits_last = 0;         // backend splits of the last graph (1 = all on one device)
     uint32_t window_last = 0;      // cache rows the last draft step attended to (its graph's fixed window)
