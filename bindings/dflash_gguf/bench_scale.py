@@ -4,7 +4,8 @@ The bundled tinycode pair is so small that fixed overheads dominate its steps. T
 random-weight Qwen3 targets shaped like Qwen3-0.6B and Qwen3-1.7B with matching 5-layer DFlash2
 drafters (made and cached by :mod:`.scale_models`) and times, interleaved and repeated:
 
-- draft:  our ``Drafter.draft()`` of one block [anchor, MASK x (B-1)] after ``context`` injected rows;
+- draft:  our ``Drafter.draft()`` of k tokens as the speculative loop runs it (the short block
+  [anchor, MASK x k]) after ``context`` injected rows;
 - verify: the target's ``llama_decode`` of k+1 tokens (k = 1..B-1 drafted), logits for every row,
   the drafter's feature layers extracted, after a ``context``-token prefill (rolled back after each);
 - plain:  the same for 1 token: one step of plain decoding.
@@ -103,7 +104,7 @@ def measure(s: ScaleSize, target: Path, draft: Path, *, context: int, repeat: in
         for rnd in range(warmup + repeat):
             sample = {}
             for k in ks:
-                sample[f"draft{k}"] = _timed(lambda: drafter.draft(anchor, context, k))
+                sample[f"draft{k}"] = _timed(lambda: drafter.draft(anchor, context, k, short_block=True))
                 sample[f"verify{k}"] = verifier.verify(k + 1)
             sample["plain"] = verifier.verify(1)
             if rnd >= warmup:
@@ -173,8 +174,8 @@ def run_scale(sizes: list[ScaleSize], *, folder: Path | None = None, context: in
             "end to end; S(k) = min(tau, k+1) * t_plain / (t_draft(k) + t_verify(k))",
             "verify = llama_decode of k+1 tokens with logits for every row (+ llama_synchronize), after a "
             f"{context}-token prefill; our sampling over the logits is not included",
-            "draft(k) = Drafter.draft() of k tokens: the whole block through the layers, the LM head and "
-            "the selector for its k rows",
+            "draft(k) = Drafter.draft() of k tokens as the loop runs it: the short block [anchor, MASK x k] "
+            "through the layers, the LM head and the selector for its k rows",
         ],
         "sizes": [],
     }

@@ -101,14 +101,14 @@ struct Drafter::Impl {
         ggml_context_ptr ctx;
         BlockGraph bg;
         Packed in, out;  // the inputs and the small outputs, each moved in one transfer
+        ThreadPick threads{1};  // its CPU threads: what pays depends on the graph's size
     };
     std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
     size_t meta_bytes = 0;
     std::vector<uint8_t> inject_meta;
     DrafterCounters counters;
     size_t inject_reserved = 0;
-    int n_threads = 1;
-    ThreadPick block_threads{1};  // the draft step's CPU threads (injections use all n_threads)
+    int n_threads = 1;  // CPU threads of injections; block graphs pick theirs (BlockVariant::threads)
     bool on_cpu() const { return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU; }
 
     const DraftHparams & hp() const { return model.hp(); }
@@ -347,6 +347,7 @@ struct Drafter::Impl {
         if (!v) {
             v = std::make_unique<BlockVariant>();
             v->sched = new_sched();
+            if (on_cpu()) v->threads = ThreadPick(n_threads);
             build_block(*v, n_ctx, n_rows, head_first, head_rows);
             if (!ggml_backend_sched_reserve(v->sched.get(), v->bg.gf)) throw Error("cannot reserve the block graph");
             v->reserved_bytes = buffer_bytes(v->sched.get());
@@ -464,7 +465,6 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         set_threads(m.backend_cpu.get(), n_threads);
     } else {
         set_threads(m.backend.get(), n_threads);
-        m.block_threads = ThreadPick(n_threads);
     }
 
     m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev));
@@ -656,12 +656,12 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         }
     }
     in.upload();
-    const int threads = m.block_threads.next();
+    const int threads = v.threads.next();
     if (m.on_cpu()) set_threads(m.backend.get(), threads);
     const auto t_run = std::chrono::steady_clock::now();
     m.run(v.sched.get(), bg.gf);
-    m.block_threads.observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
-    if (m.on_cpu()) m.counters.draft_threads = m.block_threads.chosen();
+    v.threads.observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
+    if (m.on_cpu()) m.counters.draft_threads = v.threads.chosen();
     v.out.download();
     m.n_cached = ctx_end;
     m.n_pending = 0;

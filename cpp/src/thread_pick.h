@@ -5,7 +5,7 @@
 
 namespace dflash {
 
-// Picks the CPU thread count of the draft step by timing real steps: a small drafter's step is a few
+// Picks the CPU thread count of a draft graph by timing its real steps: a small drafter's step is a few
 // hundred tiny ops, and ggml's CPU backend synchronises its threads after every op, so one thread can
 // beat several (the bundled drafter on 2 cores: 0.59 vs 0.71 ms at n = 3). The first steps alternate
 // between `many` and 1 thread; after kSamples of each, the faster median is kept for good.
