@@ -447,6 +447,10 @@ def test_short_block_is_the_smaller_block(case: Any, version: int) -> None:
     d.inject(feats, np.arange(37, dtype=np.int32))
     full = d.draft(13, 37, details=True)
     for n in (1, 3, 6):
+        # the last 4 rows arrive as a speculative step's do (pending: the block graph writes them itself,
+        # or, when they outnumber the short block's rows as at n = 1, the inject graph first)
+        d.truncate(33)
+        d.inject(feats[33:], np.arange(33, 37, dtype=np.int32))
         cfg = json.loads(json.dumps(c.config))
         cfg["block_size"] = cfg["dflash_config"]["block_size"] = n + 1
         ref_small = DraftReference(cfg, c.tensors, c.ref.embed, c.ref.lm_head)

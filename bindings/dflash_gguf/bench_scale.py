@@ -99,6 +99,13 @@ def measure(s: ScaleSize, target: Path, draft: Path, *, context: int, repeat: in
         verifier = Verifier(llc, model, context, s.block_size, threads, runtime_flash_attn(n_gpu_layers),
                             feature_layers=hp["target_layers"])
         anchor = 200 % s.vocab
+        # on the CPU every draft length's graph times its first steps with one thread and with all of them
+        # (cpp/src/thread_pick.h): let that settle first, the bench measures the steady state
+        for k in ks if draft_device.upper().startswith("CPU") else ():
+            for _ in range(32):
+                drafter.draft(anchor, context, k, short_block=True)
+                if drafter.counters["draft_threads"] != 0:
+                    break
         times: dict[str, list[float]] = {"plain": [], **{f"{what}{k}": [] for k in ks for what in ("draft", "verify")}}
         t0 = time.perf_counter()
         for rnd in range(warmup + repeat):

@@ -12,7 +12,7 @@ constexpr double kPrior = 0.25;  // pseudo-counts: acceptance starts at 1/2, and
 // unknown bias, so an estimate from a handful of drafts is not trusted to rule drafting out
 constexpr double kOptimism = 0.5;
 // plain steps between drafted probes: doubles after each probe (so a pair that never pays costs a
-// probe per kProbeMax tokens), back to the first when drafting is chosen on its merits
+// probe per kProbeMax tokens), halves with every step that drafts on its merits
 constexpr uint32_t kProbeFirst = 16;
 constexpr uint32_t kProbeMax = 256;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run

@@ -86,7 +86,7 @@ struct Drafter::Impl {
         uint32_t window = 0;  // attended cache rows; 0 = not built
         uint32_t rows = 0;      // block rows computed: [anchor, MASK x rows-1] (block_size, or fewer for a short draft)
         uint32_t head_first = 0, head_rows = 0;  // block rows that get logits (and, from row 1, the selector)
-        ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to B (scratch row)
+        ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to `rows` (scratch row)
         ggml_tensor * tokens, * pos, * blk_idx, * blk_vidx, * mask, * anchor;
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
@@ -209,7 +209,7 @@ struct Drafter::Impl {
         return out;
     }
 
-    // The block [anchor, MASK...] at positions n..n+B-1 attends to cache rows [0, window) through a mask
+    // The block [anchor, MASK x n_rows-1] at positions n.. attends to cache rows [0, window) through a mask
     // (the context, the block itself, never the stale rows after it); the rows still pending are written first.
     void build_block(BlockVariant & v, uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
         const DraftHparams & h = hp();

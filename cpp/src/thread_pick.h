@@ -7,11 +7,13 @@ namespace dflash {
 
 // Picks the CPU thread count of a draft graph by timing its real steps: a small drafter's step is a few
 // hundred tiny ops, and ggml's CPU backend synchronises its threads after every op, so one thread can
-// beat several (the bundled drafter on 2 cores: 0.59 vs 0.71 ms at n = 3). The first steps alternate
-// between `many` and 1 thread; after kSamples of each, the faster median is kept for good.
+// beat several (the bundled drafter on 2 cores: 0.59 vs 0.71 ms at n = 3), while a large drafter wants
+// them all. The first steps alternate between `many` and 1 thread; the faster median is kept for good
+// once it is clear (kMin samples each and kClear apart) or after kMax samples each.
 class ThreadPick {
   public:
-    static constexpr uint32_t kSamples = 8;
+    static constexpr uint32_t kMin = 3, kMax = 8;
+    static constexpr double kClear = 1.25;
 
     explicit ThreadPick(int many) : many_(many), chosen_(many > 1 ? 0 : many) {}
 
@@ -22,7 +24,10 @@ class ThreadPick {
     void observe(int threads, double ms) {
         if (chosen_ != 0) return;
         ms_[threads == 1 ? 1 : 0].push_back(ms);
-        if (ms_[0].size() >= kSamples && ms_[1].size() >= kSamples) chosen_ = median(ms_[1]) < median(ms_[0]) ? 1 : many_;
+        const size_t n = std::min(ms_[0].size(), ms_[1].size());
+        if (n < kMin) return;
+        const double t_many = median(ms_[0]), t_one = median(ms_[1]);
+        if (n >= kMax || std::max(t_many, t_one) > kClear * std::min(t_many, t_one)) chosen_ = t_one < t_many ? 1 : many_;
     }
     int chosen() const { return chosen_; }  // 0 while still timing
 
