@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -283,6 +287,28 @@ def _capture_log(llama_cpp: object) -> list[str]:
     return messages  # type: ignore[return-value]
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Ctrl-C / SIGTERM during a libllama call, held until it returns, then raised as KeyboardInterrupt.
+
+    Raised where the signal lands, the interrupt would fire inside libllama's log callback (a ctypes
+    callback: Python prints the exception and drops it, the C call carries on), and the conversion
+    would finish as if never interrupted. llama_model_quantize cannot be stopped midway, so it runs out.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if caught:
+        raise KeyboardInterrupt
+
+
 def llama_quantize(src: Path, dst: Path, out: OutType, *, nthread: int | None = None) -> None:
     """Run libllama's ``llama_model_quantize`` (llama-cpp-python's ctypes binding) src -> dst."""
     try:
@@ -303,9 +329,10 @@ def llama_quantize(src: Path, dst: Path, out: OutType, *, nthread: int | None = 
         params.quantize_output_tensor = True
         params.only_copy = False
         params.pure = False
-        rc = llama_cpp.llama_model_quantize(
-            str(src).encode("utf-8"), str(dst).encode("utf-8"), ctypes.byref(params)
-        )
+        with _interrupts_held():
+            rc = llama_cpp.llama_model_quantize(
+                str(src).encode("utf-8"), str(dst).encode("utf-8"), ctypes.byref(params)
+            )
     finally:
         _restore_llama_log(llama_cpp)
     if rc != 0:
