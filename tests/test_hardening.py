@@ -125,8 +125,11 @@ def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _start_convert(ckpt: Path, out: Path, outtype: str) -> subprocess.Popen:
     cmd = _convert_cmd() + [str(ckpt), "--target", str(TARGET), "--outfile", str(out), "--outtype", outtype,
                             "--force", "--no-progress"]
+    # SIGINT at its default, as in a terminal: a test run started in the background (`cmd &`) inherits
+    # SIGINT ignored, and Python then installs no Ctrl-C handler at all
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "DFLASH_CONVERT_THREADS": "1"})
+                            env={**os.environ, "DFLASH_CONVERT_THREADS": "1"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _tmp_sizes(folder: Path, name: str) -> dict[str, int]:
