@@ -376,3 +376,33 @@ def test_default_draft_device_follows_the_target() -> None:
     assert draft_device_for("auto", -1) == "auto"
     assert draft_device_for("CUDA0", 0) == "CUDA0"
     assert draft_device_for("cpu", 99) == "cpu"
+
+
+@pytest.mark.parametrize("repack", [None, False], ids=["default", "off"])
+def test_quantized_target_runs(repack: bool | None, draft: str, tmp_path: Path) -> None:
+    """A Q8_0 target: by default (repack=None) out of libllama's extra CPU buffers on CPUs with AMX, where
+    libllama 0.3.36 segfaults in ggml_backend_amx_mul_mat on its first decode (seen on this project's
+    Xeon, with repack=True), and lossless against plain decoding of that target. In a subprocess, so
+    that a crash fails this test instead of the suite."""
+    import ctypes
+    import subprocess
+    import sys
+
+    q8 = tmp_path / "target-q8_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(TARGET).encode(), str(q8).encode(), ctypes.byref(params)) == 0
+    script = (
+        "import sys\n"
+        "from dflash_gguf import SpeculativeLlama\n"
+        f"llm = SpeculativeLlama({str(q8)!r}, {draft!r}, n_ctx=512, n_threads=1, n_max=3, repack={repack!r})\n"
+        f"toks = llm.tokenize({_text(0)!r}, add_special=False, parse_special=False)\n"
+        "spec = list(llm.generate_tokens(toks, max_tokens=48))\n"
+        "assert llm.stats.accepted > 0, llm.stats\n"
+        "plain = list(llm.generate_tokens(toks, max_tokens=48, plain=True))\n"
+        "assert spec == plain, (spec, plain)\n"
+        "print('ok', len(spec))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok 48" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-2000:])

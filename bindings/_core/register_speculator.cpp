@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <functional>
+#include <optional>
 
 #include "busy.h"
 #include "dflash/speculator.h"
@@ -66,20 +67,22 @@ void register_speculator(py::module_ & m) {
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
-                         const std::string & draft_q, bool fallback) {
+                         const std::string & draft_q, bool fallback, std::optional<bool> repack) {
                  const auto sopt = spec_options(n_max, adaptive, draft_q, fallback);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
                  topt.n_batch = n_batch;
                  topt.n_gpu_layers = n_gpu_layers;
                  topt.n_threads = n_threads;
+                 topt.repack = repack ? (int) *repack : -1;
                  py::gil_scoped_release nogil;
                  return make_speculator([&] { return std::make_unique<dflash::Target>(target, topt); }, target, draft,
                                         device, n_threads, sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
-             py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true)
+             py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true,
+             py::arg("repack") = py::none())
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,

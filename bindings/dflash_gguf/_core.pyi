@@ -73,6 +73,7 @@ class Speculator:
         adaptive: bool = False,
         draft_q: str = "logits",
         fallback: bool = True,
+        repack: bool | None = None,
     ) -> None: ...
     @staticmethod
     def adopt(

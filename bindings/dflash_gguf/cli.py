@@ -53,18 +53,21 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")
 @click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = all cores).")
 @click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ...")
+@click.option("--no-repack", is_flag=True,
+              help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
+                   "--no-repack). Default: out of them on CPUs with AMX only, where libllama can crash in them.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
-             device: str, no_stream: bool, verbose: bool) -> None:
+             device: str, no_repack: bool, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
                                n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
-                               verbose=verbose)
+                               repack=False if no_repack else None, verbose=verbose)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                   seed=None if seed < 0 else seed)
         click.echo(prompt, nl=False)

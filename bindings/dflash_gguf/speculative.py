@@ -95,6 +95,7 @@ class SpeculativeLlama:
         draft_q: str = "logits",
         device: str = "auto",
         fallback: bool = True,
+        repack: bool | None = None,
         verbose: bool = False,
         _core: Speculator | None = None,
     ) -> None:
@@ -112,7 +113,7 @@ class SpeculativeLlama:
             _core = Speculator(
                 target, draft, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
                 device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive, draft_q=draft_q,
-                fallback=fallback,
+                fallback=fallback, repack=repack,
             )
         self._spec = _core
         self.model_path = target

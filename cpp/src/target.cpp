@@ -8,6 +8,7 @@
 
 #include "dflash/error.h"
 #include "dflash/llama_ext.h"
+#include "ggml-cpu.h"
 
 namespace dflash {
 
@@ -19,6 +20,7 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers;
+    mp.use_extra_bufts = opts.repack < 0 ? !ggml_cpu_has_amx_int8() : opts.repack != 0;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (!model_) {
         throw Error(path + ": libllama could not load the target model (see its log above)");

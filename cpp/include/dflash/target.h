@@ -16,6 +16,10 @@ struct TargetOptions {
     uint32_t n_batch = 512;
     int n_gpu_layers = 0;
     int n_threads = 0;  // 0 = number of cores
+    // libllama's extra CPU weight buffers (repacked layouts, AMX; llama-server's --no-repack turns them off):
+    // 1 on, 0 off, -1 auto = off on CPUs with AMX, where libllama 0.3.36 can segfault in
+    // ggml_backend_amx_mul_mat on a quantized model's first decode (ggml-org/llama.cpp#20824; seen here)
+    int repack = -1;
 };
 
 class Target {
