@@ -434,6 +434,11 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
     for n in (1, 7, 3, 2, 5, 1):  # each shape keeps its own allocation: alternating places nothing
         d.draft(11, 37, n)
     assert d.counters["graph_allocs"] == allocs
+    assert d.counters["shapes"] == 5  # the full block and four head-row buckets
+    # more shapes than are kept (short blocks of 1..7): the least recently used go, and come back the same
+    short = {n: d.draft(11, 37, n, short_block=True) for n in range(1, 8)}
+    assert d.counters["shapes"] == 6
+    assert all(d.draft(11, 37, n, short_block=True) == short[n] for n in range(1, 8))
 
 
 @pytest.mark.parametrize("version", (1, 2))

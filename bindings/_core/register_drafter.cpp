@@ -31,6 +31,7 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
     d["sched_reallocs"] = c.sched_reallocs;
     d["n_splits_last"] = c.n_splits_last;
     d["window_last"] = c.window_last;
+    d["shapes"] = c.shapes;
     d["draft_threads"] = c.draft_threads;
     return d;
 }

@@ -26,6 +26,10 @@ constexpr uint32_t kInjectChunk = 256;  // rows per inject graph; longer prompts
 // which replays an unchanged graph as a device graph, even more so.
 constexpr uint32_t kWindowGpu = 256;
 constexpr uint32_t kWindowCpu = 128;
+// Block graph shapes kept at once (each holds compute buffers reserved for a window of the whole cache,
+// e.g. ~70 MB of attention scores for 16 rows x 32 heads over 32k rows): the least recently used goes.
+// A fixed draft length uses one shape; the adaptive one mostly two or three.
+constexpr size_t kMaxShapes = 6;
 
 ggml_backend_dev_t pick_device(const std::string & want) {
     ggml_backend_load_all();  // no-op when the backends are linked in
@@ -102,8 +106,10 @@ struct Drafter::Impl {
         BlockGraph bg;
         Packed in, out;  // the inputs and the small outputs, each moved in one transfer
         ThreadPick threads{1};  // its CPU threads: what pays depends on the graph's size
+        uint64_t last_use = 0;
     };
     std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
+    uint64_t shape_uses = 0;  // the clock of BlockVariant::last_use
     size_t meta_bytes = 0;
     std::vector<uint8_t> inject_meta;
     DrafterCounters counters;
@@ -343,7 +349,13 @@ struct Drafter::Impl {
     // the block graph of a shape for a window: its scheduler is made (and reserved for the whole cache) at
     // the shape's first use, its graph built and allocated when the window changes; otherwise nothing to do
     BlockVariant & ensure_block(uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
-        std::unique_ptr<BlockVariant> & v = variants[n_rows << 16 | head_first << 8 | head_rows];
+        const uint32_t key = n_rows << 16 | head_first << 8 | head_rows;
+        if (!variants.count(key) && variants.size() >= kMaxShapes) {
+            auto lru = std::min_element(variants.begin(), variants.end(),
+                                        [](const auto & a, const auto & b) { return a.second->last_use < b.second->last_use; });
+            variants.erase(lru);
+        }
+        std::unique_ptr<BlockVariant> & v = variants[key];
         if (!v) {
             v = std::make_unique<BlockVariant>();
             v->sched = new_sched();
@@ -373,6 +385,8 @@ struct Drafter::Impl {
             alloc(v->sched.get(), v->bg.gf, v->reserved_bytes);
         }
         counters.n_splits_last = ggml_backend_sched_get_n_splits(v->sched.get());
+        v->last_use = ++shape_uses;
+        counters.shapes = (uint32_t) variants.size();
         return *v;
     }
 
