@@ -23,7 +23,7 @@ the original. Nothing is written outside a temp directory.
 
 A second table times the steps the speculative loop really runs with the first block size: a draft of
 k tokens is the short block [anchor, MASK x k] (as llama.cpp drafts), verified by a decode of k + 1
-tokens (flash attention as our runtime sets it: off on the CPU).
+tokens (flash attention as our runtime sets it: off on the CPU, libllama's choice on a GPU).
 """
 
 from __future__ import annotations
@@ -119,7 +119,8 @@ def main() -> int:
             return time.perf_counter() - t0
 
         loop_ks = range(1, blocks[0])
-        loop_verifier = verifiers["off" if not gpu and "off" in verifiers else modes[0]]
+        runtime_mode = "auto" if gpu else "off"  # what our runtime sets (verify_timing.runtime_flash_attn)
+        loop_verifier = verifiers[runtime_mode if runtime_mode in verifiers else modes[0]]
         for _ in range(args.warmup):
             for b in blocks:
                 draft_once(b)
