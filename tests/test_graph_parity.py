@@ -435,7 +435,8 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
         d.draft(11, 37, n)
     assert d.counters["graph_allocs"] == allocs
     assert d.counters["shapes"] == 5  # the full block and four head-row buckets
-    # more shapes than are kept (short blocks of 1..7): the least recently used go, and come back the same
+    # more shapes than are kept (short blocks of 1..7: 2, 3, 4, 6, 8 rows): the least recently used go, and
+    # come back the same
     short = {n: d.draft(11, 37, n, short_block=True) for n in range(1, 8)}
     assert d.counters["shapes"] == 6
     assert all(d.draft(11, 37, n, short_block=True) == short[n] for n in range(1, 8))
@@ -445,13 +446,14 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
 def test_short_block_is_the_smaller_block(case: Any, version: int) -> None:
     """short_block (what the speculative loop drafts with, as llama.cpp's draft-dflash does) computes
     the block [anchor, MASK x n] only: exactly the reference's draft with block size n + 1 (the weights
-    do not depend on the block size), which differs from the full block's first rows."""
+    do not depend on the block size), which differs from the full block's first rows. Its graph pads
+    the rows up to 2, 3, 4, 6, 8, ... rows; the padding must not show."""
     c: Case = case(version, 8)
     d = c.drafter("f32")
     feats = features(37, c.width, 7)
     d.inject(feats, np.arange(37, dtype=np.int32))
     full = d.draft(13, 37, details=True)
-    for n in (1, 3, 6):
+    for n in (1, 3, 4, 6):  # 4 and 6 run in graphs of 6 and 8 rows: padding rows must change nothing
         # the last 4 rows arrive as a speculative step's do (pending: the block graph writes them itself,
         # or, when they outnumber the short block's rows as at n = 1, the inject graph first)
         d.truncate(33)

@@ -617,17 +617,28 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
 
     const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
     // Block rows and head rows. A short block is [anchor, MASK x n] (as llama.cpp's draft-dflash runs it):
-    // the MASK rows after the draft are not computed at all. A full block computes all B rows and the
-    // head for rows 1..n rounded up to a power of two, so that few graphs cover every draft length.
-    uint32_t head_first = 0, head_rows = B, R = B;
+    // the MASK rows after the draft take no part. Its graph's rows are padded up to a few sizes so that few
+    // graphs cover every draft length: no real row attends to a padding row (the mask) and the conv reads
+    // only earlier rows, so they change nothing. A full block computes all B rows and the head for rows
+    // 1..n rounded up to a power of two.
+    uint32_t head_first = 0, head_rows = B, R = B, seen_rows = B, out_rows = B;
     if (short_block && !all_rows) {
         head_first = 1;
-        head_rows = std::max(n, 1u);
-        R = head_rows + 1;
+        out_rows = std::max(n, 1u);
+        seen_rows = out_rows + 1;
+        R = B;
+        for (uint32_t r : {2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u}) {
+            if (r >= seen_rows) {
+                R = std::min(r, B);
+                break;
+            }
+        }
+        head_rows = R - 1;
     } else if (!all_rows) {
         head_first = 1;
         for (head_rows = 1; head_rows < n; head_rows *= 2) {}
         head_rows = std::min(head_rows, B - 1);
+        out_rows = head_rows;
     }
     const auto t_setup = std::chrono::steady_clock::now();
     if (m.n_pending > R) m.flush_pending();  // the block graph writes at most R pending rows itself
@@ -664,7 +675,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask);
         for (uint32_t i = 0; i < R; ++i) {
             ggml_fp16_t * row = mask + (size_t) i * W;
-            const uint32_t seen = ctx_end + (h.causal ? i + 1 : R);
+            const uint32_t seen = ctx_end + (h.causal ? i + 1 : seen_rows);
             std::fill(row, row + seen, zero);
             std::fill(row + seen, row + W, ninf);
         }
@@ -684,10 +695,10 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     DraftResult r;
     r.block_size = B;
     r.first_row = head_first;
-    r.argmax.resize(head_rows);
-    v.out.get(bg.argmax, r.argmax.data(), head_rows * sizeof(int32_t));
+    r.argmax.resize(out_rows);  // the graph's first out_rows head rows: the rest pad a short block
+    v.out.get(bg.argmax, r.argmax.data(), out_rows * sizeof(int32_t));
     if (want_logits) {
-        r.logits.resize((size_t) head_rows * h.n_vocab);
+        r.logits.resize((size_t) out_rows * h.n_vocab);
         ggml_backend_tensor_get(bg.logits, r.logits.data(), 0, r.logits.size() * sizeof(float));
     }
     if (h.version == 1) {
@@ -696,7 +707,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
 
     // DFlash2: canonical candidate order (logit descending), then the greedy walk
-    const uint32_t k = h.selector_top_k, rows = head_first + head_rows - 1;
+    const uint32_t k = h.selector_top_k, rows = head_first + out_rows - 1;
     r.top_k = k;
     std::vector<int32_t> cand((size_t) k * rows);
     std::vector<float> unary((size_t) k * rows), raw((size_t) k * k * rows);
