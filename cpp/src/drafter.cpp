@@ -649,7 +649,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     // the inputs, written straight into the one upload
     Packed & in = v.in;
     {
-        // pending context rows; the padding rows up to B write the scratch row (their features: whatever
+        // pending context rows; the padding rows up to R write the scratch row (their features: whatever
         // the buffer held, finite)
         std::copy(m.pending.begin(), m.pending.end(), in.host<float>(bg.ctx_feat));
         int32_t * ctx_pos = in.host<int32_t>(bg.ctx_pos);
@@ -669,7 +669,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         }
         m.fill_rows(in.host<int64_t>(bg.blk_idx), in.host<int64_t>(bg.blk_vidx), rows, R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
-        // row i sees the context, and the block's rows (all of them, or j <= i when causal); nothing after
+        // row i sees the context and the block's real rows (all of them, or j <= i when causal); nothing after
         const uint32_t W = bg.window;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask);

@@ -9,8 +9,31 @@
 #include "dflash/error.h"
 #include "dflash/llama_ext.h"
 #include "ggml-cpu.h"
+#include "gguf_open.h"
 
 namespace dflash {
+
+namespace {
+
+// Whether libllama would put weights of this model into its AMX buffers: weights of a type ggml's AMX
+// kernels take, on a CPU with AMX (ggml-cpu/amx/common.h, qtype_has_amx_kernels).
+bool amx_would_take(const std::string & path) {
+    if (!ggml_cpu_has_amx_int8()) return false;
+    ggml_context_ptr meta;
+    gguf_ptr g = open_gguf(path, meta, "cannot read the target's tensor types");
+    for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
+        switch (gguf_get_tensor_type(g.get(), i)) {
+            case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K:
+            case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: case GGML_TYPE_IQ4_XS:
+                return true;
+            default:
+                break;
+        }
+    }
+    return false;
+}
+
+}  // namespace
 
 Target::Target(const std::string & path, const TargetOptions & opts) {
     struct stat st{};
@@ -20,7 +43,7 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers;
-    mp.use_extra_bufts = opts.repack < 0 ? !ggml_cpu_has_amx_int8() : opts.repack != 0;
+    mp.use_extra_bufts = opts.repack < 0 ? !amx_would_take(path) : opts.repack != 0;
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (!model_) {
         throw Error(path + ": libllama could not load the target model (see its log above)");

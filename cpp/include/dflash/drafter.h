@@ -79,9 +79,9 @@ class Drafter {
     // Drafts the block [anchor, MASK...] at positions position..position+B-1
     // over the cached context; keeps n <= B-1 tokens. The graph is kept per
     // (attention window, block rows, head rows): alternating all_rows rebuilds it.
-    // short_block computes only the rows the draft reads (the head rows' bucket):
-    // cheaper, but the missing MASK rows no longer take part in attention, so the
-    // draft is an approximation of the full block's (verification keeps output exact).
+    // short_block drafts the block [anchor, MASK x n] (as llama.cpp does): cheaper,
+    // and the missing MASK rows no longer take part in attention, so the draft
+    // differs from the full block's (verification keeps the output exact).
     DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false, bool all_rows = false,
                       bool short_block = false);
 
