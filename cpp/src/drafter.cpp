@@ -47,13 +47,28 @@ ggml_backend_dev_t pick_device(const std::string & want) {
     throw Error("unknown device '" + want + "' (available: auto, cpu, " + names + ")");
 }
 
-void set_threads(ggml_backend_t backend, int n_threads) {
-    ggml_backend_dev_t dev = ggml_backend_get_device(backend);
-    ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
-    if (!reg) return;
-    auto fn = (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads");
-    if (fn) fn(backend, n_threads);
-}
+// the CPU backend's thread setter, looked up once; set() touches the backend only when the count changes
+// (the draft step and the injections may want different counts)
+class CpuThreads {
+  public:
+    void bind(ggml_backend_t backend) {
+        backend_ = backend;
+        ggml_backend_dev_t dev = ggml_backend_get_device(backend);
+        ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
+        fn_ = reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")
+                  : nullptr;
+        now_ = 0;
+    }
+    void set(int n) {
+        if (fn_ && n != now_) fn_(backend_, n);
+        now_ = n;
+    }
+
+  private:
+    ggml_backend_t backend_ = nullptr;
+    ggml_backend_set_n_threads_t fn_ = nullptr;
+    int now_ = 0;
+};
 
 }  // namespace
 
@@ -83,13 +98,10 @@ struct Drafter::Impl {
     std::vector<float> pending;
     uint32_t n_pending = 0;
 
-    // the block graph stays built and allocated while its attention window and head rows are unchanged, so a draft step
-    // is: set inputs, compute, read back (and backends such as CUDA can replay it as a device graph)
+    // one built block graph and its input/output tensors
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
         uint32_t window = 0;  // attended cache rows; 0 = not built
-        uint32_t rows = 0;      // block rows computed: [anchor, MASK x rows-1] (block_size, or fewer for a short draft)
-        uint32_t head_first = 0, head_rows = 0;  // block rows that get logits (and, from row 1, the selector)
         ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to `rows` (scratch row)
         ggml_tensor * tokens, * pos, * blk_idx, * blk_vidx, * mask, * anchor;
         ggml_tensor * logits, * argmax;
@@ -110,11 +122,13 @@ struct Drafter::Impl {
     };
     std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
     uint64_t shape_uses = 0;  // the clock of BlockVariant::last_use
-    size_t meta_bytes = 0;
-    std::vector<uint8_t> inject_meta;
+    // metadata arena of one graph (tensors + graph), for the inject graph and each block graph
+    static size_t meta_bytes() { return ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false); }
+    std::vector<uint8_t> inject_meta = std::vector<uint8_t>(meta_bytes());
     DrafterCounters counters;
     size_t inject_reserved = 0;
     int n_threads = 1;  // CPU threads of injections; block graphs pick theirs (BlockVariant::threads)
+    CpuThreads cpu_threads;  // the CPU backend's: the device when it is the CPU, else the fallback
     bool on_cpu() const { return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU; }
 
     const DraftHparams & hp() const { return model.hp(); }
@@ -220,15 +234,12 @@ struct Drafter::Impl {
     void build_block(BlockVariant & v, uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
         const DraftHparams & h = hp();
         const uint32_t B = n_rows;
-        v.meta.resize(meta_bytes);
+        v.meta.resize(meta_bytes());
         v.ctx = new_ctx(v.meta);
         ggml_context * ctx = v.ctx.get();
         BlockGraph & bg = v.bg;
         bg = BlockGraph{};
         bg.window = window;
-        bg.rows = n_rows;
-        bg.head_first = head_first;
-        bg.head_rows = head_rows;
         bg.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
         ggml_cgraph * gf = bg.gf;
         const uint32_t P = n_rows;  // pending context rows: at most as many as the block's (else flushed first)
@@ -333,7 +344,7 @@ struct Drafter::Impl {
 
     // the attention window for a block ending at row `end`, in whole units
     uint32_t window_for(uint32_t end) const {
-        const uint32_t unit = ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU ? kWindowCpu : kWindowGpu;
+        const uint32_t unit = on_cpu() ? kWindowCpu : kWindowGpu;
         return std::min(n_ctx, (end + unit - 1) / unit * unit);
     }
 
@@ -373,7 +384,7 @@ struct Drafter::Impl {
                                              bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
             if (bg.anchor) in.push_back(bg.anchor);
             v->in = Packed();
-            v->out = Packed();
+            v->out = Packed();  // stays unplaced when the device cannot compute every output
             v->in.place(v->ctx.get(), buft, in);
             std::vector<ggml_tensor *> out = {bg.argmax};
             if (bg.cand) out.insert(out.end(), {bg.cand, bg.unary, bg.scores});
@@ -437,7 +448,7 @@ struct Drafter::Impl {
             InjectGraph ig = build_inject(ctx.get(), chunk);
             counters.graphs_built++;
             alloc(sched_inject.get(), ig.gf, inject_reserved);
-            if (on_cpu()) set_threads(backend.get(), n_threads);
+            if (on_cpu()) cpu_threads.set(n_threads);
             std::vector<int32_t> pos(chunk);
             std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t) chunk * kv_width());
             std::iota(pos.begin(), pos.end(), (int32_t) n_cached);
@@ -473,13 +484,12 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     const int n_threads = opts.n_threads > 0 ? opts.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
     m.n_threads = n_threads;
     m.backends = {m.backend.get()};
-    if (ggml_backend_dev_type(m.dev) != GGML_BACKEND_DEVICE_TYPE_CPU) {
+    if (!m.on_cpu()) {
         m.backend_cpu.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
         m.backends.push_back(m.backend_cpu.get());
-        set_threads(m.backend_cpu.get(), n_threads);
-    } else {
-        set_threads(m.backend.get(), n_threads);
     }
+    m.cpu_threads.bind(m.backends.back());
+    m.cpu_threads.set(n_threads);
 
     m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev));
     const DraftHparams & h = m.hp();
@@ -541,9 +551,6 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     }
 
     m.sched_inject = m.new_sched();
-    const size_t meta = ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false);
-    m.inject_meta.resize(meta);
-    m.meta_bytes = meta;
     m.reserve();
 }
 
@@ -682,7 +689,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
     in.upload();
     const int threads = v.threads.next();
-    if (m.on_cpu()) set_threads(m.backend.get(), threads);
+    if (m.on_cpu()) m.cpu_threads.set(threads);
     const auto t_run = std::chrono::steady_clock::now();
     m.run(v.sched.get(), bg.gf);
     v.threads.observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());

@@ -16,10 +16,8 @@ namespace dflash {
 // tensor when nothing was placed (a device that cannot compute every output).
 class Packed {
   public:
-    // (re)places ts, tensors of ctx (a graph rebuilt into a fresh context places its new tensors)
+    // places ts, tensors of ctx, once per object (a rebuilt graph gets a fresh Packed)
     void place(ggml_context * ctx, ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & ts) {
-        offsets_.clear();
-        blob_ = nullptr;
         const size_t align = ggml_backend_buft_get_alignment(buft);
         size_t size = 0;
         for (ggml_tensor * t : ts) {
