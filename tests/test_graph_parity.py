@@ -398,6 +398,27 @@ def test_bundled_quantized(tiny_gguf: Any, golden_features: dict[str, np.ndarray
     assert worst <= NMSE_BUNDLED[outtype]
 
 
+def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
+    """On the CPU a Q4_0 drafter's matmul weights go to ggml's repacked layout (AVX2 / ARM kernels):
+    every one of them, the same draft as the plain layout; F16 weights have no such layout."""
+    if DEVICE.lower() != "cpu":
+        pytest.skip("repacked layouts are the CPU's")
+    if "avx2" not in Path("/proc/cpuinfo").read_text(errors="replace").split():
+        pytest.skip("ggml's x86 Q4_0 repack needs AVX2")
+    path, target = str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")
+    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
+    plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False)
+    assert packed.repacked_weights == 1 + 9 * 2  # fc and, per layer, q k v o gate up down and both conv projections
+    assert plain.repacked_weights == 0
+    assert tiny_drafter(tiny_gguf("f16")).repacked_weights == 0
+    for c in GOLDEN["cases"]:
+        f = golden_features[c["prompt_id"]]
+        a, b = draft_case(packed, c, f), draft_case(plain, c, f)
+        assert a["tokens"] == b["tokens"], c["prompt_id"]
+        assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), c["prompt_id"]
+        assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8
+
+
 # --------------------------------------------------------------------------- #
 # rollback and counters
 # --------------------------------------------------------------------------- #

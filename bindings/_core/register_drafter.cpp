@@ -39,24 +39,26 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
 void register_drafter(py::module_ & m) {
     py::class_<PyDrafter>(m, "Drafter")
         .def(py::init([](const std::string & draft, const std::string & target, const std::string & device,
-                         int n_threads, uint32_t n_ctx) {
+                         int n_threads, uint32_t n_ctx, bool repack) {
                  dflash::DrafterOptions o;
                  o.device = device;
                  o.n_threads = n_threads;
                  o.n_ctx = n_ctx;
+                 o.repack = repack;
                  auto p = std::make_unique<PyDrafter>();
                  py::gil_scoped_release nogil;
                  p->d = std::make_unique<dflash::Drafter>(draft, target, o);
                  return p;
              }),
              py::arg("draft"), py::arg("target") = "", py::arg("device") = "auto", py::arg("n_threads") = 0,
-             py::arg("n_ctx") = 4096)
+             py::arg("n_ctx") = 4096, py::arg("repack") = true)
         .def_property_readonly("hparams", [](PyDrafter & p) { return hparams_dict(p.d->hparams()); })
         .def_property_readonly("n_vocab", [](PyDrafter & p) { return p.d->n_vocab(); })
         .def_property_readonly("n_ctx", [](PyDrafter & p) { return p.d->n_ctx(); })
         .def_property_readonly("n_cached", [](PyDrafter & p) { return p.d->n_cached(); })
         .def_property_readonly("device", [](PyDrafter & p) { return p.d->device_name(); })
         .def_property_readonly("head_zero_copy", [](PyDrafter & p) { return p.d->head_zero_copy(); })
+        .def_property_readonly("repacked_weights", [](PyDrafter & p) { return p.d->repacked_weights(); })
         .def_property_readonly("counters", [](PyDrafter & p) { return counters_dict(p.d->counters()); })
         .def(
             "inject",

@@ -47,7 +47,7 @@ dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std:
 // should not cost a target load).
 std::unique_ptr<PySpeculator> make_speculator(const std::function<std::unique_ptr<dflash::Target>()> & open_target,
                                               const std::string & target_path, const std::string & draft,
-                                              const std::string & device, int n_threads,
+                                              const std::string & device, int n_threads, bool repack,
                                               const dflash::SpeculatorOptions & sopt) {
     (void) dflash::inspect_draft_file(draft);
     auto t = open_target();
@@ -55,6 +55,7 @@ std::unique_ptr<PySpeculator> make_speculator(const std::function<std::unique_pt
     dopt.device = device;
     dopt.n_threads = n_threads;
     dopt.n_ctx = t->n_ctx() + 64;
+    dopt.repack = repack;
     auto d = std::make_unique<dflash::Drafter>(draft, target_path, dopt);
     auto p = std::make_unique<PySpeculator>();
     p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
@@ -77,7 +78,7 @@ void register_speculator(py::module_ & m) {
                  topt.repack = repack ? (int) *repack : -1;
                  py::gil_scoped_release nogil;
                  return make_speculator([&] { return std::make_unique<dflash::Target>(target, topt); }, target, draft,
-                                        device, n_threads, sopt);
+                                        device, n_threads, repack.value_or(true), sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
@@ -94,7 +95,7 @@ void register_speculator(py::module_ & m) {
                     [&] {
                         return std::make_unique<dflash::Target>((llama_model *) model_ptr, (llama_context *) ctx_ptr);
                     },
-                    target_path, draft, device, n_threads, sopt);
+                    target_path, draft, device, n_threads, /*repack=*/true, sopt);
             },
             py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"), py::arg("n_threads") = 0,
             py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = "logits",

@@ -9,6 +9,9 @@
 #include <set>
 
 #include "dflash/error.h"
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
+#include "ggml-cpp.h"
 #include "gguf.h"
 #include "gguf_keys.h"
 #include "gguf_open.h"
@@ -351,30 +354,58 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
     return info;
 }
 
-DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t buft) {
+namespace {
+
+// Whether the CPU runs ggml_mul_mat(w, x [w->ne[0], 4] f32) with w held in a buffer of `buft`: the
+// extra buffer types answer for the layouts their kernels take.
+bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
+    ggml_init_params ip = {4 * ggml_tensor_overhead(), nullptr, true};
+    ggml_context_ptr ctx(ggml_init(ip));
+    ggml_tensor * wt = ggml_new_tensor(ctx.get(), w->type, GGML_MAX_DIMS, w->ne);
+    ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, w->ne[0], 4);
+    ggml_tensor * y = ggml_mul_mat(ctx.get(), wt, x);
+    ggml_backend_buffer_ptr probe(ggml_backend_buft_alloc_buffer(buft, 0));
+    if (!probe) return false;
+    wt->buffer = probe.get();
+    return ggml_backend_dev_supports_op(ggml_backend_buft_get_device(buft), y);
+}
+
+// Weights only ever used as a matmul's first operand go to the first extra CPU buffer type that
+// takes them (ggml repacks them there into the layout of a faster kernel); the rest stays put.
+void place_matmul_weights(DraftModel & m, const std::string & path, const std::vector<ggml_backend_buffer_type_t> & bufts) {
+    std::vector<ggml_tensor *> matmul_only = {m.fc, m.output};
+    for (const DraftLayer & l : m.layers) {
+        for (ggml_tensor * t : {l.wq, l.wk, l.wv, l.wo, l.ffn_gate, l.ffn_up, l.ffn_down, l.attn_conv_proj, l.ffn_conv_proj}) {
+            matmul_only.push_back(t);
+        }
+    }
+    for (ggml_backend_buffer_type_t buft : bufts) {
+        std::vector<ggml_tensor *> picked;
+        size_t size = 0;
+        for (ggml_tensor * t : matmul_only) {
+            if (!t || t->buffer || !mul_mat_runs_from(buft, t)) continue;
+            picked.push_back(t);
+            size += GGML_PAD(ggml_backend_buft_get_alloc_size(buft, t), ggml_backend_buft_get_alignment(buft));
+        }
+        if (picked.empty()) continue;
+        ggml_backend_buffer_ptr buf(ggml_backend_buft_alloc_buffer(buft, size));
+        if (!buf) throw Error(path + ": cannot allocate " + std::to_string(size) + " bytes on " + ggml_backend_buft_name(buft));
+        ggml_backend_buffer_set_usage(buf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+        ggml_tallocr alloc = ggml_tallocr_new(buf.get());
+        for (ggml_tensor * t : picked) ggml_tallocr_alloc(&alloc, t);
+        m.repacked_weights += picked.size();
+        m.extra_buffers.push_back(std::move(buf));
+    }
+}
+
+}  // namespace
+
+DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t buft,
+                            const std::vector<ggml_backend_buffer_type_t> & matmul_bufts) {
     DraftModel m;
     m.info = inspect_draft_file(path);
 
     gguf_ptr g = open_gguf(path, m.ctx, "the file changed while loading");
-    m.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(m.ctx.get(), buft));
-    if (!m.buffer) {
-        throw Error(path + ": cannot allocate " + std::to_string(m.info.file_size) + " bytes of weights on " +
-                    ggml_backend_buft_name(buft));
-    }
-    ggml_backend_buffer_set_usage(m.buffer.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-
-    file_ptr f(fopen(path.c_str(), "rb"));
-    if (!f) throw Error(path + ": cannot reopen file");
-    std::vector<uint8_t> staging;
-    for (const auto & ti : m.info.tensors) {
-        ggml_tensor * t = ggml_get_tensor(m.ctx.get(), ti.name.c_str());
-        staging.resize(ti.nbytes);
-        if (fseek(f.get(), (long) ti.offset, SEEK_SET) != 0 || fread(staging.data(), 1, ti.nbytes, f.get()) != ti.nbytes) {
-            throw Error(path + ": tensor '" + ti.name + "': short read (file truncated while loading?)");
-        }
-        ggml_backend_tensor_set(t, staging.data(), 0, ti.nbytes);
-    }
-
     auto get = [&](const std::string & name) { return ggml_get_tensor(m.ctx.get(), name.c_str()); };
     m.fc = get("fc.weight");
     m.hidden_norm = get("enc.output_norm.weight");
@@ -404,6 +435,26 @@ DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t
         l.ffn_conv_base = get(p + "ffn_conv_base");
         l.ffn_conv_proj = get(p + "ffn_conv_proj.weight");
     }
+    place_matmul_weights(m, path, matmul_bufts);
+    m.buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(m.ctx.get(), buft));
+    if (!m.buffer) {
+        throw Error(path + ": cannot allocate " + std::to_string(m.info.file_size) + " bytes of weights on " +
+                    ggml_backend_buft_name(buft));
+    }
+    ggml_backend_buffer_set_usage(m.buffer.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+
+    file_ptr f(fopen(path.c_str(), "rb"));
+    if (!f) throw Error(path + ": cannot reopen file");
+    std::vector<uint8_t> staging;
+    for (const auto & ti : m.info.tensors) {
+        ggml_tensor * t = ggml_get_tensor(m.ctx.get(), ti.name.c_str());
+        staging.resize(ti.nbytes);
+        if (fseek(f.get(), (long) ti.offset, SEEK_SET) != 0 || fread(staging.data(), 1, ti.nbytes, f.get()) != ti.nbytes) {
+            throw Error(path + ": tensor '" + ti.name + "': short read (file truncated while loading?)");
+        }
+        ggml_backend_tensor_set(t, staging.data(), 0, ti.nbytes);
+    }
+
     return m;
 }
 

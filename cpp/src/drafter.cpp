@@ -31,6 +31,19 @@ constexpr uint32_t kWindowCpu = 128;
 // A fixed draft length uses one shape; the adaptive one mostly two or three.
 constexpr size_t kMaxShapes = 6;
 
+// The CPU's extra weight buffer types (ggml's repacked layouts: Q4_0/Q4_K/IQ4_NL... for AVX2, more on ARM),
+// without AMX: llama-cpp-python 0.3.36 segfaults in its quantized kernels (llama.cpp#20824) and its F16
+// kernel drafts no faster than the plain one (0.545 vs 0.550 ms, tinycode k = 3).
+std::vector<ggml_backend_buffer_type_t> repacking_bufts(ggml_backend_dev_t cpu) {
+    using ExtraBufts = ggml_backend_buffer_type_t * (*)(ggml_backend_dev_t);
+    auto get = (ExtraBufts) ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts");
+    std::vector<ggml_backend_buffer_type_t> out;
+    for (ggml_backend_buffer_type_t * b = get ? get(cpu) : nullptr; b && *b; ++b) {
+        if (std::string(ggml_backend_buft_name(*b)) != "AMX") out.push_back(*b);
+    }
+    return out;
+}
+
 ggml_backend_dev_t pick_device(const std::string & want) {
     ggml_backend_load_all();  // no-op when the backends are linked in
     if (want == "auto") {
@@ -491,7 +504,8 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.cpu_threads.bind(m.backends.back());
     m.cpu_threads.set(n_threads);
 
-    m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev));
+    m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev),
+                               m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{});
     const DraftHparams & h = m.hp();
 
     if (m.model.tok_embd && m.model.output) {
@@ -563,6 +577,7 @@ uint32_t Drafter::n_ctx() const { return impl_->n_ctx; }
 uint32_t Drafter::n_cached() const { return impl_->n_cached + impl_->n_pending; }
 std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->dev); }
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
+size_t Drafter::repacked_weights() const { return impl_->model.repacked_weights; }
 const DrafterCounters & Drafter::counters() const { return impl_->counters; }
 
 void Drafter::inject(const float * features, const int32_t * positions, uint32_t n) {

@@ -107,6 +107,8 @@ struct DraftModel {
 
     ggml_context_ptr ctx;            // tensor metadata
     ggml_backend_buffer_ptr buffer;  // weights on the chosen device
+    std::vector<ggml_backend_buffer_ptr> extra_buffers;  // matmul weights in the CPU's repacked layouts
+    size_t repacked_weights = 0;
 
     ggml_tensor * fc = nullptr;              // fc.weight            ne {n_tl*target_hidden, n_embd}
     ggml_tensor * hidden_norm = nullptr;     // hidden_norm.weight   (enc.output_norm)
@@ -119,7 +121,9 @@ struct DraftModel {
     std::vector<DraftLayer> layers;
 };
 
-// Loads a validated drafter into a buffer of `buft`.
-DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t buft);
+// Loads a validated drafter into a buffer of `buft`; weights only ever multiplied go to the first of
+// `matmul_bufts` that runs a matmul with them (ggml's repacked CPU layouts).
+DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t buft,
+                            const std::vector<ggml_backend_buffer_type_t> & matmul_bufts = {});
 
 }  // namespace dflash

@@ -16,6 +16,7 @@ struct DrafterOptions {
     std::string device = "auto";  // "auto" (first GPU, else CPU), "cpu", or a ggml device name
     int n_threads = 0;            // CPU threads; 0 = number of cores
     uint32_t n_ctx = 4096;        // draft cache capacity in context rows
+    bool repack = true;           // on the CPU, quantized matmul weights in ggml's repacked layouts where one exists
 };
 
 // Rows: a draft of n tokens computes the LM head and the selector for block rows 1..n only; with
@@ -67,6 +68,7 @@ class Drafter {
     uint32_t n_cached() const;      // context rows in the draft cache
     std::string device_name() const;
     bool head_zero_copy() const;
+    size_t repacked_weights() const;  // weights held in a repacked CPU layout
     const DrafterCounters & counters() const;
 
     // Appends context rows: features [n][n_target_layers * target_hidden] at
