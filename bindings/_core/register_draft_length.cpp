@@ -22,8 +22,8 @@ void register_draft_length(py::module_ & m) {
         .def("choose", &C::choose, "Drafted tokens to verify in the next step (0 = a plain step).")
         .def("reset_acceptance", &C::reset_acceptance, "A new sequence begins.")
         .def("observe_draft", &C::observe_draft, py::arg("k"), py::arg("accepted"), py::arg("draft_ms"),
-             py::arg("verify_ms"))
-        .def("observe_plain", &C::observe_plain, py::arg("ms"))
+             py::arg("verify_ms"), py::arg("steady") = true)
+        .def("observe_plain", &C::observe_plain, py::arg("ms"), py::arg("steady") = true)
         .def("expected_tokens", &C::expected_tokens, py::arg("k"))
         .def("expected_cost_ms", &C::expected_cost_ms, py::arg("k"))
         .def_property_readonly("acceptance", &C::acceptance);

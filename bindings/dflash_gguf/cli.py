@@ -55,8 +55,9 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ...")
 @click.option("--no-repack", is_flag=True,
               help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
-                   "--no-repack). Default: out of them only where AMX would take them (an AMX CPU and weights "
-                   "of a type its kernels take), where libllama can crash.")
+                   "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
+                   "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
+                   "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,

@@ -15,6 +15,11 @@ constexpr double kOptimism = 0.5;
 // probe per kProbeMax tokens), halves with every step that drafts on its merits
 constexpr uint32_t kProbeFirst = 16;
 constexpr uint32_t kProbeMax = 256;
+// a probe drafts this many steps in a row: two steps tell twice as much about acceptance for one
+// switch of the target's batch shape
+constexpr uint32_t kProbeSteps = 2;
+// auto mode stops a drafting run only for plain decoding this much faster (see choose)
+constexpr double kLeaveMargin = 0.04;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
@@ -40,6 +45,8 @@ void DraftLengthController::reset_acceptance() {
     // seeded run repeats whatever came before
     if (mode_ == Mode::Auto) return;
     plain_run_ = 0;
+    probe_left_ = 0;
+    drafting_ = false;
     probe_every_ = kProbeFirst;
     std::fill(reached_.begin(), reached_.end(), 2 * kPrior);
     std::fill(accepted_.begin(), accepted_.end(), kPrior);
@@ -78,25 +85,38 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
 
 uint32_t DraftLengthController::choose() {
     if (mode_ == Mode::FixedNoFallback) return n_max_;
+    probing_ = probe_left_ > 0;
+    if (probing_) {
+        --probe_left_;
+        return probe_k_;
+    }
     uint32_t best = 0, best_drafted = n_max_;
     if (mode_ == Mode::Fixed) {
         best = expected_tokens(n_max_) - 1.0 >= kFixedMinGain ? n_max_ : 0;
     } else {
         // on the merits: the acceptance as measured; the probe: as it might be
-        double best_rate = -1.0, best_probe_rate = -1.0;
+        double plain_rate = 0.0, best_rate = -1.0, best_probe_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
             const double cost = expected_cost_ms(k);
             auto rate = [&](double tokens) { return cost > 0.0 ? tokens / cost : 1e30 * tokens; };
             const double r = rate(tokens_at(k, false)), r_probe = rate(tokens_at(k, true));
+            if (k == 0) {
+                plain_rate = r;
+                continue;
+            }
             if (r > best_rate) {
                 best_rate = r;
                 best = k;
             }
-            if (k > 0 && r_probe > best_probe_rate) {
+            if (r_probe > best_probe_rate) {
                 best_probe_rate = r_probe;
                 best_drafted = k;
             }
         }
+        // leaving a drafting run needs a clear margin: the way back costs two graph rebuilds in libllama,
+        // a cold drafter and the probes to find out
+        if (plain_rate > best_rate * (drafting_ ? 1.0 + kLeaveMargin : 1.0)) best = 0;
+        drafting_ = best != 0;
     }
     if (best != 0) {
         // drafting on its merits: probe sooner again once it stops paying, but not at once after one
@@ -109,12 +129,15 @@ uint32_t DraftLengthController::choose() {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);
         // probe (has the content become draftable?) with the draft length most likely to pay
+        probe_k_ = best_drafted;
+        probe_left_ = kProbeSteps - 1;
+        probing_ = true;
         return best_drafted;
     }
     return 0;
 }
 
-void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms) {
+void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady) {
     for (uint32_t i = 0; i < cap_; ++i) {
         reached_[i] *= kDecay;
         accepted_[i] *= kDecay;
@@ -124,10 +147,13 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
         if (i < accepted) accepted_[i] += 1.0;
     }
     for (uint32_t i = 0; i < cap_; ++i) accept_[i] = accepted_[i] / reached_[i];
+    if (!steady || probing_) return;
     t_draft_[k].observe(draft_ms);
     t_verify_[k].observe(verify_ms);
 }
 
-void DraftLengthController::observe_plain(double ms) { t_plain_.observe(ms); }
+void DraftLengthController::observe_plain(double ms, bool steady) {
+    if (steady) t_plain_.observe(ms);
+}
 
 }  // namespace dflash

@@ -219,7 +219,7 @@ StepOutput Speculator::step() {
         stats_.pos_reached[i]++;
         if (i < j) stats_.pos_accepted[i]++;
     }
-    length_->observe_draft(m, j, draft_step_ms, verify_ms);
+    length_->observe_draft(m, j, draft_step_ms, verify_ms, target_->repeated_shape());
     return out;
 }
 
@@ -237,7 +237,7 @@ StepOutput Speculator::step_plain() {
                                           : sample(target_distribution(lg, target_->n_vocab(), params_), rng_);
     const double ms = ms_since(t0);
     stats_.verify_ms += ms;
-    length_->observe_plain(ms);
+    length_->observe_plain(ms, target_->repeated_shape());
     const auto & f = target_->features();
     pending_.insert(pending_.end(), f.begin(), f.end());
     pending_rows_ += 1;

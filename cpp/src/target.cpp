@@ -115,6 +115,7 @@ void Target::decode(const int32_t * tokens, uint32_t n, int32_t p0, bool all_log
         throw Error("target context full: positions up to " + std::to_string(p0 + n) + " exceed n_ctx = " +
                     std::to_string(n_ctx()));
     }
+    repeated_shape_ = n <= n_batch_ && n == last_chunk_rows_ && all_logits == last_all_logits_;
     const size_t width = layers_.size() * n_embd_;
     features_.resize((size_t) n * width);
     for (uint32_t done = 0; done < n;) {

@@ -42,6 +42,9 @@ class Target {
     const float * logits(uint32_t row) const;  // row of the last decode (last chunk for prefill)
     // [n_rows][n_layers * n_embd] features of all rows of the last decode() call
     const std::vector<float> & features() const { return features_; }
+    // whether the last decode had the batch shape of the one before (rows, logits of all rows or the
+    // last): libllama then reuses its graph, else it rebuilds it
+    bool repeated_shape() const { return repeated_shape_; }
     // Drops every cached position >= p.
     void truncate(int32_t p);
     void clear();
@@ -69,6 +72,7 @@ class Target {
     uint32_t batch_cap_ = 0;
     uint32_t last_chunk_rows_ = 0;
     bool last_all_logits_ = false;
+    bool repeated_shape_ = false;
 };
 
 }  // namespace dflash
