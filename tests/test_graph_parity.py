@@ -403,8 +403,9 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
     every one of them, the same draft as the plain layout; F16 weights have no such layout."""
     if DEVICE.lower() != "cpu":
         pytest.skip("repacked layouts are the CPU's")
-    if "avx2" not in Path("/proc/cpuinfo").read_text(errors="replace").split():
-        pytest.skip("ggml's x86 Q4_0 repack needs AVX2")
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file() or "avx2" not in cpuinfo.read_text(errors="replace").split():
+        pytest.skip("asserts ggml's x86 Q4_0 repack, which needs AVX2 (read from Linux's /proc/cpuinfo)")
     path, target = str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")
     packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
     plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False)
