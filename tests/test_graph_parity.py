@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -398,14 +400,18 @@ def test_bundled_quantized(tiny_gguf: Any, golden_features: dict[str, np.ndarray
     assert worst <= NMSE_BUNDLED[outtype]
 
 
-def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
-    """On the CPU a Q4_0 drafter's matmul weights go to ggml's repacked layout (AVX2 / ARM kernels):
-    every one of them, the same draft as the plain layout; F16 weights have no such layout."""
+def skip_without_x86_repack() -> None:
     if DEVICE.lower() != "cpu":
         pytest.skip("repacked layouts are the CPU's")
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file() or "avx2" not in cpuinfo.read_text(errors="replace").split():
         pytest.skip("asserts ggml's x86 Q4_0 repack, which needs AVX2 (read from Linux's /proc/cpuinfo)")
+
+
+def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
+    """On the CPU a Q4_0 drafter's matmul weights go to ggml's repacked layout (AVX2 / ARM kernels):
+    every one of them, the same draft as the plain layout; F16 weights have no such layout."""
+    skip_without_x86_repack()
     path, target = str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")
     packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
     plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False)
@@ -418,6 +424,19 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
         assert a["tokens"] == b["tokens"], c["prompt_id"]
         assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), c["prompt_id"]
         assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8
+
+
+def test_repacking_prints_nothing(tiny_gguf: Any) -> None:
+    """ggml logs each weight it repacks at debug level and its default logger prints every level: a
+    Drafter opened without llama_cpp's logger must not fill stderr with them."""
+    skip_without_x86_repack()
+    code = ("import sys, dflash_gguf; d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1); "
+            "print(d.repacked_weights)")
+    r = subprocess.run([sys.executable, "-c", code, str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) == 19
+    assert "repack" not in r.stderr, r.stderr
 
 
 # --------------------------------------------------------------------------- #

@@ -446,6 +446,7 @@ DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t
     file_ptr f(fopen(path.c_str(), "rb"));
     if (!f) throw Error(path + ": cannot reopen file");
     std::vector<uint8_t> staging;
+    const QuietDebugLog quiet;  // a line per repacked weight otherwise
     for (const auto & ti : m.info.tensors) {
         ggml_tensor * t = ggml_get_tensor(m.ctx.get(), ti.name.c_str());
         staging.resize(ti.nbytes);

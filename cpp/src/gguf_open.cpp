@@ -1,5 +1,6 @@
 #include "gguf_open.h"
 
+#include <cstdio>
 #include <mutex>
 
 #include "dflash/error.h"
@@ -37,6 +38,28 @@ std::string one_line(std::string s) {
 }
 
 }  // namespace
+
+QuietDebugLog::QuietDebugLog() {
+    g_capture_mu.lock();
+    ggml_log_get(&prev_cb_, &prev_ud_);
+    ggml_log_set(&QuietDebugLog::forward, this);
+}
+
+QuietDebugLog::~QuietDebugLog() {
+    ggml_log_set(prev_cb_, prev_ud_);
+    g_capture_mu.unlock();
+}
+
+void QuietDebugLog::forward(ggml_log_level level, const char * text, void * ud) {
+    auto * self = static_cast<QuietDebugLog *>(ud);
+    if (level != GGML_LOG_LEVEL_CONT) self->dropping_ = level == GGML_LOG_LEVEL_DEBUG;  // CONT: as the line it continues
+    if (self->dropping_) return;
+    if (self->prev_cb_) {
+        self->prev_cb_(level, text, self->prev_ud_);
+    } else {
+        std::fputs(text, stderr);
+    }
+}
 
 gguf_ptr open_gguf(const std::string & path, ggml_context_ptr & meta, const std::string & what) {
     ggml_context * meta_raw = nullptr;
