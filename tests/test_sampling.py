@@ -7,11 +7,14 @@
    the accept rate against sum(min(p, q)).
 2. `_core.target_distribution`: temperature / top-k / top-p / min-p against a
    numpy implementation, and against libllama's own sampler chain built the way
-   llama-cpp-python builds it (top_k, typical, top_p, min_p, temp).
+   llama-cpp-python builds it (top_k, typical, top_p, min_p, temp);
+   `_core.shape_logits` (logit bias, repeat / frequency / presence penalties)
+   against libllama's logit-bias and penalties samplers.
 3. End to end on the bundled pair at T = 1: the 2nd and 3rd generated tokens
    (produced by verification / the bonus draw) of many seeded speculative runs
    against plain decoding (two-sample chi-square) and against the exact marginal
-   computed from the target's logits (one-sample), for draft_q "logits" and "selector".
+   computed from the target's logits (one-sample), for draft_q "logits" and "selector";
+   with penalties, the 2nd token against the penalized marginal.
 
 scipy is not needed: chi-square critical values come from the Wilson-Hilferty
 approximation (conservative for small df).
@@ -353,6 +356,55 @@ def test_target_distribution_matches_llama_chain_when_temperature_is_not_one(
         np.testing.assert_allclose(ours, ref, atol=2e-6, rtol=1e-4)
 
 
+def libllama_shaped(logits: np.ndarray, generated: list[int], repeat: float, freq: float, present: float,
+                    last_n: int, bias: dict[int, float]) -> np.ndarray:
+    """The logits after libllama's logit-bias and penalties samplers, the penalties having accepted `generated`."""
+    from llama_cpp import llama_cpp as llc
+
+    n = len(logits)
+    arr = (llc.llama_token_data * n)()
+    for i in range(n):
+        arr[i].id, arr[i].logit, arr[i].p = i, float(logits[i]), 0.0
+    cur = llc.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
+    chain = llc.llama_sampler_chain_init(llc.llama_sampler_chain_default_params())
+    try:
+        if bias:
+            lb = (llc.llama_logit_bias * len(bias))(*[llc.llama_logit_bias(token=t, bias=b) for t, b in bias.items()])
+            llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_logit_bias(n, len(bias), lb))
+        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_penalties(n, last_n, repeat, freq, present))
+        for t in generated:
+            llc.llama_sampler_accept(chain, t)
+        llc.llama_sampler_apply(chain, ctypes.byref(cur))
+        out = np.empty(n, np.float32)
+        for i in range(cur.size):
+            out[cur.data[i].id] = cur.data[i].logit
+    finally:
+        llc.llama_sampler_free(chain)
+    return out
+
+
+# (repeat, frequency, presence, last_n, bias): last_n below the history's length drops its old tokens
+PENALTIES = [(1.3, 0.0, 0.0, 64, {}), (1.0, 0.4, 0.0, 64, {}), (1.0, 0.0, 0.7, 64, {}), (1.5, 0.2, 0.3, 8, {}),
+             (0.8, -0.1, 0.2, 3, {}), (1.0, 0.0, 0.0, 64, {3: 2.5, 7: -4.0, 11: -float("inf")}),
+             (1.2, 0.1, 0.1, 0, {5: 1.0}), (1.3, 0.5, 0.5, 64, {2: 1.5, 9: -0.5})]
+
+
+@pytest.mark.parametrize("params", PENALTIES, ids=str)
+def test_shaped_logits_match_llama_samplers(params: tuple) -> None:
+    """logit_bias and repeat / frequency / presence penalties as libllama's own samplers apply them, including
+    the sign rule (a negative logit is multiplied by the repeat penalty) and the window's eviction."""
+    repeat, freq, present, last_n, bias = params
+    rng = np.random.default_rng(11)
+    for trial in range(4):
+        lg = (3.0 * rng.standard_normal(40)).astype(np.float32)
+        generated = [int(t) for t in rng.integers(0, 16, size=int(rng.integers(1, 100)))]
+        ours = np.asarray(_core.shape_logits(lg, generated, repeat, freq, present, last_n, bias))
+        np.testing.assert_array_equal(ours, libllama_shaped(lg, generated, repeat, freq, present, last_n, bias),
+                                      err_msg=f"trial {trial}, {len(generated)} generated")
+        if repeat != 1.0 or freq or present or bias:
+            assert not np.array_equal(ours, lg)  # the case shapes something
+
+
 # --------------------------------------------------------------------------- #
 # 3. end to end on the bundled pair
 # --------------------------------------------------------------------------- #
@@ -377,13 +429,13 @@ def e2e() -> dict:
     return {"specs": specs, "ref": ref, "toks": toks, "cache": {}}
 
 
-def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int) -> dict:
+def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int, **penalties: float) -> dict:
     pos = {1: collections.Counter(), 2: collections.Counter()}
     acc = steps = 0
     t0 = time.perf_counter()
     for s in range(runs):
         out = list(spec.generate_tokens(toks, max_tokens=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                                        seed=seed0 + s, plain=plain)) + [STOP] * 3
+                                        seed=seed0 + s, plain=plain, **penalties)) + [STOP] * 3
         pos[1][out[1]] += 1
         pos[2][out[2]] += 1
         acc += spec.stats.accepted
@@ -391,25 +443,26 @@ def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int) -> di
     return {"pos": pos, "accepted_per_step": acc / max(steps, 1), "seconds": time.perf_counter() - t0}
 
 
-def _exact_second_token(ref, toks: list[int], temperatures: tuple[float, ...], vocab: int) -> list[np.ndarray]:
-    """P(2nd generated token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), per temperature;
-    index vocab = STOP (the first token was the end of generation)."""
+def _exact_second_token(ref, toks: list[int], temperatures: tuple[float, ...], vocab: int,
+                        **penalties: float) -> list[np.ndarray]:
+    """P(2nd generated token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), per temperature, the
+    penalties (if any) seeing t1 at the second; index vocab = STOP (the first token was the end of generation)."""
     from tinycode import EOS
 
-    def dist(lg: np.ndarray, T: float) -> np.ndarray:
-        return np.asarray(_core.target_distribution(lg, T), np.float64)
+    def dist(lg: np.ndarray, T: float, generated: list[int]) -> np.ndarray:
+        return np.asarray(_core.target_distribution(_core.shape_logits(lg, generated, **penalties), T), np.float64)
 
     lg1 = ref.logits_after(toks)
-    p1_hot = np.maximum.reduce([dist(lg1, T) for T in temperatures])
+    p1_hot = np.maximum.reduce([dist(lg1, T, []) for T in temperatures])
     cands = [int(t) for t in np.nonzero(p1_hot > 1e-5)[0] if t != EOS]
     lg2 = ref.next_logits(toks, cands)
     outs = []
     for T in temperatures:
-        p1 = dist(lg1, T)
+        p1 = dist(lg1, T, [])
         out = np.zeros(vocab + 1)
         out[vocab] = p1[EOS]
         for t1, lg in zip(cands, lg2):
-            out[:vocab] += p1[t1] * dist(lg, T)
+            out[:vocab] += p1[t1] * dist(lg, T, [t1])
         outs.append(out / out.sum())  # the < 1e-5 tail of t1 is spread proportionally (negligible)
     return outs
 
@@ -458,6 +511,30 @@ def test_sampled_tokens_follow_the_target(e2e: dict, draft_q: str) -> None:
     assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
     record(f"sampling_e2e_{draft_q}", report)
     print(f"\n[sampling e2e {draft_q}] {report}")
+
+
+def test_penalized_sampling_follows_the_penalized_target(e2e: dict) -> None:
+    """At T = 1 with a repeat and a (negative: repeating pays) presence penalty: the 2nd token (verified with
+    the 1st in the penalty window) follows the penalized marginal, and this histogram rejects the unpenalized
+    one (a penalty against repeating the 1st token moves the 2nd too little to tell with these runs)."""
+    from tinycode import record
+
+    pen = dict(repeat_penalty=1.5, presence_penalty=-5.0)
+    spec = e2e["specs"]["logits"]
+    vocab = spec._spec.n_vocab
+    ours = _histograms(spec, e2e["toks"], False, E2E_RUNS, 30_000_000, **pen)
+    assert 0.2 < ours["accepted_per_step"] < 5.0, ours["accepted_per_step"]
+    a = _counts(ours["pos"][1], vocab)
+    (exact,) = _exact_second_token(e2e["ref"], e2e["toks"], (1.0,), vocab, **pen)
+    stat, df = chi2_one_sample(a, exact)
+    assert stat < chi2_crit(df, E2E_ALPHA), (stat, df)
+    unpenalized = e2e["cache"].get("exact")
+    if unpenalized is None:
+        (unpenalized,) = _exact_second_token(e2e["ref"], e2e["toks"], (1.0,), vocab)
+    stat_w, df_w = chi2_one_sample(a, unpenalized)
+    assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
+    record("sampling_e2e_penalties", {"penalties": pen, "runs": E2E_RUNS, "chi2": stat, "df": df,
+                                      "chi2_vs_unpenalized": stat_w, "accepted_per_step": ours["accepted_per_step"]})
 
 
 def test_default_completion_params_sample_what_llama_cpp_samples(e2e: dict) -> None:

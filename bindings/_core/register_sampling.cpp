@@ -2,6 +2,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <map>
+
 #include "dflash/error.h"
 #include "dflash/sampling.h"
 #include "register.h"
@@ -62,4 +64,27 @@ void register_sampling(py::module_ & m) {
             return out;
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f);
+    m.def(
+        "shape_logits",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, const std::vector<int32_t> & generated,
+           float repeat_penalty, float frequency_penalty, float presence_penalty, int32_t penalty_last_n,
+           const std::map<int32_t, float> & logit_bias) {
+            if (logits.ndim() != 1) throw dflash::Error("logits must be a 1-D array");
+            dflash::SamplingParams sp;
+            sp.repeat_penalty = repeat_penalty;
+            sp.frequency_penalty = frequency_penalty;
+            sp.presence_penalty = presence_penalty;
+            sp.penalty_last_n = penalty_last_n;
+            sp.logit_bias.assign(logit_bias.begin(), logit_bias.end());
+            dflash::TokenWindow window(sp.penalizes() ? penalty_last_n : 0);
+            for (int32_t t : generated) window.push(t);
+            std::vector<float> scratch;
+            const float * out = dflash::shape_logits(logits.data(), (uint32_t) logits.shape(0), sp, window, scratch);
+            return py::array_t<float>(logits.shape(0), out);
+        },
+        py::arg("logits"), py::arg("generated"), py::arg("repeat_penalty") = 1.0f, py::arg("frequency_penalty") = 0.0f,
+        py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
+        py::arg("logit_bias") = std::map<int32_t, float>{},
+        "The logits the sampler sees after `generated` (logit bias, then llama.cpp's penalties over the last "
+        "penalty_last_n tokens).");
 }

@@ -2,6 +2,8 @@
 // from Python (streaming, stop strings and finish reasons live in Python).
 #include <pybind11/stl.h>
 
+#include <map>
+
 #include <functional>
 #include <optional>
 
@@ -104,18 +106,26 @@ void register_speculator(py::module_ & m) {
         .def(
             "start",
             [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,
-               float min_p, uint64_t seed) {
+               float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
+               int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
                 sp.top_k = top_k;
                 sp.top_p = top_p;
                 sp.min_p = min_p;
+                sp.repeat_penalty = repeat_penalty;
+                sp.frequency_penalty = frequency_penalty;
+                sp.presence_penalty = presence_penalty;
+                sp.penalty_last_n = penalty_last_n;
+                sp.logit_bias.assign(logit_bias.begin(), logit_bias.end());
                 py::gil_scoped_release nogil;
                 return p.s->start(prompt, sp, seed);
             },
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
-            py::arg("min_p") = 0.0f, py::arg("seed") = 0)
+            py::arg("min_p") = 0.0f, py::arg("seed") = 0, py::arg("repeat_penalty") = 1.0f,
+            py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
+            py::arg("logit_bias") = std::map<int32_t, float>{})
         .def("step", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step); })
         .def("step_plain", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step_plain); })
         .def_property_readonly("n_max", [](PySpeculator & p) { return p.s->n_max(); })

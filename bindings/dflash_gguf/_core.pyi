@@ -49,6 +49,10 @@ def speculative_sample_histogram(
 def target_distribution(
     logits: npt.ArrayLike, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
 ) -> npt.NDArray[np.float32]: ...
+def shape_logits(
+    logits: npt.ArrayLike, generated: list[int], repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0, penalty_last_n: int = 64, logit_bias: dict[int, float] = ...,
+) -> npt.NDArray[np.float32]: ...
 
 class DraftLengthController:
     """The adaptive draft-length rule on its own (n_max="auto" uses it), for tests and tuning."""
@@ -93,7 +97,8 @@ class Speculator:
     ) -> Speculator: ...
     def start(
         self, prompt: list[int], temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-        seed: int = 0,
+        seed: int = 0, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+        penalty_last_n: int = 64, logit_bias: dict[int, float] = ...,
     ) -> int: ...
     def step(self) -> tuple[list[int], bool]: ...
     def step_plain(self) -> tuple[list[int], bool]: ...

@@ -43,6 +43,11 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off).")
 @click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off).")
+@click.option("--repeat-penalty", default=1.0, show_default=True,
+              help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).")
+@click.option("--repeat-last-n", default=64, show_default=True, help="Generated tokens the penalties look at.")
+@click.option("--presence-penalty", default=0.0, show_default=True, help="Presence penalty (0 = off).")
+@click.option("--frequency-penalty", default=0.0, show_default=True, help="Frequency penalty (0 = off).")
 @click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
 @click.option("--n-max", default="auto", show_default=True,
               help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
@@ -61,7 +66,8 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,
-             min_p: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
+             min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
+             frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
              device: str, no_repack: bool, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
@@ -69,14 +75,17 @@ def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
                                n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
-                               repack=False if no_repack else None, verbose=verbose)
+                               repack=False if no_repack else None, last_n_tokens_size=repeat_last_n,
+                               verbose=verbose)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                  seed=None if seed < 0 else seed)
-        click.echo(prompt, nl=False)
+                  repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
+                  frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed)
         if no_stream:
-            click.echo(llm.create_completion(prompt, **kw)["choices"][0]["text"])
+            click.echo(prompt + llm.create_completion(prompt, **kw)["choices"][0]["text"])
         else:
-            for chunk in llm.create_completion(prompt, stream=True, **kw):
+            chunks = llm.create_completion(prompt, stream=True, **kw)  # bad settings raise here, before any text
+            click.echo(prompt, nl=False)
+            for chunk in chunks:
                 click.echo(chunk["choices"][0]["text"], nl=False)
             click.echo()
     except (ValueError, RuntimeError) as e:

@@ -8,12 +8,13 @@ strings, finish reasons and statistics.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._core import DFlashError, Speculator
@@ -66,17 +67,52 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     return n_max, False
 
 
-def _check_sampling(temperature: float, top_p: float, top_k: int, min_p: float, max_tokens: int | None) -> None:
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    if top_k < 0:
-        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
-    if not 0.0 <= min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p}")
-    if max_tokens is not None and not isinstance(max_tokens, int):
-        raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen, with llama_cpp.Llama's meanings: logit_bias is added to the raw logits,
+    then llama.cpp's repeat / frequency / presence penalties over the last penalty_last_n generated tokens
+    (the prompt not counted, in greedy decoding too), then top-k, top-p, min-p and the temperature."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    penalty_last_n: int = 64
+    logit_bias: dict[int, float] | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
+            raise ValueError(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be finite (0 = off), got {getattr(self, name)}")
+        if isinstance(self.penalty_last_n, bool) or not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 0:
+            raise ValueError(f"penalty_last_n (last_n_tokens_size) must be an int >= 0, got {self.penalty_last_n!r}")
+        if self.logit_bias is not None:
+            try:
+                bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from e
+            if any(math.isnan(v) for v in bias.values()):
+                raise ValueError(f"logit_bias values must not be NaN, got {self.logit_bias!r}")
+            object.__setattr__(self, "logit_bias", bias)
+
+    def start_kwargs(self) -> dict[str, Any]:
+        """The sampling keywords of _core.Speculator.start."""
+        kw = asdict(self)
+        kw["logit_bias"] = self.logit_bias or {}
+        return kw
 
 
 class SpeculativeLlama:
@@ -96,6 +132,7 @@ class SpeculativeLlama:
         device: str = "auto",
         fallback: bool = True,
         repack: bool | None = None,
+        last_n_tokens_size: int = 64,
         verbose: bool = False,
         _core: Speculator | None = None,
     ) -> None:
@@ -103,6 +140,7 @@ class SpeculativeLlama:
         from llama_cpp import _logger
 
         _logger.set_verbose(verbose)
+        Sampling(penalty_last_n=last_n_tokens_size)  # raises for a bad window before anything loads
         if _core is None:
             for what, path in (("target", target), ("draft", draft)):
                 if not isinstance(path, str) or not path:
@@ -116,6 +154,7 @@ class SpeculativeLlama:
                 fallback=fallback, repack=repack,
             )
         self._spec = _core
+        self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as llama_cpp.Llama's
         self.model_path = target
         self.draft_path = draft
         self._lock = threading.Lock()
@@ -144,7 +183,7 @@ class SpeculativeLlama:
                                 draft_q=draft_q, fallback=fallback)
         # llama_cpp.Llama keeps its own idea of what its KV cache holds; ours differs now
         llm.n_tokens = 0
-        obj = cls(path, draft, n_max=n_max, _core=core)
+        obj = cls(path, draft, n_max=n_max, last_n_tokens_size=int(getattr(llm, "last_n_tokens_size", 64)), _core=core)
         obj._llama = llm
         return obj
 
@@ -182,28 +221,44 @@ class SpeculativeLlama:
         top_p: float = 1.0,
         top_k: int = 0,
         min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
         seed: int | None = None,
         plain: bool = False,
     ) -> Iterator[int]:
         """Token ids as the loop emits them; stops at an end-of-generation token,
         max_tokens or a full context (then `self.finish_reason` is "length")."""
-        _check_sampling(temperature, top_p, top_k, min_p, max_tokens)
+        sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
+                                  presence_penalty, logit_bias)
+        return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain)
+
+    def _sampling(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
+                  repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
+                  logit_bias: dict[int, float] | None) -> Sampling:
+        if max_tokens is not None and not isinstance(max_tokens, int):
+            raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
+        return Sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty, presence_penalty,
+                        self.last_n_tokens_size, logit_bias)
+
+    def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
+                  plain: bool) -> Iterator[int]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
         try:
-            yield from self._generate_locked(list(prompt_tokens), max_tokens, temperature, top_p, top_k, min_p,
-                                             seed, plain)
+            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain)
         finally:
             self._lock.release()
 
-    def _generate_locked(self, prompt: list[int], max_tokens: int | None, temperature: float, top_p: float,
-                         top_k: int, min_p: float, seed: int | None, plain: bool) -> Iterator[int]:
+    def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
+                         plain: bool) -> Iterator[int]:
         limit = self.n_ctx - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
         t0 = time.perf_counter()
-        first = self._spec.start(prompt, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed)
+        first = self._spec.start(prompt, seed=seed, **sampling.start_kwargs())
         t_decode = time.perf_counter()
         n_out = 0
         pending = [first]
@@ -248,16 +303,15 @@ class SpeculativeLlama:
             tokens_per_second=n_out / decode_s if decode_s > 0 else 0.0,
         )
 
-    def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, temperature: float,
-                           top_p: float, top_k: int, min_p: float, stop: str | list[str] | None,
+    def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
+                           stop: str | list[str] | None,
                            seed: int | None) -> Iterator[tuple[str, str | None, int, int]]:
         """(text delta, finish_reason or None, prompt tokens, completion tokens)"""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
-        for tok in self.generate_tokens(tokens, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
-                                        top_k=top_k, min_p=min_p, seed=seed):
+        for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False):
             n += 1
             delta = stream.feed(self._spec.token_to_piece(tok))
             if delta:
@@ -278,11 +332,16 @@ class SpeculativeLlama:
         stop: str | list[str] | None = None,
         seed: int | None = None,
         stream: bool = False,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """Same arguments and result shapes as llama_cpp.Llama.create_completion."""
-        _check_sampling(temperature, top_p, top_k, min_p, max_tokens)
+        """llama_cpp.Llama.create_completion's arguments (those listed) and result shapes."""
+        sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
+                                  presence_penalty, logit_bias)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, temperature, top_p, top_k, min_p, stop, seed)
+        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed)
 
         def shape(text: str, reason: str | None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
@@ -315,13 +374,18 @@ class SpeculativeLlama:
         stop: str | list[str] | None = None,
         seed: int | None = None,
         stream: bool = False,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none)."""
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
-        _check_sampling(temperature, top_p, top_k, min_p, max_tokens)
+        sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
+                                  presence_penalty, logit_bias)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, temperature, top_p, top_k, min_p, stops, seed)
+        chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed)
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_path,

@@ -13,6 +13,37 @@ float SparseDist::prob_of(int32_t id) const {
     return 0.0f;
 }
 
+void TokenWindow::push(int32_t token) {
+    if (n_ <= 0) return;
+    if ((int32_t) last_.size() == n_) {
+        const auto old = counts_.find(last_.front());
+        if (--old->second == 0) counts_.erase(old);
+        last_.pop_front();
+    }
+    last_.push_back(token);
+    counts_[token]++;
+}
+
+const float * shape_logits(const float * logits, uint32_t n_vocab, const SamplingParams & params,
+                           const TokenWindow & window, std::vector<float> & scratch) {
+    const bool penalize = params.penalizes() && !window.counts().empty();
+    if (params.logit_bias.empty() && !penalize) return logits;
+    scratch.assign(logits, logits + n_vocab);
+    for (const auto & [id, bias] : params.logit_bias) {
+        if (id >= 0 && (uint32_t) id < n_vocab) scratch[(size_t) id] += bias;
+    }
+    if (penalize) {
+        // as llama.cpp: a positive logit is divided by the repeat penalty, a negative one multiplied
+        for (const auto & [id, count] : window.counts()) {
+            if (id < 0 || (uint32_t) id >= n_vocab) continue;
+            float & l = scratch[(size_t) id];
+            l = l <= 0.0f ? l * params.repeat_penalty : l / params.repeat_penalty;
+            l -= (float) count * params.frequency_penalty + params.presence_penalty;
+        }
+    }
+    return scratch.data();
+}
+
 int32_t argmax(const float * logits, uint32_t n_vocab) {
     return (int32_t) (std::max_element(logits, logits + n_vocab) - logits);
 }

@@ -76,7 +76,16 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
                         std::to_string(target_->n_vocab()) + ")");
         }
     }
+    for (const auto & [id, bias] : params.logit_bias) {
+        if (id < 0 || (uint32_t) id >= target_->n_vocab()) {
+            throw Error("logit_bias token " + std::to_string(id) + " is outside the vocabulary (" +
+                        std::to_string(target_->n_vocab()) + ")");
+        }
+    }
+    if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
     params_ = params;
+    // a fresh window per generation, as llama-cpp-python makes a fresh sampler per call
+    generated_ = TokenWindow(params.penalizes() ? params.penalty_last_n : 0);
     rng_.seed(seed);
     stats_ = SpecStats{};
     stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
@@ -107,12 +116,21 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     pending_rows_ += n_new;
     committed_ = prompt;
     const float * logits = target_->logits(0);
-    anchor_ = params_.greedy() ? argmax(logits, target_->n_vocab())
-                               : sample(target_distribution(logits, target_->n_vocab(), params_), rng_);
+    anchor_ = choose_token(logits, generated_);
+    generated_.push(anchor_);
     stats_.prefill_ms = ms_since(t0);
     stats_.prompt_tokens = (uint32_t) prompt.size();
     stats_.reused_tokens = (uint32_t) reuse;
     return anchor_;
+}
+
+const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
+    return shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
+}
+
+int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
+    const float * lg = shaped(logits, window);
+    return params_.greedy() ? argmax(lg, target_->n_vocab()) : sample(target_distribution(lg, target_->n_vocab(), params_), rng_);
 }
 
 SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const {
@@ -180,10 +198,11 @@ StepOutput Speculator::step() {
     // accept
     t0 = std::chrono::steady_clock::now();
     const uint32_t V = target_->n_vocab();
+    TokenWindow window = generated_;  // row j also sees the drafted tokens before it
     uint32_t j = 0;
     int32_t next = -1;
     for (; j < m; ++j) {
-        const float * lg = target_->logits(j);
+        const float * lg = shaped(target_->logits(j), window);
         if (greedy) {
             const int32_t best = argmax(lg, V);
             if (best != seq[j + 1]) { next = best; break; }
@@ -191,11 +210,11 @@ StepOutput Speculator::step() {
             const RejectionOutcome o = verify_draft_token(target_distribution(lg, V, params_), q[j], seq[j + 1], rng_);
             if (!o.accepted) { next = o.token; break; }
         }
+        window.push(seq[j + 1]);
     }
-    if (j == m) {
-        const float * lg = target_->logits(m);
-        next = greedy ? argmax(lg, V) : sample(target_distribution(lg, V, params_), rng_);
-    }
+    if (j == m) next = choose_token(target_->logits(m), window);
+    window.push(next);
+    generated_ = std::move(window);
     stats_.sample_ms += ms_since(t0);
 
     // commit a, d_1..d_j; roll the target back past the rejected rows
@@ -233,8 +252,8 @@ StepOutput Speculator::step_plain() {
     const auto t0 = std::chrono::steady_clock::now();
     target_->decode(&anchor_, 1, (int32_t) n, false);
     const float * lg = target_->logits(0);
-    const int32_t next = params_.greedy() ? argmax(lg, target_->n_vocab())
-                                          : sample(target_distribution(lg, target_->n_vocab(), params_), rng_);
+    const int32_t next = choose_token(lg, generated_);
+    generated_.push(next);
     const double ms = ms_since(t0);
     stats_.verify_ms += ms;
     length_->observe_plain(ms, target_->repeated_shape());

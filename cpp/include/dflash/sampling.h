@@ -1,9 +1,12 @@
 #pragma once
 // Target distributions shaped exactly as plain decoding shapes them
-// (temperature, top-k, top-p, min-p), and the exact rejection step of
-// speculative sampling with the drafter's real q.
+// (logit bias, repetition penalties, temperature, top-k, top-p, min-p), and the
+// exact rejection step of speculative sampling with the drafter's real q.
 #include <cstdint>
+#include <deque>
 #include <random>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace dflash {
@@ -13,8 +16,36 @@ struct SamplingParams {
     int32_t top_k = 0;         // 0 = off
     float top_p = 1.0f;        // 1 = off
     float min_p = 0.0f;        // 0 = off
+    // llama.cpp's penalties sampler over the last penalty_last_n generated tokens (the prompt is not
+    // counted, as in llama-cpp-python), applied in greedy decoding too
+    float repeat_penalty = 1.0f;     // 1 = off
+    float frequency_penalty = 0.0f;  // 0 = off
+    float presence_penalty = 0.0f;   // 0 = off
+    int32_t penalty_last_n = 64;     // 0 = off
+    std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits first
     bool greedy() const { return temperature <= 0.0f; }
+    bool penalizes() const {
+        return penalty_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
+    }
 };
+
+// The generated tokens a penalty sees: the last `n` of them, with their counts.
+class TokenWindow {
+  public:
+    explicit TokenWindow(int32_t n = 0) : n_(n) {}
+    void push(int32_t token);
+    const std::unordered_map<int32_t, int32_t> & counts() const { return counts_; }
+
+  private:
+    int32_t n_;
+    std::deque<int32_t> last_;
+    std::unordered_map<int32_t, int32_t> counts_;
+};
+
+// The logits the sampler sees: the raw ones plus logit_bias, then penalized for the tokens in the window,
+// in llama-cpp-python's order. Returns `logits` itself when nothing changes them, else scratch.data().
+const float * shape_logits(const float * logits, uint32_t n_vocab, const SamplingParams & params,
+                           const TokenWindow & window, std::vector<float> & scratch);
 
 using Rng = std::mt19937_64;
 

@@ -72,6 +72,10 @@ class Speculator {
     void flush_features();
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
+    // the target's logits as the sampler sees them after the window's tokens (valid until the next call)
+    const float * shaped(const float * logits, const TokenWindow & window);
+    // the next token from the target's logits: plain decoding's choice (greedy or sampled)
+    int32_t choose_token(const float * logits, const TokenWindow & window);
 
     std::unique_ptr<Target> target_;
     std::unique_ptr<Drafter> drafter_;
@@ -81,6 +85,8 @@ class Speculator {
     Rng rng_;
     std::vector<int32_t> committed_;     // tokens whose K/V the target holds (positions 0..n-1)
     int32_t anchor_ = -1;                // newest token, not yet decoded
+    TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
+    std::vector<float> shaped_;          // scratch for shaped logits
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
