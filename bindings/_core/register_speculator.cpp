@@ -2,9 +2,8 @@
 // from Python (streaming, stop strings and finish reasons live in Python).
 #include <pybind11/stl.h>
 
-#include <map>
-
 #include <functional>
+#include <map>
 #include <optional>
 
 #include "busy.h"

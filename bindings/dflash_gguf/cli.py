@@ -67,8 +67,8 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
-             frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
-             device: str, no_repack: bool, no_stream: bool, verbose: bool) -> None:
+             frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
+             threads: int, device: str, no_repack: bool, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
 

@@ -183,7 +183,8 @@ class SpeculativeLlama:
                                 draft_q=draft_q, fallback=fallback)
         # llama_cpp.Llama keeps its own idea of what its KV cache holds; ours differs now
         llm.n_tokens = 0
-        obj = cls(path, draft, n_max=n_max, last_n_tokens_size=int(getattr(llm, "last_n_tokens_size", 64)), _core=core)
+        window = int(getattr(llm, "last_n_tokens_size", 64))
+        obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, _core=core)
         obj._llama = llm
         return obj
 
