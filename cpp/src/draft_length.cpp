@@ -11,6 +11,11 @@ constexpr double kPrior = 0.25;  // pseudo-counts: acceptance starts at 1/2, and
 // auto mode's optimism: a_j + kOptimism * sqrt(1/4 / drafts seen at j), the bound of a coin of
 // unknown bias, so an estimate from a handful of drafts is not trusted to rule drafting out
 constexpr double kOptimism = 0.5;
+// per plain step the acceptance evidence fades by kIdleDecay, down to kMinEvidence drafts per position
+// (the bound then sits kOptimism * sqrt(1/16) = 0.125 above the estimate: an untrained drafter still
+// cannot pay, one whose recent drafts merely dipped gets another drafting run)
+constexpr double kIdleDecay = 0.98;
+constexpr double kMinEvidence = 4.0;
 // plain steps between drafted probes: doubles after each probe (so a pair that never pays costs a
 // probe per kProbeMax tokens), halves with every step that drafts on its merits
 constexpr uint32_t kProbeFirst = 16;
@@ -113,9 +118,15 @@ uint32_t DraftLengthController::choose() {
                 best_drafted = k;
             }
         }
-        // leaving a drafting run needs a clear margin: the way back costs two graph rebuilds in libllama,
-        // a cold drafter and the probes to find out
-        if (plain_rate > best_rate * (drafting_ ? 1.0 + kLeaveMargin : 1.0)) best = 0;
+        if (!drafting_) {
+            // entering a drafting run: the acceptance at its upper confidence bound, which widens while plain
+            // steps draw no evidence (observe_plain), so that a dip is not remembered for good
+            best = best_probe_rate > plain_rate ? best_drafted : 0;
+        } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
+            // leaving one needs a clear margin: the way back costs two graph rebuilds in libllama, a cold
+            // drafter and the evidence to find out
+            best = 0;
+        }
         drafting_ = best != 0;
     }
     if (best != 0) {
@@ -153,6 +164,16 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
 }
 
 void DraftLengthController::observe_plain(double ms, bool steady) {
+    // evidence fades while nothing is drafted (the estimate itself stays): plain decoding began where the
+    // drafts went badly and adds nothing but probes, so a tight bound would keep it plain through content
+    // that drafting wins (the bundled pair: estimates 0.65-0.71 per position after a dip, 0.77-0.94 drafted)
+    for (uint32_t i = 0; i < cap_; ++i) {
+        const double faded = std::max(kMinEvidence, reached_[i] * kIdleDecay);
+        if (faded < reached_[i]) {
+            accepted_[i] *= faded / reached_[i];
+            reached_[i] = faded;
+        }
+    }
     if (steady) t_plain_.observe(ms);
 }
 
