@@ -10,9 +10,11 @@
 // machine's timings are skewed: preempted steps, and lucky ones) and a cost not
 // yet measured is taken as the nearest cheaper one, so every choice gets tried
 // before it is ruled out; the first measurement of each cost is not believed
-// (a backend's first step of a new shape allocates and warms up). Its probes
-// take each a_j at an upper confidence bound that shrinks as drafts are
-// observed, so that little evidence does not rule drafting out. Fixed mode
+// (a backend's first step of a new shape allocates and warms up). It enters a
+// drafting run (and probes) with each a_j at an upper confidence bound that
+// shrinks as drafts are observed and widens again while plain steps observe
+// none, so that little or old evidence does not rule drafting out; it leaves a
+// run on the estimates themselves, and only for a clear margin. Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
