@@ -149,3 +149,32 @@ def test_bad_mode_is_an_error() -> None:
     with pytest.raises(ValueError, match="mode must be"):
         DraftLengthController(7, "fast")
 
+
+
+def test_a_dip_in_acceptance_is_not_remembered_for_good() -> None:
+    """Drafts that paid, then a run of rejections (auto turns to plain decoding), then content on which
+    drafting pays again: plain steps add no evidence, so the controller must come back to drafting on
+    its own (the bound on acceptance widens while it waits), not only through 2-step probes, which
+    back off to one per 256 steps."""
+    def cost(k: int) -> tuple[float, float]:
+        return 0.45 + 0.05 * k, 0.62 + 0.14 * k  # draft, verify ms (plain 0.60: CPU_Q4-like)
+
+    c = DraftLengthController(3, "auto")
+    for _ in range(4):
+        c.observe_plain(0.60)
+    for k in (1, 2, 3):  # drafts that pay, every cost measured
+        for _ in range(15):
+            c.observe_draft(k, k, *cost(k))
+    for _ in range(60):  # the dip: nothing accepted
+        c.observe_draft(3, 0, *cost(3))
+    assert c.choose() == 0
+    chosen = []
+    for _ in range(600):  # drafting pays again: 2 of every 3 drafts accepted
+        k = c.choose()
+        chosen.append(k)
+        if k == 0:
+            c.observe_plain(0.60)
+        else:
+            c.observe_draft(k, min(k, 2), *cost(k))
+    drafted = sum(k > 0 for k in chosen[300:]) / 300
+    assert drafted >= 0.5, "".join(map(str, chosen))
