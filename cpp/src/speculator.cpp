@@ -198,11 +198,12 @@ StepOutput Speculator::step() {
     // accept
     t0 = std::chrono::steady_clock::now();
     const uint32_t V = target_->n_vocab();
-    TokenWindow window = generated_;  // row j also sees the drafted tokens before it
+    // row j's penalties see the drafted tokens before it: each is pushed once accepted, which also
+    // leaves the window right for the next step
     uint32_t j = 0;
     int32_t next = -1;
     for (; j < m; ++j) {
-        const float * lg = shaped(target_->logits(j), window);
+        const float * lg = shaped(target_->logits(j), generated_);
         if (greedy) {
             const int32_t best = argmax(lg, V);
             if (best != seq[j + 1]) { next = best; break; }
@@ -210,11 +211,10 @@ StepOutput Speculator::step() {
             const RejectionOutcome o = verify_draft_token(target_distribution(lg, V, params_), q[j], seq[j + 1], rng_);
             if (!o.accepted) { next = o.token; break; }
         }
-        window.push(seq[j + 1]);
+        generated_.push(seq[j + 1]);
     }
-    if (j == m) next = choose_token(target_->logits(m), window);
-    window.push(next);
-    generated_ = std::move(window);
+    if (j == m) next = choose_token(target_->logits(m), generated_);
+    generated_.push(next);
     stats_.sample_ms += ms_since(t0);
 
     // commit a, d_1..d_j; roll the target back past the rejected rows
