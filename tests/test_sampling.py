@@ -25,7 +25,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import time
+from collections.abc import Sequence
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pytest
@@ -268,8 +270,10 @@ def np_llama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     return out
 
 
-def libllama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
-    """The distribution libllama's sampler chain samples from, built as llama_cpp.Llama._init_sampler does."""
+def run_libllama_chain(logits: np.ndarray, samplers: list[Any],
+                       accepted: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """Apply a libllama sampler chain of `samplers` (which it then owns) to `logits`, after it accepted
+    `accepted`; returns the surviving ids and their logits."""
     from llama_cpp import llama_cpp as llc
 
     n = len(logits)
@@ -279,18 +283,27 @@ def libllama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     cur = llc.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
     chain = llc.llama_sampler_chain_init(llc.llama_sampler_chain_default_params())
     try:
-        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_top_k(top_k))
-        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_typical(1.0, 1))
-        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_top_p(top_p, 1))
-        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_min_p(min_p, 1))
-        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_temp(temperature))
+        for smpl in samplers:
+            llc.llama_sampler_chain_add(chain, smpl)
+        for t in accepted:
+            llc.llama_sampler_accept(chain, t)
         llc.llama_sampler_apply(chain, ctypes.byref(cur))
         ids = np.array([cur.data[i].id for i in range(cur.size)])
         lg = np.array([cur.data[i].logit for i in range(cur.size)], np.float64)
     finally:
         llc.llama_sampler_free(chain)
+    return ids, lg
+
+
+def libllama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """The distribution libllama's sampler chain samples from, built as llama_cpp.Llama._init_sampler does."""
+    from llama_cpp import llama_cpp as llc
+
+    ids, lg = run_libllama_chain(logits, [llc.llama_sampler_init_top_k(top_k), llc.llama_sampler_init_typical(1.0, 1),
+                                          llc.llama_sampler_init_top_p(top_p, 1), llc.llama_sampler_init_min_p(min_p, 1),
+                                          llc.llama_sampler_init_temp(temperature)])
     pr = np.exp(lg - lg.max())
-    out = np.zeros(n)
+    out = np.zeros(len(logits))
     out[ids] = pr / pr.sum()
     return out
 
@@ -362,24 +375,14 @@ def libllama_shaped(logits: np.ndarray, generated: list[int], repeat: float, fre
     from llama_cpp import llama_cpp as llc
 
     n = len(logits)
-    arr = (llc.llama_token_data * n)()
-    for i in range(n):
-        arr[i].id, arr[i].logit, arr[i].p = i, float(logits[i]), 0.0
-    cur = llc.llama_token_data_array(data=arr, size=n, selected=-1, sorted=False)
-    chain = llc.llama_sampler_chain_init(llc.llama_sampler_chain_default_params())
-    try:
-        if bias:
-            lb = (llc.llama_logit_bias * len(bias))(*[llc.llama_logit_bias(token=t, bias=b) for t, b in bias.items()])
-            llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_logit_bias(n, len(bias), lb))
-        llc.llama_sampler_chain_add(chain, llc.llama_sampler_init_penalties(n, last_n, repeat, freq, present))
-        for t in generated:
-            llc.llama_sampler_accept(chain, t)
-        llc.llama_sampler_apply(chain, ctypes.byref(cur))
-        out = np.empty(n, np.float32)
-        for i in range(cur.size):
-            out[cur.data[i].id] = cur.data[i].logit
-    finally:
-        llc.llama_sampler_free(chain)
+    samplers = []
+    if bias:
+        lb = (llc.llama_logit_bias * len(bias))(*[llc.llama_logit_bias(token=t, bias=b) for t, b in bias.items()])
+        samplers.append(llc.llama_sampler_init_logit_bias(n, len(bias), lb))
+    samplers.append(llc.llama_sampler_init_penalties(n, last_n, repeat, freq, present))
+    ids, lg = run_libllama_chain(logits, samplers, generated)
+    out = np.empty(n, np.float32)
+    out[ids] = lg
     return out
 
 
