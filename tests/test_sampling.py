@@ -299,9 +299,10 @@ def libllama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     """The distribution libllama's sampler chain samples from, built as llama_cpp.Llama._init_sampler does."""
     from llama_cpp import llama_cpp as llc
 
-    ids, lg = run_libllama_chain(logits, [llc.llama_sampler_init_top_k(top_k), llc.llama_sampler_init_typical(1.0, 1),
-                                          llc.llama_sampler_init_top_p(top_p, 1), llc.llama_sampler_init_min_p(min_p, 1),
-                                          llc.llama_sampler_init_temp(temperature)])
+    ids, lg = run_libllama_chain(logits, [
+        llc.llama_sampler_init_top_k(top_k), llc.llama_sampler_init_typical(1.0, 1),
+        llc.llama_sampler_init_top_p(top_p, 1), llc.llama_sampler_init_min_p(min_p, 1),
+        llc.llama_sampler_init_temp(temperature)])
     pr = np.exp(lg - lg.max())
     out = np.zeros(len(logits))
     out[ids] = pr / pr.sum()
