@@ -8,6 +8,10 @@ backends show: allocation, CUDA graph warm-up) and reports back. The cost profil
 measured on the bundled pair: a GPU, where verifying 8 tokens costs little more than one, and
 a 2-core CPU, where drafting about breaks even (a little below plain decoding at every k).
 The controller sees only what the real loop shows it.
+
+The bundled pair's own content drifts from prompt to prompt (one perfectly predictable, the next
+hard): a second acceptance source replays, at every position of the bench's 20 greedy runs, what
+the real drafter would get accepted for each draft length (tests/acceptance_traces.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,12 @@ SLOW_DRAFT: Costs = {"plain": 0.60, "draft": lambda k: 0.90 + 0.10 * k, "verify"
 # 0.87 / 1.04 / 1.45 ms, plain 0.60: drafting 3 pays ~10%
 CPU_Q4: Costs = {"plain": 0.60, "draft": lambda k: [0.45, 0.49, 0.50, 0.76][min(k, 4) - 1] + 0.1 * max(0, k - 4),
                  "verify": lambda k: 0.62 + 0.14 * k + 0.05 * max(0, k - 3) ** 2}
+# the bench's per-step figures of the bundled pair, q4_0 drafter, 2 cores, each n_max 1..7 fixed (draft
+# and verify ms per step; `dflash bench --n-max 1,2,3,4,5,6,7`, 4th session); plain 0.58 ms
+BENCH_DRAFT_Q4 = [0.311, 0.417, 0.434, 0.646, 0.649, 0.788, 0.769]
+BENCH_VERIFY_Q4 = [0.719, 0.874, 1.015, 1.354, 1.493, 1.51, 1.676]
+BENCH_CPU_Q4: Costs = {"plain": 0.58, "draft": lambda k: BENCH_DRAFT_Q4[k - 1],
+                       "verify": lambda k: BENCH_VERIFY_Q4[k - 1]}
 # libllama rebuilds its graph when the batch shape changes: a plain step after a drafted one costs
 # 0.72-0.74 ms against 0.59-0.61 after a plain one (the bundled target, 2 cores); a drafted step
 # after a plain one ~0.13 ms more likewise
@@ -56,17 +66,48 @@ def expected_rate(costs: Costs, k: int) -> float:
     return e / ((costs["draft"](k) + costs["verify"](k)) * NOISE_MEAN)  # type: ignore[operator]
 
 
+# how many of k drafted tokens the target accepts: (rng, sequence, position, k) -> accepted
+Acceptance = Callable[[np.random.Generator, int, int, int], int]
+
+
+def iid_acceptance(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
+    j = 0
+    while j < k and rng.random() < ACCEPT[j]:
+        j += 1
+    return j
+
+
 def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq: int = 20,
              n_tokens: int = 128, warmup_factor: float = 5.0, switch: float = 0.0,
-             tell_steady: bool = True) -> tuple[float, float, list[int]]:
+             tell_steady: bool = True, accept: Acceptance = iid_acceptance, warmup: int = 0,
+             calibrate: bool | None = None) -> tuple[float, float, list[int]]:
     """(tokens per ms, share of drafted steps, the k chosen at every step). A step whose target batch
     shape differs from the step before (a sequence starts with a prefill) costs `switch` ms more; the
-    loop tells the controller whether the shape repeated unless tell_steady is off."""
+    loop tells the controller whether the shape repeated unless tell_steady is off. `warmup` runs of
+    sequence 0 come first and are not counted (as `dflash bench` warms up on its first prompt).
+    `calibrate` (default: in auto mode, as the Speculator does before its first prefill) times every
+    shape 4 times in a row before the first sequence, off the clock."""
     rng = np.random.default_rng(seed)
+
+    def noise() -> float:
+        return float(rng.lognormal(0.0, JITTER)) * (SPIKE if rng.random() < SPIKE_P else 1.0)
+
+    if mode != "auto":
+        n_max = n_max or 7
     c = DraftLengthController(7, mode, n_max)
     seen: set[int] = set()
+    if mode == "auto" if calibrate is None else calibrate:
+        for k in range(8):
+            for rep in range(4):
+                slow = warmup_factor if rep == 0 else 1.0
+                d_ms = costs["draft"](k) * noise() * slow if k else 0.0  # type: ignore[operator]
+                v_ms = (costs["verify"](k) if k else costs["plain"]) * noise() * slow  # type: ignore[operator]
+                c.observe_cost(k, d_ms, v_ms)
+            seen.add(k)
     total_ms, tokens, drafted, chosen = 0.0, 0, 0, []
-    for _ in range(n_seq):
+    for run, seq in enumerate([0] * warmup + list(range(n_seq))):
+        if run == warmup:
+            total_ms, tokens, drafted, chosen = 0.0, 0, 0, []
         c.reset_acceptance()
         n, prev, plain_run, cold = 0, -1, 0, []
         while n < n_tokens:
@@ -76,7 +117,6 @@ def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq:
             extra = 0.0 if steady else switch
             slow = warmup_factor if k not in seen else 1.0  # the first step of each shape
             seen.add(k)
-            noise = lambda: rng.lognormal(0.0, JITTER) * (SPIKE if rng.random() < SPIKE_P else 1.0)  # noqa: E731
             if k == 0:
                 ms = costs["plain"] * noise() * slow + extra  # type: ignore[operator]
                 c.observe_plain(ms, steady or not tell_steady)
@@ -88,9 +128,7 @@ def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq:
                 cold = [x * min(1.0, plain_run / 60) for x in COLD_DRAFTER]
             plain_run = 0
             drafted += 1
-            j = 0
-            while j < k and rng.random() < ACCEPT[j]:
-                j += 1
+            j = min(accept(rng, seq, n, k), n_tokens - 1 - n)
             d_ms = costs["draft"](k) * noise() * slow + (cold.pop(0) if cold else 0.0)  # type: ignore[operator]
             v_ms = costs["verify"](k) * noise() * slow + extra  # type: ignore[operator]
             c.observe_draft(k, j, d_ms, v_ms, steady or not tell_steady)
@@ -100,30 +138,66 @@ def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq:
     return tokens / total_ms, drafted / len(chosen), chosen
 
 
-@pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("name,costs", [("gpu", GPU), ("cpu", CPU), ("cpu_q4", CPU_Q4), ("cheap_draft", CHEAP_DRAFT),
                                         ("slow_draft", SLOW_DRAFT)])
-def test_auto_close_to_the_best_fixed_length(name: str, costs: Costs, seed: int) -> None:
+def test_auto_close_to_the_best_fixed_length(name: str, costs: Costs) -> None:
     """Close to the best fixed choice (plain decoding included) for each cost profile, with what the
     real loop shows a controller: the first step of every shape 5x slower (what kept an earlier
     controller from ever drafting on the GPU: it believed the first, slow measurements), libllama's
     graph rebuild at every change of batch shape and an idle drafter's slow first steps (a controller
     that timed those stayed in whichever regime it started in: the bench's auto run at q4_0 ran 1.00x
     plain, mostly plain steps, while n_max 3 ran 1.08x; timing every step here: 0.81 of the best on
-    the GPU profile, seed 2). Where one side is clearly ahead (10%), auto mode mostly does that; near
-    a tie (the CPU profile: plain 5% ahead) either will do. The real loop shows these effects more
-    than this simulation: the bench is the measure."""
-    rate, drafted, _ = simulate(costs, seed, switch=SWITCH)
+    the GPU profile, seed 2). Where one side is clearly ahead (10%), auto mode mostly does that (on
+    average over seeds: early bad luck, such as 6 of the first 10 drafts rejected at position 1 where
+    3 in 4 are accepted, can keep one run plain for a while); near a tie (the CPU profile: plain 5%
+    ahead) either will do. The real loop shows these effects more than this simulation: the bench is
+    the measure."""
     rates = [expected_rate(costs, k) for k in range(8)]
     best_k = max(range(8), key=lambda k: rates[k])
     best, best_drafting = rates[best_k], max(rates[1:])
-    print(f"{name} seed {seed}: auto {rate:.3f} tok/ms ({drafted:.0%} of steps drafted), "
-          f"best fixed k={best_k} {best:.3f} tok/ms: {rate / best:.2f}")
-    assert rate >= 0.85 * best, (rate, best_k, best)
+    runs = [simulate(costs, seed, switch=SWITCH)[:2] for seed in range(6)]
+    ratio = np.array([r for r, _ in runs]) / best
+    drafted = np.mean([d for _, d in runs])
+    print(f"{name}: auto / best fixed (k={best_k}) per seed", " ".join(f"{r:.2f}" for r in ratio),
+          f"({drafted:.0%} of steps drafted)")
+    assert ratio.min() >= 0.85 and ratio.mean() >= 0.92, ratio
     if rates[0] > 1.1 * best_drafting:
         assert drafted <= 0.15, drafted  # it stops drafting where drafting cannot pay
     elif best_drafting > 1.1 * rates[0]:
         assert drafted >= 0.5, drafted
+
+
+@pytest.fixture(scope="module")
+def bundled_traces() -> list[np.ndarray]:
+    from acceptance_traces import record
+    from tinycode import drafter_gguf
+
+    return record(drafter_gguf("f16"))
+
+
+def test_auto_matches_the_best_fixed_length_on_the_bundled_pair(bundled_traces: list[np.ndarray]) -> None:
+    """The bench's situation replayed: the bundled pair's real acceptance at every position of its 20
+    greedy runs (a warm-up on the first prompt, not counted), the bench's measured per-step costs.
+    Auto mode must match the best fixed n_max (3 here; 7 pays on the predictable prompts, 0 on the
+    hard ones). Before the calibration (every cost explored in the first request), auto ran 0.975 of
+    the best over 12 seeds and 0.90 on its worst: it explored 3, 2, 1 and plain inside the perfectly
+    predictable first prompt, then kept drafting 7 through the next; entering drafting on the bound of
+    positions it rarely drafted made it alternate plain and 6-token steps; and a single cost measured
+    in a bad moment kept a draft length out for good."""
+    traces = bundled_traces
+
+    def accept(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
+        return int(traces[seq][pos, k - 1])
+
+    seeds = range(6)
+    fixed = {k: np.mean([simulate(BENCH_CPU_Q4, s, mode="fixed_no_fallback", n_max=k, switch=SWITCH, accept=accept,
+                                  warmup=1)[0] for s in seeds]) for k in range(1, 8)}
+    auto = np.array([simulate(BENCH_CPU_Q4, s, switch=SWITCH, accept=accept, warmup=1)[0] for s in seeds])
+    best_k = max(fixed, key=lambda k: fixed[k])
+    ratios = auto / fixed[best_k]
+    print("fixed n_max 1..7:", " ".join(f"{fixed[k]:.3f}" for k in fixed), "tok/ms; auto / best fixed (k = "
+          f"{best_k}) per seed:", " ".join(f"{r:.3f}" for r in ratios))
+    assert ratios.mean() >= 0.985 and ratios.min() >= 0.95, ratios
 
 
 def test_fixed_mode_repeats_whatever_came_before() -> None:

@@ -165,6 +165,33 @@ def test_auto_stops_drafting_an_untrained_drafter(ref: GreedyReference, ptoks: l
     assert 1 <= drafted_steps <= 0.02 * s["steps"], (drafted_steps, s["steps"])
 
 
+def test_auto_calibrates_its_costs_once_before_the_first_prefill(ref: GreedyReference,
+                                                                 ptoks: list[list[int]]) -> None:
+    """n_max="auto" times a plain decode and every draft length on placeholder tokens before its first
+    prefill, then clears that state: the first request starts with every choice priced (before, it
+    explored each draft length inside the first request, 4-5 steps apiece) and decodes as plain
+    decoding does. Only once per object; a fixed n_max does not; baseline (plain=True) runs leave the
+    controller as it was (they used to fade its acceptance evidence and re-time plain steps)."""
+    spec = SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, n_max="auto")
+    first = list(spec.generate_tokens(ptoks[0], max_tokens=1))
+    assert spec.stats.calibration_ms > 0.0
+    ctl = spec._spec.controller
+    assert all(c > 0.0 for c in ctl["expected_step_ms"]), ctl  # every k priced ...
+    assert ctl["acceptance"] == [0.5] * 7, ctl  # ... before a single draft
+    out = list(spec.generate_tokens(ptoks[1], max_tokens=N_NEW))
+    assert spec.stats.calibration_ms == 0.0
+    _check(ref, ptoks[1], out, N_NEW, "after_calibration")
+    _check(ref, ptoks[0], first, 1, "calibration_then_prefill")
+
+    before = spec._spec.controller
+    list(spec.generate_tokens(ptoks[2], max_tokens=N_NEW, plain=True))
+    assert spec._spec.controller == before
+
+    fixed = SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, n_max=3)
+    list(fixed.generate_tokens(ptoks[0], max_tokens=1))
+    assert fixed.stats.calibration_ms == 0.0
+
+
 @pytest.mark.parametrize("outtype", ["f16", "q8_0"])
 def test_greedy_lossless_quantized_drafter(outtype: str, ref: GreedyReference, ptoks: list[list[int]]) -> None:
     """The drafter's own type changes acceptance, never the output (first 8 prompts)."""

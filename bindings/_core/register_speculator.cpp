@@ -166,6 +166,7 @@ void register_speculator(py::module_ & m) {
                                    d["pos_reached"] = s.pos_reached;
                                    d["pos_accepted"] = s.pos_accepted;
                                    d["prefill_ms"] = s.prefill_ms;
+                                   d["calibration_ms"] = s.calibration_ms;
                                    d["draft_ms"] = s.draft_ms;
                                    d["verify_ms"] = s.verify_ms;
                                    d["inject_ms"] = s.inject_ms;

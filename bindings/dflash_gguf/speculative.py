@@ -35,6 +35,7 @@ class GenerationStats:
     mean_accepted_length: float = 0.0   # tokens per target pass, bonus token included
     per_position_acceptance: list[float] = field(default_factory=list)
     prefill_ms: float = 0.0
+    calibration_ms: float = 0.0        # n_max="auto": timing each draft length, once, before the first prefill
     decode_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
@@ -297,6 +298,7 @@ class SpeculativeLlama:
             mean_accepted_length=(s["accepted"] + drafted_steps) / drafted_steps if drafted_steps else 1.0,
             per_position_acceptance=[a / r if r else 0.0 for a, r in zip(acc, reached)],
             prefill_ms=s["prefill_ms"],
+            calibration_ms=s["calibration_ms"],
             decode_ms=decode_s * 1e3,
             draft_ms=s["draft_ms"],
             verify_ms=s["verify_ms"],

@@ -23,6 +23,9 @@ constexpr uint32_t kProbeMax = 256;
 // a probe drafts this many steps in a row: two steps tell twice as much about acceptance for one
 // switch of the target's batch shape
 constexpr uint32_t kProbeSteps = 2;
+// a drafting run tries one position further for this many steps in a row: a step after a change of
+// length is not timed (libllama rebuilt its graph), so a single step would never measure its cost
+constexpr uint32_t kExploreSteps = 2;
 // auto mode stops a drafting run only for plain decoding this much faster (see choose)
 constexpr double kLeaveMargin = 0.04;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
@@ -34,10 +37,13 @@ void DraftLengthController::Cost::observe(double x) {
     if (n++ == 0) return;  // the first step of a shape: allocation, warm-up
     recent[(n - 2) % kWindow] = x;
     const size_t m = (size_t) std::min<uint64_t>(n - 1, kWindow);
+    if (m < kMinSamples) return;  // one unlucky step measured during a warm-up kept a draft length out for good
     double sorted[kWindow];
     std::copy(recent, recent + m, sorted);
-    std::nth_element(sorted, sorted + m / 2, sorted + m);
-    ms = sorted[m / 2];
+    // the lower median: a shared machine's noise is skewed up (preempted steps), and of two measurements
+    // the upper one is the likelier outlier
+    std::nth_element(sorted, sorted + (m - 1) / 2, sorted + m);
+    ms = sorted[(m - 1) / 2];
 }
 
 DraftLengthController::DraftLengthController(uint32_t cap)
@@ -50,7 +56,7 @@ void DraftLengthController::reset_acceptance() {
     // seeded run repeats whatever came before
     if (mode_ == Mode::Auto) return;
     plain_run_ = 0;
-    probe_left_ = 0;
+    probe_left_ = explore_left_ = 0;
     drafting_ = false;
     probe_every_ = kProbeFirst;
     std::fill(reached_.begin(), reached_.end(), 2 * kPrior);
@@ -58,22 +64,32 @@ void DraftLengthController::reset_acceptance() {
     std::fill(accept_.begin(), accept_.end(), 0.5);
 }
 
+void DraftLengthController::fade_evidence(double factor, double floor) {
+    for (uint32_t i = 0; i < cap_; ++i) {
+        const double faded = std::max(floor, reached_[i] * factor);
+        if (faded < reached_[i]) {
+            accepted_[i] *= faded / reached_[i];
+            reached_[i] = faded;
+        }
+    }
+}
+
 void DraftLengthController::configure(Mode mode, uint32_t n_max) {
     mode_ = mode;
     n_max_ = std::min(std::max(n_max, 1u), cap_);
 }
 
-double DraftLengthController::tokens_at(uint32_t k, bool optimistic) const {
+double DraftLengthController::tokens_at(uint32_t k, uint32_t optimistic_from) const {
     double e = 1.0, run = 1.0;
     for (uint32_t i = 0; i < k; ++i) {
-        const double a = optimistic ? std::min(1.0, accept_[i] + kOptimism * std::sqrt(0.25 / reached_[i])) : accept_[i];
+        const double a = i >= optimistic_from ? std::min(1.0, accept_[i] + kOptimism * std::sqrt(0.25 / reached_[i])) : accept_[i];
         run *= a;
         e += run;
     }
     return e;
 }
 
-double DraftLengthController::expected_tokens(uint32_t k) const { return tokens_at(k, false); }
+double DraftLengthController::expected_tokens(uint32_t k) const { return tokens_at(k, k); }
 
 double DraftLengthController::expected_cost_ms(uint32_t k) const {
     // unmeasured costs are taken optimistically (as the nearest cheaper measured one), so each k gets
@@ -95,6 +111,10 @@ uint32_t DraftLengthController::choose() {
         --probe_left_;
         return probe_k_;
     }
+    if (explore_left_ > 0) {
+        --explore_left_;
+        return explore_k_;
+    }
     uint32_t best = 0, best_drafted = n_max_;
     if (mode_ == Mode::Fixed) {
         best = expected_tokens(n_max_) - 1.0 >= kFixedMinGain ? n_max_ : 0;
@@ -104,7 +124,7 @@ uint32_t DraftLengthController::choose() {
         for (uint32_t k = 0; k <= cap_; ++k) {
             const double cost = expected_cost_ms(k);
             auto rate = [&](double tokens) { return cost > 0.0 ? tokens / cost : 1e30 * tokens; };
-            const double r = rate(tokens_at(k, false)), r_probe = rate(tokens_at(k, true));
+            const double r = rate(tokens_at(k, k)), r_probe = rate(tokens_at(k, 0));
             if (k == 0) {
                 plain_rate = r;
                 continue;
@@ -120,12 +140,25 @@ uint32_t DraftLengthController::choose() {
         }
         if (!drafting_) {
             // entering a drafting run: the acceptance at its upper confidence bound, which widens while plain
-            // steps draw no evidence (observe_plain), so that a dip is not remembered for good
-            best = best_probe_rate > plain_rate ? best_drafted : 0;
+            // steps draw no evidence (observe_plain), so that a dip is not remembered for good; but only that
+            // of the length the estimates favour: the bound of positions rarely drafted stays wide, and
+            // entering on it left the run again at once (plain and 6 drafts alternating, each switch a
+            // graph rebuild)
+            const double cost = expected_cost_ms(best);
+            best = cost > 0.0 && tokens_at(best, 0) / cost <= plain_rate ? 0 : best;
         } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             // leaving one needs a clear margin: the way back costs two graph rebuilds in libllama, a cold
             // drafter and the evidence to find out
             best = 0;
+        }
+        if (best != 0 && best < cap_) {
+            // one position further, as it might be: the estimate of a position no longer reached is stale (a
+            // run of 2 drafts after a hard prompt kept 3 out for good where 3 paid best)
+            const double cost = expected_cost_ms(best + 1);
+            if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) {
+                best = explore_k_ = best + 1;
+                explore_left_ = kExploreSteps - 1;
+            }
         }
         drafting_ = best != 0;
     }
@@ -163,17 +196,20 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
     t_verify_[k].observe(verify_ms);
 }
 
+void DraftLengthController::observe_cost(uint32_t k, double draft_ms, double verify_ms) {
+    if (k == 0) {
+        t_plain_.observe(verify_ms);
+    } else if (k <= cap_) {
+        t_draft_[k].observe(draft_ms);
+        t_verify_[k].observe(verify_ms);
+    }
+}
+
 void DraftLengthController::observe_plain(double ms, bool steady) {
     // evidence fades while nothing is drafted (the estimate itself stays): plain decoding began where the
     // drafts went badly and adds nothing but probes, so a tight bound would keep it plain through content
     // that drafting wins (the bundled pair: estimates 0.65-0.71 per position after a dip, 0.77-0.94 drafted)
-    for (uint32_t i = 0; i < cap_; ++i) {
-        const double faded = std::max(kMinEvidence, reached_[i] * kIdleDecay);
-        if (faded < reached_[i]) {
-            accepted_[i] *= faded / reached_[i];
-            reached_[i] = faded;
-        }
-    }
+    fade_evidence(kIdleDecay, kMinEvidence);
     if (steady) t_plain_.observe(ms);
 }
 

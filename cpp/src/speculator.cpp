@@ -15,6 +15,10 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// calibration (auto mode): placeholder context rows, and runs of each shape (the first builds the graph)
+constexpr uint32_t kCalibrationContext = 64;
+constexpr uint32_t kCalibrationRepeats = 4;
+
 }  // namespace
 
 Speculator::Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter, const SpeculatorOptions & opts)
@@ -88,6 +92,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     generated_ = TokenWindow(params.penalizes() ? params.penalty_last_n : 0);
     rng_.seed(seed);
     stats_ = SpecStats{};
+    if (opts_.adaptive && !calibrated_) calibrate();
     stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
     stats_.pos_accepted.assign(drafter_->hparams().block_size - 1, 0);
     length_->reset_acceptance();
@@ -124,6 +129,49 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     return anchor_;
 }
 
+void Speculator::calibrate() {
+    const auto t_start = std::chrono::steady_clock::now();
+    const uint32_t cap = drafter_->hparams().block_size - 1;
+    calibrated_ = true;
+    if (target_->n_ctx() < cap + 2) return;  // no room: the controller explores the costs in the loop instead
+    // a context like a short prompt's, so that attention has rows to read
+    const uint32_t n_ctx_rows = std::min<uint32_t>(kCalibrationContext, target_->n_ctx() - cap - 1);
+    std::vector<int32_t> tokens(n_ctx_rows + cap + 1);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t) (i % target_->n_vocab());
+    target_->clear();
+    drafter_->reset();
+    committed_.clear();
+    pending_.clear();
+    pending_rows_ = 0;
+    target_->decode(tokens.data(), n_ctx_rows, 0, false);
+    const auto & f = target_->features();
+    std::vector<int32_t> pos(n_ctx_rows);
+    std::iota(pos.begin(), pos.end(), 0);
+    drafter_->inject(f.data(), pos.data(), n_ctx_rows);
+    const int32_t p = (int32_t) n_ctx_rows;
+    // each shape in a row, as the loop's steady steps are (its first run builds the graph; the controller
+    // does not believe a cost's first measurement)
+    for (uint32_t k = 0; k <= cap; ++k) {
+        for (uint32_t rep = 0; rep < kCalibrationRepeats; ++rep) {
+            double draft_ms = 0.0;
+            if (k > 0) {
+                const auto t0 = std::chrono::steady_clock::now();
+                drafter_->draft(tokens[p], p, k, false, /*all_rows=*/false, /*short_block=*/true);
+                draft_ms = std::max(0.0, ms_since(t0) - drafter_->counters().setup_ms_last);
+            }
+            const auto t0 = std::chrono::steady_clock::now();
+            target_->decode(&tokens[p], k + 1, p, k > 0);
+            if (k == 0) (void) argmax(target_->logits(0), target_->n_vocab());  // a plain step picks its token
+            const double verify_ms = ms_since(t0);
+            target_->truncate(p);
+            length_->observe_cost(k, draft_ms, verify_ms);
+        }
+    }
+    target_->clear();
+    drafter_->reset();
+    stats_.calibration_ms = ms_since(t_start);
+}
+
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
     return shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
 }
@@ -154,7 +202,10 @@ StepOutput Speculator::step() {
     const uint32_t m = std::min(length_->choose(), target_->n_ctx() - n - 1);
     if (m == 0) {
         stats_.plain_steps++;
-        return step_plain();
+        double ms = 0.0;
+        StepOutput plain = decode_plain(ms);
+        length_->observe_plain(ms, target_->repeated_shape());
+        return plain;
     }
 
     // draft (bringing the draft cache up to date first)
@@ -243,6 +294,11 @@ StepOutput Speculator::step() {
 }
 
 StepOutput Speculator::step_plain() {
+    double ms = 0.0;
+    return decode_plain(ms);
+}
+
+StepOutput Speculator::decode_plain(double & ms) {
     StepOutput out;
     const uint32_t n = (uint32_t) committed_.size();
     if (n + 1 > target_->n_ctx()) {
@@ -254,9 +310,8 @@ StepOutput Speculator::step_plain() {
     const float * lg = target_->logits(0);
     const int32_t next = choose_token(lg, generated_);
     generated_.push(next);
-    const double ms = ms_since(t0);
+    ms = ms_since(t0);
     stats_.verify_ms += ms;
-    length_->observe_plain(ms, target_->repeated_shape());
     const auto & f = target_->features();
     pending_.insert(pending_.end(), f.begin(), f.end());
     pending_rows_ += 1;

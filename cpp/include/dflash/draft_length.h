@@ -6,19 +6,23 @@
 //     E(k) / T(k),  E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
 //     T(k) = t_draft(k) + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
-// nondeterministic). A cost is the median of its recent measurements (a shared
-// machine's timings are skewed: preempted steps, and lucky ones) and a cost not
-// yet measured is taken as the nearest cheaper one, so every choice gets tried
-// before it is ruled out; the first measurement of each cost is not believed
-// (a backend's first step of a new shape allocates and warms up). It enters a
-// drafting run (and probes) with each a_j at an upper confidence bound that
-// shrinks as drafts are observed and widens again while plain steps observe
-// none, so that little or old evidence does not rule drafting out; it leaves a
-// run on the estimates themselves, and only for a clear margin. Fixed mode
-// drafts n_max unless the expected gain per step falls below a floor, judged on
-// acceptance alone so that seeded runs repeat. While either decodes plainly it
-// still probes a drafted step now and then (less often while it keeps deciding
-// against drafting), so a change of content is noticed.
+// nondeterministic). A cost is the lower median of its recent measurements (a
+// shared machine's timings are skewed up: preempted steps) once it has a few; the
+// Speculator calibrates them before its first prefill (observe_cost), and a cost
+// still unmeasured is taken as the nearest cheaper one, so every choice gets
+// tried before it is ruled out; the first measurement of each cost is not
+// believed (a backend's first step of a new shape allocates and warms up). It
+// drafts the k the estimates favour; it enters a drafting run (and probes) with
+// the a_j of that k at an upper confidence bound that shrinks as drafts are
+// observed and widens again while plain steps observe none, so that little or
+// old evidence does not rule drafting out; it leaves a run on the estimates
+// themselves, and only for a clear margin. Within a run it tries k + 1 for two
+// steps whenever position k + 1 at its bound would pay (an estimate no longer
+// reached goes stale). Fixed mode drafts n_max unless the expected gain per
+// step falls below a floor, judged on acceptance alone so that seeded runs
+// repeat. While either decodes plainly it still probes a drafted step now and
+// then (less often while it keeps deciding against drafting), so a change of
+// content is noticed.
 #include <cstdint>
 #include <vector>
 
@@ -41,6 +45,8 @@ class DraftLengthController {
     // those kept auto mode in whichever regime it started in. Acceptance counts every drafted step.
     void observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady = true);
     void observe_plain(double ms, bool steady = true);
+    // a cost measured outside the loop (a calibration at load): k = 0 is a plain decode (verify_ms)
+    void observe_cost(uint32_t k, double draft_ms, double verify_ms);
 
     double expected_tokens(uint32_t k) const;  // from the acceptance estimate itself
     double expected_cost_ms(uint32_t k) const;
@@ -50,12 +56,16 @@ class DraftLengthController {
     // a cost: not believed on its first measurement, then the median of the last few
     struct Cost {
         static constexpr uint32_t kWindow = 9;
+        static constexpr uint32_t kMinSamples = 3;
         double ms = -1.0;  // < 0: not measured (beyond the first)
         uint64_t n = 0;
         double recent[kWindow] = {};
         void observe(double x);
     };
-    double tokens_at(uint32_t k, bool optimistic) const;
+    // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
+    // evidence (drafts seen per position) scaled by factor, not below floor; the estimates stay
+    void fade_evidence(double factor, double floor);
+    double tokens_at(uint32_t k, uint32_t optimistic_from) const;
 
     uint32_t cap_;
     Mode mode_ = Mode::Fixed;
@@ -65,6 +75,7 @@ class DraftLengthController {
     Cost t_plain_;
     uint32_t plain_run_ = 0;
     uint32_t probe_k_ = 0, probe_left_ = 0;  // a probe's draft length and its steps still to come
+    uint32_t explore_k_ = 0, explore_left_ = 0;  // a drafting run's try of one position further
     bool probing_ = false;                    // the step last chosen is a probe's
     bool drafting_ = false;                   // auto mode's last choice on the merits was to draft
     uint32_t probe_every_;

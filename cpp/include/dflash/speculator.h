@@ -36,6 +36,7 @@ struct SpecStats {
     uint64_t plain_steps = 0;       // steps without drafting (fallback)
     std::vector<uint64_t> pos_reached, pos_accepted;  // per draft position 1..n_max
     double prefill_ms = 0, draft_ms = 0, verify_ms = 0, inject_ms = 0, sample_ms = 0;
+    double calibration_ms = 0;      // the draft-length calibration run by this start(), if any
     uint32_t prompt_tokens = 0, reused_tokens = 0;
 };
 
@@ -54,7 +55,8 @@ class Speculator {
     // and returns the first generated token.
     int32_t start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed);
     StepOutput step();
-    // Plain decoding (no drafter) of the same target, for baselines and tests.
+    // Plain decoding (no drafter) of the same target, for baselines and tests; the draft-length
+    // controller does not see these steps (a baseline run is no evidence about drafting).
     StepOutput step_plain();
 
     void set_n_max(uint32_t n, bool adaptive);
@@ -69,6 +71,11 @@ class Speculator {
     uint32_t n_past() const { return (uint32_t) committed_.size(); }
 
   private:
+    // auto mode: times a plain decode and a draft + verify of every draft length on a context of
+    // placeholder tokens (the state is reset after), so that the controller knows what each choice
+    // costs before the first request instead of exploring it there
+    void calibrate();
+    StepOutput decode_plain(double & ms);  // one plain step; ms: its target decode and sampling
     void flush_features();
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
@@ -91,6 +98,7 @@ class Speculator {
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
     std::unique_ptr<DraftLengthController> length_;
+    bool calibrated_ = false;
     std::vector<int32_t> all_ids_;  // 0..n_vocab-1: the support of a full-vocabulary q  // kept across calls: costs are the machine's
 };
 
