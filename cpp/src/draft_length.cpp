@@ -28,6 +28,7 @@ constexpr uint32_t kProbeSteps = 2;
 constexpr uint32_t kExploreSteps = 2;
 // auto mode stops a drafting run only for plain decoding this much faster (see choose)
 constexpr double kLeaveMargin = 0.04;
+constexpr double kEnterMargin = 0.02;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
@@ -115,40 +116,33 @@ uint32_t DraftLengthController::choose() {
         --explore_left_;
         return explore_k_;
     }
-    uint32_t best = 0, best_drafted = n_max_;
+    uint32_t best = 0;
+    uint32_t favoured = n_max_;  // the draft length to draft (auto: the one the estimates favour) or probe with
+    uint32_t probe_wait = probe_every_;
     if (mode_ == Mode::Fixed) {
         best = expected_tokens(n_max_) - 1.0 >= kFixedMinGain ? n_max_ : 0;
     } else {
-        // on the merits: the acceptance as measured; the probe: as it might be
-        double plain_rate = 0.0, best_rate = -1.0, best_probe_rate = -1.0;
+        double plain_rate = 0.0, best_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
             const double cost = expected_cost_ms(k);
-            auto rate = [&](double tokens) { return cost > 0.0 ? tokens / cost : 1e30 * tokens; };
-            const double r = rate(tokens_at(k, k)), r_probe = rate(tokens_at(k, 0));
+            const double r = cost > 0.0 ? tokens_at(k, k) / cost : 1e30 * tokens_at(k, k);
             if (k == 0) {
                 plain_rate = r;
-                continue;
-            }
-            if (r > best_rate) {
+            } else if (r > best_rate) {
                 best_rate = r;
-                best = k;
-            }
-            if (r_probe > best_probe_rate) {
-                best_probe_rate = r_probe;
-                best_drafted = k;
+                best = favoured = k;
             }
         }
-        if (!drafting_) {
-            // entering a drafting run: the acceptance at its upper confidence bound, which widens while plain
-            // steps draw no evidence (observe_plain), so that a dip is not remembered for good; but only that
-            // of the length the estimates favour: the bound of positions rarely drafted stays wide, and
-            // entering on it left the run again at once (plain and 6 drafts alternating, each switch a
-            // graph rebuild)
-            const double cost = expected_cost_ms(best);
-            best = cost > 0.0 && tokens_at(best, 0) / cost <= plain_rate ? 0 : best;
-        } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
-            // leaving one needs a clear margin: the way back costs two graph rebuilds in libllama, a cold
-            // drafter and the evidence to find out
+        // a drafting run is entered, and left, on the acceptance of the length the estimates favour at its
+        // upper confidence bound, which shrinks as drafts are observed and widens again while plain steps
+        // draw none (observe_plain), so that a dip is not remembered for good. Leaving needs a clear
+        // margin: the way back costs two graph rebuilds in libllama, a cold drafter and the evidence to
+        // find out. (Entering on the bound and leaving on the estimate alternated plain and drafted steps
+        // for as long as plain decoding lay between the two; entering on the best bound of any length
+        // alternated plain and 6-token steps, whose rarely drafted positions keep a wide bound.)
+        const double cost = expected_cost_ms(best);
+        const double bound_rate = cost > 0.0 ? tokens_at(best, 0) / cost : 1e30;
+        if (drafting_ ? plain_rate > bound_rate * (1.0 + kLeaveMargin) : plain_rate * (1.0 + kEnterMargin) >= bound_rate) {
             best = 0;
         }
         if (best != 0 && best < cap_) {
@@ -161,6 +155,11 @@ uint32_t DraftLengthController::choose() {
             }
         }
         drafting_ = best != 0;
+        // a probe costs the time of several plain steps (a 7-token probe ~7 on a 2-core CPU, ~3 on a GPU):
+        // spacing probes by time, not by steps, keeps their share of the time bounded (probing every 16
+        // steps with 7 tokens cost the bundled pair's f16 drafter 10-20% of its plain speed)
+        const double c0 = expected_cost_ms(0), ck = expected_cost_ms(favoured);
+        if (c0 > 0.0 && ck > c0) probe_wait = (uint32_t) std::lround(probe_every_ * ck / c0);
     }
     if (best != 0) {
         // drafting on its merits: probe sooner again once it stops paying, but not at once after one
@@ -169,14 +168,15 @@ uint32_t DraftLengthController::choose() {
         probe_every_ = std::max(kProbeFirst, probe_every_ / 2);
         return best;
     }
-    if (++plain_run_ >= probe_every_) {
+    if (++plain_run_ >= probe_wait) {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);
-        // probe (has the content become draftable?) with the draft length most likely to pay
-        probe_k_ = best_drafted;
+        // probe (has the content become draftable?) with the draft length the estimates favour: the one
+        // with the best bound drafted 7 tokens on a CPU where 2 paid best
+        probe_k_ = favoured;
         probe_left_ = kProbeSteps - 1;
         probing_ = true;
-        return best_drafted;
+        return favoured;
     }
     return 0;
 }
