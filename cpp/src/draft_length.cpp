@@ -17,7 +17,8 @@ constexpr double kOptimism = 0.5;
 constexpr double kIdleDecay = 0.98;
 constexpr double kMinEvidence = 4.0;
 // plain steps between drafted probes: doubles after each probe (so a pair that never pays costs a
-// probe per kProbeMax tokens), halves with every step that drafts on its merits
+// probe per kProbeMax tokens), halves with every step that drafts on its merits; auto mode scales it by
+// what a probe step costs in plain steps
 constexpr uint32_t kProbeFirst = 16;
 constexpr uint32_t kProbeMax = 256;
 // a probe drafts this many steps in a row: two steps tell twice as much about acceptance for one
@@ -26,9 +27,11 @@ constexpr uint32_t kProbeSteps = 2;
 // a drafting run tries one position further for this many steps in a row: a step after a change of
 // length is not timed (libllama rebuilt its graph), so a single step would never measure its cost
 constexpr uint32_t kExploreSteps = 2;
-// auto mode stops a drafting run only for plain decoding this much faster (see choose)
-constexpr double kLeaveMargin = 0.04;
+// auto mode enters a drafting run for a bound this much faster than plain decoding, and leaves it only
+// for plain decoding this much faster (see choose): each switch costs libllama a graph rebuild and the
+// drafter a cold step, so a near-tie is not worth drafting
 constexpr double kEnterMargin = 0.02;
+constexpr double kLeaveMargin = 0.04;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
@@ -63,16 +66,6 @@ void DraftLengthController::reset_acceptance() {
     std::fill(reached_.begin(), reached_.end(), 2 * kPrior);
     std::fill(accepted_.begin(), accepted_.end(), kPrior);
     std::fill(accept_.begin(), accept_.end(), 0.5);
-}
-
-void DraftLengthController::fade_evidence(double factor, double floor) {
-    for (uint32_t i = 0; i < cap_; ++i) {
-        const double faded = std::max(floor, reached_[i] * factor);
-        if (faded < reached_[i]) {
-            accepted_[i] *= faded / reached_[i];
-            reached_[i] = faded;
-        }
-    }
 }
 
 void DraftLengthController::configure(Mode mode, uint32_t n_max) {
@@ -124,8 +117,8 @@ uint32_t DraftLengthController::choose() {
     } else {
         double plain_rate = 0.0, best_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
-            const double cost = expected_cost_ms(k);
-            const double r = cost > 0.0 ? tokens_at(k, k) / cost : 1e30 * tokens_at(k, k);
+            const double cost = expected_cost_ms(k), tokens = tokens_at(k, k);
+            const double r = cost > 0.0 ? tokens / cost : 1e30 * tokens;
             if (k == 0) {
                 plain_rate = r;
             } else if (r > best_rate) {
@@ -209,7 +202,13 @@ void DraftLengthController::observe_plain(double ms, bool steady) {
     // evidence fades while nothing is drafted (the estimate itself stays): plain decoding began where the
     // drafts went badly and adds nothing but probes, so a tight bound would keep it plain through content
     // that drafting wins (the bundled pair: estimates 0.65-0.71 per position after a dip, 0.77-0.94 drafted)
-    fade_evidence(kIdleDecay, kMinEvidence);
+    for (uint32_t i = 0; i < cap_; ++i) {
+        const double faded = std::max(kMinEvidence, reached_[i] * kIdleDecay);
+        if (faded < reached_[i]) {
+            accepted_[i] *= faded / reached_[i];
+            reached_[i] = faded;
+        }
+    }
     if (steady) t_plain_.observe(ms);
 }
 

@@ -6,22 +6,22 @@
 //     E(k) / T(k),  E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
 //     T(k) = t_draft(k) + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
-// nondeterministic). A cost is the lower median of its recent measurements (a
-// shared machine's timings are skewed up: preempted steps) once it has a few; the
+// nondeterministic). A cost is the median of its recent measurements (a shared
+// machine's timings are skewed up: preempted steps) once it has a few; the
 // Speculator calibrates them before its first prefill (observe_cost), and a cost
 // still unmeasured is taken as the nearest cheaper one, so every choice gets
 // tried before it is ruled out; the first measurement of each cost is not
 // believed (a backend's first step of a new shape allocates and warms up). It
-// drafts the k the estimates favour; it enters a drafting run (and probes) with
-// the a_j of that k at an upper confidence bound that shrinks as drafts are
-// observed and widens again while plain steps observe none, so that little or
-// old evidence does not rule drafting out; it leaves a run on the estimates
-// themselves, and only for a clear margin. Within a run it tries k + 1 for two
-// steps whenever position k + 1 at its bound would pay (an estimate no longer
-// reached goes stale). Fixed mode drafts n_max unless the expected gain per
-// step falls below a floor, judged on acceptance alone so that seeded runs
-// repeat. While either decodes plainly it still probes a drafted step now and
-// then (less often while it keeps deciding against drafting), so a change of
+// drafts the k the estimates favour, and enters and leaves a drafting run on
+// that k's acceptance at an upper confidence bound that shrinks as drafts are
+// observed and widens again while plain steps observe none (so that little or
+// old evidence does not rule drafting out), with margins against switching on a
+// near-tie. Within a run it tries k + 1 for two steps whenever position k + 1 at
+// its bound would pay (an estimate no longer reached goes stale). Fixed mode
+// drafts n_max unless the expected gain per step falls below a floor, judged on
+// acceptance alone so that seeded runs repeat. While either decodes plainly it
+// still probes a drafted step now and then (less often while it keeps deciding
+// against drafting; auto mode spaces probes by their cost), so a change of
 // content is noticed.
 #include <cstdint>
 #include <vector>
@@ -63,8 +63,6 @@ class DraftLengthController {
         void observe(double x);
     };
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
-    // evidence (drafts seen per position) scaled by factor, not below floor; the estimates stay
-    void fade_evidence(double factor, double floor);
     double tokens_at(uint32_t k, uint32_t optimistic_from) const;
 
     uint32_t cap_;
