@@ -15,9 +15,11 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// calibration (auto mode): placeholder context rows, and runs of each shape (the first builds the graph)
+// calibration (auto mode): placeholder context rows, runs of each shape (the first builds the graph),
+// and a time budget: a large model on a CPU stops early and explores the remaining lengths in the loop
 constexpr uint32_t kCalibrationContext = 64;
 constexpr uint32_t kCalibrationRepeats = 4;
+constexpr double kCalibrationBudgetMs = 300.0;
 
 }  // namespace
 
@@ -151,7 +153,7 @@ void Speculator::calibrate() {
     const int32_t p = (int32_t) n_ctx_rows;
     // each shape in a row, as the loop's steady steps are (its first run builds the graph; the controller
     // does not believe a cost's first measurement)
-    for (uint32_t k = 0; k <= cap; ++k) {
+    for (uint32_t k = 0; k <= cap && ms_since(t_start) < kCalibrationBudgetMs; ++k) {
         for (uint32_t rep = 0; rep < kCalibrationRepeats; ++rep) {
             double draft_ms = 0.0;
             if (k > 0) {
