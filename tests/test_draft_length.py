@@ -179,11 +179,11 @@ def test_auto_matches_the_best_fixed_length_on_the_bundled_pair(bundled_traces: 
     """The bench's situation replayed: the bundled pair's real acceptance at every position of its 20
     greedy runs (a warm-up on the first prompt, not counted), the bench's measured per-step costs.
     Auto mode must match the best fixed n_max (3 here; 7 pays on the predictable prompts, 0 on the
-    hard ones). Before the calibration (every cost explored in the first request), auto ran 0.975 of
-    the best over 12 seeds and 0.90 on its worst: it explored 3, 2, 1 and plain inside the perfectly
-    predictable first prompt, then kept drafting 7 through the next; entering drafting on the bound of
+    hard ones). The 5th session's controller ran at 0.975 of the best over 12 seeds, 0.90 on its
+    worst: it explored the cost of 3, 2, 1 and plain inside the perfectly predictable first prompt
+    (no calibration then), kept drafting 7 through the next; entering drafting on the bound of
     positions it rarely drafted made it alternate plain and 6-token steps; and a single cost measured
-    in a bad moment kept a draft length out for good."""
+    in a bad moment kept a draft length out for good (auto stuck at 2)."""
     traces = bundled_traces
 
     def accept(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
