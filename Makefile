@@ -17,10 +17,11 @@ install-test:
 
 demo: install
 	@mkdir -p $(OUT)
-	.venv/bin/dflash-convert $(EX)/drafter-dflash2 --target $(EX)/target-f16.gguf --outfile $(OUT)/tinycode-dflash2-{ftype}.gguf --outtype q8_0 --force
-	.venv/bin/dflash info $(OUT)/tinycode-dflash2-q8_0.gguf
-	.venv/bin/dflash generate --target $(EX)/target-f16.gguf --draft $(OUT)/tinycode-dflash2-q8_0.gguf \
-		--prompt "$$($(PY) -c 'import json; print(json.loads(open("$(EX)/prompts.jsonl").readline())["text"])')" -n 128
+	.venv/bin/dflash-convert $(EX)/drafter-dflash2 --target $(EX)/target-f16.gguf --outfile $(OUT)/tinycode-dflash2-{ftype}.gguf --outtype q4_0 --force
+	.venv/bin/dflash info $(OUT)/tinycode-dflash2-q4_0.gguf
+	$(PY) -c 'import json, sys; sys.stdout.write(json.loads(open("$(EX)/prompts.jsonl").readline())["text"])' > $(OUT)/demo-prompt.txt
+	.venv/bin/dflash generate --target $(EX)/target-f16.gguf --draft $(OUT)/tinycode-dflash2-q4_0.gguf \
+		--file $(OUT)/demo-prompt.txt -n 128
 
 llama-server:
 	scripts/build_llama_server.sh

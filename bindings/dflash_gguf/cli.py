@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NoReturn
 
 import click
 
@@ -11,7 +12,7 @@ from . import DFlashError, inspect_draft
 from .info import format_text, summarize
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception) -> NoReturn:
     click.echo(f"dflash: error: {e}", err=True)
     sys.exit(2)
 
@@ -37,7 +38,9 @@ def info(path: str, as_json: bool) -> None:
 @main.command()
 @click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF.")
 @click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF.")
-@click.option("--prompt", "-p", required=True, help="Prompt text (raw, no chat template).")
+@click.option("--prompt", "-p", help="Prompt text (raw, no chat template).")
+@click.option("--file", "-f", "prompt_file", type=click.Path(exists=True, dir_okay=False),
+              help="Read the prompt from this UTF-8 file, byte for byte (a shell's $(...) drops trailing newlines).")
 @click.option("-n", "--n-predict", default=128, show_default=True, help="Tokens to generate.")
 @click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy, lossless).")
 @click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off).")
@@ -65,12 +68,22 @@ def info(path: str, as_json: bool) -> None:
                    "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
-def generate(target: str, draft: str, prompt: str, n_predict: int, temp: float, top_k: int, top_p: float,
+def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
              frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
              threads: int, device: str, no_repack: bool, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
+
+    if (prompt is None) == (prompt_file is None):
+        _fail(ValueError("give the prompt with exactly one of --prompt / -p and --file / -f"))
+    if prompt_file is not None:
+        try:
+            with open(prompt_file, encoding="utf-8", newline="") as f:
+                prompt = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            _fail(ValueError(f"{prompt_file}: cannot read the prompt as UTF-8 text: {e}"))
+    assert prompt is not None  # for the type checker: one of the two was given
 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,

@@ -1,0 +1,49 @@
+"""`dflash generate`: the prompt from --prompt or from --file, byte for byte."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+from tinycode import N_CTX, TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
+
+
+def run_generate(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "dflash_gguf.cli", "generate", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
+           "-c", str(N_CTX), "-t", str(THREADS), "--n-max", "3", "-n", "24", "--no-stream", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_prompt_file_is_read_byte_for_byte(tmp_path: Path) -> None:
+    """The bench's first prompt ends with a newline, which `-p "$(...)"` loses: with --file the
+    continuation is the one of the exact text (the same as -p given that text), and differs from the
+    continuation without the newline."""
+    text = prompts()[0]["text"]
+    assert text.endswith("\n")
+    f = tmp_path / "prompt.txt"
+    f.write_bytes(text.encode("utf-8"))
+    from_file = run_generate("--file", str(f))
+    assert from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == run_generate("-p", text).stdout
+    assert from_file.stdout.startswith(text)
+    assert from_file.stdout != run_generate("-p", text.rstrip("\n")).stdout
+
+
+def test_prompt_errors(tmp_path: Path) -> None:
+    both = run_generate("-p", "x", "-f", str(TARGET))
+    neither = run_generate()
+    for r in (both, neither):
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr.strip() == "dflash: error: give the prompt with exactly one of --prompt / -p and --file / -f"
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes(b"caf\xe9\n")
+    r = run_generate("-f", str(bad))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith(f"dflash: error: {bad}: cannot read the prompt as UTF-8 text")
+    assert "Traceback" not in r.stderr
+    missing = run_generate("-f", str(tmp_path / "nope.txt"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
