@@ -75,7 +75,7 @@ class Speculator {
     // placeholder tokens (the state is reset after), so that the controller knows what each choice
     // costs before the first request instead of exploring it there
     void calibrate();
-    StepOutput decode_plain(double & ms);  // one plain step; ms: its target decode and sampling
+    StepOutput decode_plain();  // one plain step
     void flush_features();
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
