@@ -36,6 +36,7 @@ constexpr uint32_t kExploreSteps = 2;
 // for plain decoding this much faster (see choose): each switch costs libllama a graph rebuild and the
 // drafter a cold step, so a near-tie is not worth drafting
 constexpr double kEnterMargin = 0.02;
+constexpr uint32_t kMinRun = 2;
 constexpr double kLeaveMargin = 0.04;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
@@ -116,35 +117,46 @@ uint32_t DraftLengthController::choose() {
         return explore_k_;
     }
     uint32_t best = 0;
-    uint32_t favoured = n_max_;  // the draft length to draft (auto: the one the estimates favour) or probe with
+    uint32_t probe_with = n_max_;  // auto mode: the length whose bound pays best
     uint32_t probe_wait = probe_every_;
     if (mode_ == Mode::Fixed) {
         best = expected_tokens(n_max_) - 1.0 >= kFixedMinGain ? n_max_ : 0;
     } else {
-        double plain_rate = 0.0, best_rate = -1.0;
+        // every k by its rate on the estimates (best) and at the upper confidence bound (probe_with)
+        double plain_rate = 0.0, best_rate = -1.0, bound_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
-            const double cost = expected_cost_ms(k), tokens = tokens_at(k, k);
+            const double cost = expected_cost_ms(k), tokens = tokens_at(k, k), bound = tokens_at(k, 0);
             const double r = cost > 0.0 ? tokens / cost : 1e30 * tokens;
+            const double rb = cost > 0.0 ? bound / cost : 1e30 * bound;
             if (k == 0) {
                 plain_rate = r;
-            } else if (r > best_rate) {
+                continue;
+            }
+            if (r > best_rate) {
                 best_rate = r;
-                best = favoured = k;
+                best = k;
+            }
+            if (rb > bound_rate) {
+                bound_rate = rb;
+                probe_with = k;
             }
         }
-        // a drafting run is entered, and left, on the acceptance of the length the estimates favour at its
-        // upper confidence bound, which shrinks as drafts are observed and widens again while plain steps
-        // draw none (observe_plain), so that a dip is not remembered for good. Leaving needs a clear
-        // margin: the way back costs two graph rebuilds in libllama, a cold drafter and the evidence to
-        // find out. (Entering on the bound and leaving on the estimate alternated plain and drafted steps
-        // for as long as plain decoding lay between the two; entering on the best bound of any length
-        // alternated plain and 6-token steps, whose rarely drafted positions keep a wide bound.)
-        const double cost = expected_cost_ms(best);
-        const double bound_rate = cost > 0.0 ? tokens_at(best, 0) / cost : 1e30;
-        if (drafting_ ? plain_rate > bound_rate * (1.0 + kLeaveMargin) : plain_rate * (1.0 + kEnterMargin) >= bound_rate) {
+        // A drafting run is entered when the bound pays (it shrinks as drafts are observed and widens
+        // again while plain steps draw none, see observe_plain, so a dip is not remembered for good) and
+        // drafts that length for kMinRun steps, so the positions that made the bound pay are observed;
+        // then it drafts what the estimates favour, and is left on the estimates, for a clear margin (the
+        // way back costs two graph rebuilds in libllama and a cold drafter). A run left after one step
+        // alternated plain and drafted steps for as long as plain decoding lay between bound and estimate
+        // (each switch a graph rebuild); leaving on the bound kept drafting where plain was 5% ahead.
+        if (!drafting_) {
+            run_k_ = probe_with;
+            run_steps_ = 0;
+            best = bound_rate > plain_rate * (1.0 + kEnterMargin) ? run_k_ : 0;
+        } else if (run_steps_ < kMinRun) {
+            best = run_k_;
+        } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
-        }
-        if (best != 0 && best < cap_) {
+        } else if (best < cap_) {
             // one position further, as it might be: the estimate of a position no longer reached is stale (a
             // run of 2 drafts after a hard prompt kept 3 out for good where 3 paid best)
             const double cost = expected_cost_ms(best + 1);
@@ -154,10 +166,11 @@ uint32_t DraftLengthController::choose() {
             }
         }
         drafting_ = best != 0;
+        if (drafting_) ++run_steps_;
         // a probe costs the time of several plain steps (a 7-token probe ~7 on a 2-core CPU, ~3 on a GPU):
         // spacing probes by time, not by steps, keeps their share of the time bounded (probing every 16
         // steps with 7 tokens cost the bundled pair's f16 drafter 10-20% of its plain speed)
-        const double c0 = expected_cost_ms(0), ck = expected_cost_ms(favoured);
+        const double c0 = expected_cost_ms(0), ck = expected_cost_ms(probe_with);
         if (c0 > 0.0 && ck > c0) probe_wait = (uint32_t) std::lround(probe_every_ * ck / c0);
     }
     if (best != 0) {
@@ -170,12 +183,11 @@ uint32_t DraftLengthController::choose() {
     if (++plain_run_ >= probe_wait) {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);
-        // probe (has the content become draftable?) with the draft length the estimates favour: the one
-        // with the best bound drafted 7 tokens on a CPU where 2 paid best
-        probe_k_ = favoured;
+        // probe (has the content become draftable?) with the draft length most likely to pay
+        probe_k_ = probe_with;
         probe_left_ = kProbeSteps - 1;
         probing_ = true;
-        return favoured;
+        return probe_with;
     }
     return 0;
 }

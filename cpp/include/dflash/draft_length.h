@@ -76,6 +76,7 @@ class DraftLengthController {
     uint32_t explore_k_ = 0, explore_left_ = 0;  // a drafting run's try of one position further
     bool probing_ = false;                    // the step last chosen is a probe's
     bool drafting_ = false;                   // auto mode's last choice on the merits was to draft
+    uint32_t run_k_ = 0, run_steps_ = 0;      // auto mode's current run: its entry length, its drafted steps
     uint32_t probe_every_;
 };
 
