@@ -12,11 +12,12 @@
 // still unmeasured is taken as the nearest cheaper one, so every choice gets
 // tried before it is ruled out; the first measurement of each cost is not
 // believed (a backend's first step of a new shape allocates and warms up). It
-// drafts the k the estimates favour, and enters and leaves a drafting run on
-// that k's acceptance at an upper confidence bound that shrinks as drafts are
-// observed and widens again while plain steps observe none (so that little or
-// old evidence does not rule drafting out), with margins against switching on a
-// near-tie. Within a run it tries k + 1 for two steps whenever position k + 1 at
+// enters a drafting run when some k pays with each a_j at an upper confidence
+// bound that shrinks as drafts are observed and widens again while plain steps
+// observe none (so that little or old evidence does not rule drafting out),
+// drafts that k for two steps, then the k the estimates favour, and leaves on
+// the estimates; both for a margin (a switch costs a graph rebuild and a cold
+// drafter). Within a run it tries k + 1 for two steps whenever position k + 1 at
 // its bound would pay (an estimate no longer reached goes stale). Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
