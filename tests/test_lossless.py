@@ -177,7 +177,7 @@ def test_auto_calibrates_its_costs_once_before_the_first_prefill(ref: GreedyRefe
     assert spec.stats.calibration_ms > 0.0
     ctl = spec._spec.controller
     assert all(c > 0.0 for c in ctl["expected_step_ms"]), ctl  # every k priced ...
-    assert ctl["acceptance"] == [0.75] * 7, ctl  # ... before a single draft (the prior)
+    assert ctl["acceptance"] == [0.5] * 7, ctl  # ... before a single draft (the prior)
     out = list(spec.generate_tokens(ptoks[1], max_tokens=N_NEW))
     assert spec.stats.calibration_ms == 0.0
     _check(ref, ptoks[1], out, N_NEW, "after_calibration")

@@ -7,12 +7,9 @@ namespace dflash {
 
 namespace {
 constexpr double kDecay = 0.99;  // acceptance memory: about the last 100 drafted steps
-// the prior: half a draft per position accepted at kPriorAccept, so one drafted step moves it far. 3/4
-// (what trained DFlash drafters get per position) rather than 1/2: with 1/2 a 2-core CPU's costs made
-// auto decode the first request plainly, perfectly predictable text included, and learn only from
-// sparse probes
+// the prior: half a draft per position, accepted at 1/2, so one drafted step moves it far
 constexpr double kPriorDrafts = 0.5;
-constexpr double kPriorAccept = 0.75;
+constexpr double kPriorAccept = 0.5;
 // auto mode's optimism: a_j + kOptimism * sqrt(1/4 / drafts seen at j), the bound of a coin of
 // unknown bias, so an estimate from a handful of drafts is not trusted to rule drafting out
 constexpr double kOptimism = 0.5;
