@@ -38,7 +38,8 @@ def main() -> None:
     texts = [json.loads(line)["text"] for line in Path(a.prompts).read_text().splitlines() if line.strip()]
     for n_max in a.n_max.split(","):
         auto = n_max == "auto"
-        sp = Speculator(a.target, a.draft, n_ctx=512, n_threads=a.threads, adaptive=auto, n_max=0 if auto else int(n_max))
+        sp = Speculator(a.target, a.draft, n_ctx=512, n_threads=a.threads, adaptive=auto,
+                        n_max=0 if auto else int(n_max))
         prompts = [sp.tokenize(t.encode("utf-8"), False, False) for t in texts]
 
         def run(tokens: list[int], plain: bool) -> float:

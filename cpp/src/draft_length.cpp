@@ -82,7 +82,8 @@ void DraftLengthController::configure(Mode mode, uint32_t n_max) {
 double DraftLengthController::tokens_at(uint32_t k, uint32_t optimistic_from) const {
     double e = 1.0, run = 1.0;
     for (uint32_t i = 0; i < k; ++i) {
-        const double a = i >= optimistic_from ? std::min(1.0, accept_[i] + kOptimism * std::sqrt(0.25 / reached_[i])) : accept_[i];
+        const double bound = std::min(1.0, accept_[i] + kOptimism * std::sqrt(0.25 / reached_[i]));
+        const double a = i >= optimistic_from ? bound : accept_[i];
         run *= a;
         e += run;
     }
