@@ -66,7 +66,7 @@ void DraftLengthController::reset_acceptance() {
     // seeded run repeats whatever came before
     if (mode_ == Mode::Auto) return;
     plain_run_ = 0;
-    probe_left_ = explore_left_ = 0;
+    hold_left_ = 0;
     drafting_ = false;
     probe_every_ = kProbeFirst;
     std::fill(reached_.begin(), reached_.end(), kPriorDrafts);
@@ -105,17 +105,20 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
     return nearest_below(t_draft_, k, 0.0) + nearest_below(t_verify_, k, std::max(t_plain_.ms, 0.0));
 }
 
+uint32_t DraftLengthController::hold(uint32_t k, uint32_t steps, bool probe) {
+    hold_k_ = k;
+    hold_left_ = steps - 1;
+    probing_ = probe;
+    return k;
+}
+
 uint32_t DraftLengthController::choose() {
     if (mode_ == Mode::FixedNoFallback) return n_max_;
-    probing_ = probe_left_ > 0;
-    if (probing_) {
-        --probe_left_;
-        return probe_k_;
+    if (hold_left_ > 0) {
+        --hold_left_;
+        return hold_k_;  // probing_ stays as the hold began
     }
-    if (explore_left_ > 0) {
-        --explore_left_;
-        return explore_k_;
-    }
+    probing_ = false;
     uint32_t best = 0;
     uint32_t probe_with = n_max_;  // auto mode: the length whose bound pays best
     uint32_t probe_wait = probe_every_;
@@ -149,24 +152,16 @@ uint32_t DraftLengthController::choose() {
         // alternated plain and drafted steps for as long as plain decoding lay between bound and estimate
         // (each switch a graph rebuild); leaving on the bound kept drafting where plain was 5% ahead.
         if (!drafting_) {
-            run_k_ = probe_with;
-            run_steps_ = 0;
-            best = bound_rate > plain_rate * (1.0 + kEnterMargin) ? run_k_ : 0;
-        } else if (run_steps_ < kMinRun) {
-            best = run_k_;
+            best = bound_rate > plain_rate * (1.0 + kEnterMargin) ? hold(probe_with, kMinRun, false) : 0;
         } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
         } else if (best < cap_) {
             // one position further, as it might be: the estimate of a position no longer reached is stale (a
             // run of 2 drafts after a hard prompt kept 3 out for good where 3 paid best)
             const double cost = expected_cost_ms(best + 1);
-            if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) {
-                best = explore_k_ = best + 1;
-                explore_left_ = kExploreSteps - 1;
-            }
+            if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) best = hold(best + 1, kExploreSteps, false);
         }
         drafting_ = best != 0;
-        if (drafting_) ++run_steps_;
         // a probe costs the time of several plain steps (a 7-token probe ~7 on a 2-core CPU, ~3 on a GPU):
         // spacing probes by time, not by steps, keeps their share of the time bounded (probing every 16
         // steps with 7 tokens cost the bundled pair's f16 drafter 10-20% of its plain speed)
@@ -184,10 +179,7 @@ uint32_t DraftLengthController::choose() {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);
         // probe (has the content become draftable?) with the draft length most likely to pay
-        probe_k_ = probe_with;
-        probe_left_ = kProbeSteps - 1;
-        probing_ = true;
-        return probe_with;
+        return hold(probe_with, kProbeSteps, true);
     }
     return 0;
 }

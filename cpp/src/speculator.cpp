@@ -207,7 +207,7 @@ StepOutput Speculator::step() {
     const uint32_t m = std::min(length_->choose(), target_->n_ctx() - n - 1);
     if (m == 0) {
         stats_.plain_steps++;
-        StepOutput plain = decode_plain();
+        StepOutput plain = step_plain();
         length_->observe_plain(ms_since(t_step), target_->repeated_shape());
         return plain;
     }
@@ -298,9 +298,7 @@ StepOutput Speculator::step() {
     return out;
 }
 
-StepOutput Speculator::step_plain() { return decode_plain(); }
-
-StepOutput Speculator::decode_plain() {
+StepOutput Speculator::step_plain() {
     StepOutput out;
     const uint32_t n = (uint32_t) committed_.size();
     if (n + 1 > target_->n_ctx()) {

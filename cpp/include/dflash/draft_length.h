@@ -64,6 +64,7 @@ class DraftLengthController {
         void observe(double x);
     };
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
+    uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
     double tokens_at(uint32_t k, uint32_t optimistic_from) const;
 
     uint32_t cap_;
@@ -73,11 +74,10 @@ class DraftLengthController {
     std::vector<Cost> t_draft_, t_verify_;              // [k]
     Cost t_plain_;
     uint32_t plain_run_ = 0;
-    uint32_t probe_k_ = 0, probe_left_ = 0;  // a probe's draft length and its steps still to come
-    uint32_t explore_k_ = 0, explore_left_ = 0;  // a drafting run's try of one position further
+    // a draft length kept for a few steps (a probe, a run's first steps, a try of one position further)
+    uint32_t hold_k_ = 0, hold_left_ = 0;
     bool probing_ = false;                    // the step last chosen is a probe's
     bool drafting_ = false;                   // auto mode's last choice on the merits was to draft
-    uint32_t run_k_ = 0, run_steps_ = 0;      // auto mode's current run: its entry length, its drafted steps
     uint32_t probe_every_;
 };
 

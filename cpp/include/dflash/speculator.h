@@ -75,7 +75,6 @@ class Speculator {
     // placeholder tokens (the state is reset after), so that the controller knows what each choice
     // costs before the first request instead of exploring it there
     void calibrate();
-    StepOutput decode_plain();  // one plain step
     void flush_features();
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
@@ -97,9 +96,9 @@ class Speculator {
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
-    std::unique_ptr<DraftLengthController> length_;
+    std::unique_ptr<DraftLengthController> length_;  // kept across calls: costs are the machine's
     bool calibrated_ = false;
-    std::vector<int32_t> all_ids_;  // 0..n_vocab-1: the support of a full-vocabulary q  // kept across calls: costs are the machine's
+    std::vector<int32_t> all_ids_;  // 0..n_vocab-1: the support of a full-vocabulary q
 };
 
 }  // namespace dflash
