@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
-"""Speculative vs plain decoding, each prompt's two runs back to back on one Speculator.
+"""Speculative vs plain decoding, each prompt's two runs back to back on one object.
 
 `dflash bench` measures each n_max as its own configuration, each with its own plain baseline,
 minutes apart; on a shared machine that moves a configuration's ratio by +-5%. Here every
-speculative run directly follows a plain run of the same prompt on the same object (whose
-draft-length controller does not see plain runs), and the figure is the mean of the per-run
-ratios, so close choices (a drafter that about ties with plain decoding) can be told apart.
+speculative run directly follows a plain run (plain=True) of the same prompt with the same
+settings on the same SpeculativeLlama (whose draft-length controller does not see plain runs);
+the outputs must be identical (asserted, greedy), and the table gives the mean and median of the
+per-run speed ratios and the mean accepted length, per n_max and per repeat_penalty (the drafter
+was trained without a penalty, so the more the penalty moves the target away from its
+unpenalized choice, the fewer drafts are accepted).
 
     .venv/bin/python scripts/bench_back_to_back.py --draft out/tinycode-dflash2-f16.gguf --n-max 2,3,auto
+    .venv/bin/python scripts/bench_back_to_back.py --n-max 3 --penalties 1.0,1.1,1.3 --rounds 1
 """
 
 from __future__ import annotations
@@ -15,10 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
-
-from dflash_gguf._core import Speculator
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "tinycode"
@@ -27,40 +28,44 @@ TINY = ROOT / "examples" / "tinycode"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(TINY / "target-f16.gguf"))
-    ap.add_argument("--draft", required=True)
+    ap.add_argument("--draft", default=str(ROOT / "out" / "tinycode-dflash2-q4_0.gguf"))
     ap.add_argument("--prompts", default=str(TINY / "prompts.jsonl"))
     ap.add_argument("--n-max", default="2,3,auto", help="comma list of ints and auto")
-    ap.add_argument("-n", type=int, default=128, help="tokens per run")
+    ap.add_argument("--penalties", default="1.0", help="comma list of repeat_penalty values")
+    ap.add_argument("-n", "--n-predict", type=int, default=128, help="tokens per run")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
+    from dflash_gguf import SpeculativeLlama
+
     texts = [json.loads(line)["text"] for line in Path(a.prompts).read_text().splitlines() if line.strip()]
+    print(f"{Path(a.draft).name}, {len(texts)} prompts x {a.n_predict} tokens x {a.rounds} rounds, greedy")
+    print("n_max | repeat_penalty | speculative / plain tok/s: mean (median) | mean accepted length")
     for n_max in a.n_max.split(","):
-        auto = n_max == "auto"
-        sp = Speculator(a.target, a.draft, n_ctx=512, n_threads=a.threads, adaptive=auto,
-                        n_max=0 if auto else int(n_max))
-        prompts = [sp.tokenize(t.encode("utf-8"), False, False) for t in texts]
+        llm = SpeculativeLlama(a.target, a.draft, n_ctx=2048, n_threads=a.threads,
+                               n_max=n_max if n_max == "auto" else int(n_max))
+        prompts = [llm.tokenize(t, add_special=False, parse_special=False) for t in texts]
+        for rp in (float(x) for x in a.penalties.split(",")):
+            def run(toks: list[int], plain: bool) -> list[int]:
+                return list(llm.generate_tokens(toks, max_tokens=a.n_predict, repeat_penalty=rp, plain=plain))
 
-        def run(tokens: list[int], plain: bool) -> float:
-            sp.start([(tokens[0] + 1) % sp.n_vocab])  # a fresh prefill each time, as the bench does
-            sp.start(tokens)
-            step = sp.step_plain if plain else sp.step
-            n, t0 = 1, time.perf_counter()
-            while n < a.n:
-                out, _ = step()
-                n += len(out)
-            return n / (time.perf_counter() - t0)
-
-        run(prompts[0], True)  # warm-up (and, in auto mode, the calibration)
-        run(prompts[0], False)
-        ratios = []
-        for _ in range(a.rounds):
-            for p in prompts:
-                plain = run(p, True)
-                ratios.append(run(p, False) / plain)
-        print(f"n_max {n_max}: speculative / plain tok/s, mean of {len(ratios)} back-to-back pairs "
-              f"{statistics.mean(ratios):.3f} (median {statistics.median(ratios):.3f})", flush=True)
+            run(prompts[0], True)  # warm-up (and, in auto mode, the calibration)
+            run(prompts[0], False)
+            ratios, accepted, drafted_steps = [], 0, 0
+            for _ in range(a.rounds):
+                for toks in prompts:
+                    plain = run(toks, True)
+                    plain_tok_s = llm.stats.tokens_per_second
+                    ours = run(toks, False)
+                    assert ours == plain, f"n_max {n_max}, repeat_penalty {rp}: output differs from plain decoding"
+                    s = llm.stats
+                    ratios.append(s.tokens_per_second / plain_tok_s)
+                    accepted += s.accepted
+                    drafted_steps += s.steps - s.plain_steps
+            mal = (accepted + drafted_steps) / drafted_steps if drafted_steps else 1.0
+            print(f"{n_max:>5} | {rp:14.2f} | {statistics.mean(ratios):.3f}x ({statistics.median(ratios):.3f}x)"
+                  f"{'':19} | {mal:.2f}", flush=True)
 
 
 if __name__ == "__main__":
