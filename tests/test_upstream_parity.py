@@ -91,7 +91,14 @@ def _worker(spec_path: str) -> int:
     dft = llc.llama_model_load_from_file(spec["draft"].encode(), mparams)
     assert dft, "cannot load the drafter"
 
+    # Both sides on the CPU, whatever libllama was built with: a GPU build would otherwise move
+    # large-batch matmuls of these CPU weights to the GPU (op_offload), where ggml-cuda runs f32 in TF32.
+    def cpu_only(params: Any) -> None:
+        params.op_offload = False
+        params.offload_kqv = False
+
     tparams = llc.llama_context_default_params()
+    cpu_only(tparams)
     tparams.n_ctx = 64
     tparams.n_batch = tparams.n_ubatch = 64
     tparams.n_seq_max = 1
@@ -101,6 +108,7 @@ def _worker(spec_path: str) -> int:
 
     n_ctx = int(spec["n_ctx"])
     dparams = llc.llama_context_default_params()
+    cpu_only(dparams)
     dparams.n_ctx = n_ctx
     dparams.n_batch = dparams.n_ubatch = n_ctx
     dparams.n_seq_max = 1
