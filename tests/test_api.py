@@ -210,6 +210,30 @@ def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, ba
         SpeculativeLlama.from_llama(object(), draft=draft)
 
 
+def test_adopted_llama_and_ours_take_turns(draft: str, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
+    """One context, two writers: llama_cpp.Llama reuses what its record says its context holds, and
+    so do we. Before both records were kept true, the Llama's first call after ours continued the K/V
+    of our prompt (its text changed), and ours could reuse rows the Llama had overwritten."""
+    own = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    adopted = SpeculativeLlama.from_llama(own, draft=draft, n_max=7)
+
+    def theirs(i: int) -> str:
+        return own(_text(i), max_tokens=24, **GREEDY)["choices"][0]["text"]
+
+    def ours(i: int) -> str:
+        return adopted(_text(i), max_tokens=24, **GREEDY)["choices"][0]["text"]
+
+    want = {("theirs", i): theirs(i) for i in (0, 5)}  # the Llama alone
+    want.update({("ours", i): spec(_text(i), max_tokens=24, **GREEDY)["choices"][0]["text"] for i in (0, 5)})
+    prev = None
+    for turn in [("ours", 5), ("theirs", 0), ("ours", 5), ("theirs", 5), ("ours", 5), ("ours", 0), ("theirs", 0)]:
+        who, i = turn
+        assert (ours(i) if who == "ours" else theirs(i)) == want[turn], f"{turn} after {prev}"
+        if prev == ("theirs", i) and who == "ours":  # the prompt the Llama just decoded is reused, not prefilled
+            assert adopted.stats.reused_prompt_tokens == len(_toks(adopted, i)) - 1, adopted.stats
+        prev = turn
+
+
 # --------------------------------------------------------------------------- #
 # bad arguments
 # --------------------------------------------------------------------------- #

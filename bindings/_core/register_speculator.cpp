@@ -148,6 +148,18 @@ void register_speculator(py::module_ & m) {
                                    return d;
                                })
         .def_property_readonly("n_past", [](PySpeculator & p) { return p.s->n_past(); })
+        .def_property_readonly("cached_tokens",
+                               [](PySpeculator & p) {
+                                   Busy busy(p.mu, "this SpeculativeLlama");
+                                   return p.s->cached_tokens();
+                               })
+        .def(
+            "keep_cached_prefix",
+            [](PySpeculator & p, const std::vector<int32_t> & held) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                p.s->keep_cached_prefix(held);
+            },
+            py::arg("held"))
         .def_property_readonly("n_ctx", [](PySpeculator & p) { return p.s->target().n_ctx(); })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return p.s->target().n_vocab(); })
         .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(p.s->drafter().hparams()); })

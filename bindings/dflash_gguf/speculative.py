@@ -182,8 +182,6 @@ class SpeculativeLlama:
         core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0),
                                 device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive,
                                 draft_q=draft_q, fallback=fallback)
-        # llama_cpp.Llama keeps its own idea of what its KV cache holds; ours differs now
-        llm.n_tokens = 0
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, _core=core)
         obj._llama = llm
@@ -260,7 +258,14 @@ class SpeculativeLlama:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
         t0 = time.perf_counter()
-        first = self._spec.start(prompt, seed=seed, **sampling.start_kwargs())
+        if self._llama is not None:
+            # the adopted Llama may have decoded in the shared context since our last call
+            self._spec.keep_cached_prefix(self._llama.input_ids[: self._llama.n_tokens].tolist())
+        try:
+            first = self._spec.start(prompt, seed=seed, **sampling.start_kwargs())
+        except BaseException:
+            self._tell_llama()
+            raise
         t_decode = time.perf_counter()
         n_out = 0
         pending = [first]
@@ -281,7 +286,19 @@ class SpeculativeLlama:
                     self.finish_reason = "length"
                     return
         finally:
+            self._tell_llama()
             self._record_stats(n_out, time.perf_counter() - t_decode, t0)
+
+    def _tell_llama(self) -> None:
+        """Make an adopted llama_cpp.Llama's record of its context true again: it reuses what it
+        believes its context holds, and ours wrote there."""
+        llm = self._llama
+        if llm is None:
+            return
+        held = self._spec.cached_tokens
+        llm.input_ids[: len(held)] = held
+        llm.n_tokens = len(held)
+        llm._requires_eval = True  # its stored logits are not for this context's last token
 
     def _record_stats(self, n_out: int, decode_s: float, t0: float) -> None:
         s = self._spec.stats

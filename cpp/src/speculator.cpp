@@ -131,6 +131,13 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     return anchor_;
 }
 
+void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {
+    size_t n = 0;
+    while (n < committed_.size() && n < held.size() && committed_[n] == held[n]) ++n;
+    committed_.resize(n);  // start() truncates the target, the draft cache and the pending features to it
+    anchor_ = -1;
+}
+
 void Speculator::calibrate() {
     const auto t_start = std::chrono::steady_clock::now();
     const uint32_t cap = drafter_->hparams().block_size - 1;

@@ -69,6 +69,12 @@ class Speculator {
     Target & target() { return *target_; }
     Drafter & drafter() { return *drafter_; }
     uint32_t n_past() const { return (uint32_t) committed_.size(); }
+    // the tokens whose K/V the target context holds (positions 0..n_past-1)
+    const std::vector<int32_t> & cached_tokens() const { return committed_; }
+    // Someone else decoded in the target context (an adopted llama_cpp.Llama): of what this object
+    // put there, keep only the prefix that `held` (what the context holds now) still agrees with;
+    // the next start() prefills the rest. step() needs a start() first.
+    void keep_cached_prefix(const std::vector<int32_t> & held);
 
   private:
     // auto mode: times a plain decode and a draft + verify of every draft length on a context of
