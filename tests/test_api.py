@@ -17,7 +17,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import SpeculativeLlama  # noqa: E402
+from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
 from tinycode import (  # noqa: E402
     N_CTX,
     TARGET,
@@ -232,6 +232,68 @@ def test_adopted_llama_and_ours_take_turns(draft: str, spec: SpeculativeLlama, b
         if prev == ("theirs", i) and who == "ours":  # the prompt the Llama just decoded is reused, not prefilled
             assert adopted.stats.reused_prompt_tokens == len(_toks(adopted, i)) - 1, adopted.stats
         prev = turn
+    # the Llama decoding while a stream of ours is open: an error at our next step, not a wrong token
+    stream = adopted.generate_tokens(_toks(adopted, 5), max_tokens=24)
+    next(stream)
+    assert theirs(0) == want[("theirs", 0)]
+    with pytest.raises(RuntimeError, match="decoded in the shared context while this generation was streaming"):
+        list(stream)
+    assert ours(5) == want[("ours", 5)] and theirs(0) == want[("theirs", 0)]
+
+
+def test_close(draft: str) -> None:
+    """close() frees now and later calls raise a clear error (an open stream's next step too); a
+    `with` block closes."""
+    with SpeculativeLlama(str(TARGET), draft, n_ctx=256, n_threads=THREADS, n_max=3) as own:
+        toks = _toks(own, 0)
+        stream = own.generate_tokens(toks, max_tokens=16)
+        next(stream)
+    with pytest.raises(DFlashError, match="closed"):
+        list(stream)
+    with pytest.raises(DFlashError, match="closed"):
+        own(_text(0), max_tokens=4)
+    own.close()  # twice is fine
+
+
+def test_closing_either_side_of_an_adoption(draft: str) -> None:
+    """Ours closed: the Llama gets its context back as it was and decodes as before. The Llama closed:
+    we let go of its context before it is freed (calls raise, no crash). And at exit, where the
+    garbage collector finalizes the Llama's context and us in any order (this aborted the process in
+    libllama's set_embeddings_layer_inp about half the time), the process ends cleanly."""
+    import subprocess
+    import sys
+
+    def theirs(own: Any) -> str:
+        return own(_text(0), max_tokens=16, **GREEDY)["choices"][0]["text"]
+
+    own = llama_cpp.Llama(str(TARGET), n_ctx=256, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    want = theirs(own)
+    adopted = SpeculativeLlama.from_llama(own, draft=draft, n_max=3)
+    adopted(_text(5), max_tokens=16)
+    adopted.close()
+    assert theirs(own) == want
+
+    # in a subprocess: a regression here is a use after free
+    script = (
+        "import llama_cpp\n"
+        "from dflash_gguf import DFlashError, SpeculativeLlama\n"
+        f"def pair():\n"
+        f"    llm = llama_cpp.Llama({str(TARGET)!r}, n_ctx=256, n_threads=1, verbose=False)\n"
+        f"    return llm, SpeculativeLlama.from_llama(llm, {draft!r}, n_max=3)\n"
+        "llm, sp = pair()\n"
+        "llm.close()\n"
+        "try:\n"
+        f"    sp({_text(5)!r}, max_tokens=4)\n"
+        "    raise SystemExit('no error')\n"
+        "except DFlashError as e:\n"
+        "    assert 'closed' in str(e), e\n"
+        "llm, sp = pair()  # left to the exit\n"
+        f"llm({_text(0)!r}, max_tokens=8); sp({_text(5)!r}, max_tokens=8); llm({_text(0)!r}, max_tokens=8)\n"
+        "print('ok')\n"
+    )
+    for _ in range(3):
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-300:], r.stderr[-1500:])
 
 
 # --------------------------------------------------------------------------- #

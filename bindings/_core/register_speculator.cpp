@@ -13,9 +13,14 @@
 namespace {
 
 struct PySpeculator {
-    std::unique_ptr<dflash::Speculator> s;
+    std::unique_ptr<dflash::Speculator> s;  // null once closed
     std::mutex mu;
 };
+
+dflash::Speculator & live(PySpeculator & p) {
+    if (!p.s) throw dflash::Error("this SpeculativeLlama is closed");
+    return *p.s;
+}
 
 dflash::DraftQ parse_q(const std::string & q) {
     if (q == "logits") return dflash::DraftQ::Logits;
@@ -29,7 +34,7 @@ py::tuple run_step(PySpeculator & p, dflash::StepOutput (dflash::Speculator::*st
     dflash::StepOutput o;
     {
         py::gil_scoped_release nogil;
-        o = (p.s.get()->*step)();
+        o = (live(p).*step)();
     }
     return py::make_tuple(o.tokens, o.context_full);
 }
@@ -119,7 +124,7 @@ void register_speculator(py::module_ & m) {
                 sp.penalty_last_n = penalty_last_n;
                 sp.logit_bias.assign(logit_bias.begin(), logit_bias.end());
                 py::gil_scoped_release nogil;
-                return p.s->start(prompt, sp, seed);
+                return live(p).start(prompt, sp, seed);
             },
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
             py::arg("min_p") = 0.0f, py::arg("seed") = 0, py::arg("repeat_penalty") = 1.0f,
@@ -127,48 +132,48 @@ void register_speculator(py::module_ & m) {
             py::arg("logit_bias") = std::map<int32_t, float>{})
         .def("step", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step); })
         .def("step_plain", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step_plain); })
-        .def_property_readonly("n_max", [](PySpeculator & p) { return p.s->n_max(); })
-        .def_property_readonly("adaptive", [](PySpeculator & p) { return p.s->adaptive(); })
+        .def_property_readonly("n_max", [](PySpeculator & p) { return live(p).n_max(); })
+        .def_property_readonly("adaptive", [](PySpeculator & p) { return live(p).adaptive(); })
         .def(
             "set_n_max",
             [](PySpeculator & p, uint32_t n, bool adaptive) {
                 Busy busy(p.mu, "this SpeculativeLlama");
-                p.s->set_n_max(n, adaptive);
+                live(p).set_n_max(n, adaptive);
             },
             py::arg("n"), py::arg("adaptive") = false)
         .def_property_readonly("controller",
                                [](PySpeculator & p) {
                                    py::dict d;
-                                   d["acceptance"] = p.s->acceptance_estimate();
+                                   d["acceptance"] = live(p).acceptance_estimate();
                                    std::vector<double> cost;
-                                   for (uint32_t k = 0; k <= p.s->drafter().hparams().block_size - 1; ++k) {
-                                       cost.push_back(p.s->expected_step_ms(k));
+                                   for (uint32_t k = 0; k <= live(p).drafter().hparams().block_size - 1; ++k) {
+                                       cost.push_back(live(p).expected_step_ms(k));
                                    }
                                    d["expected_step_ms"] = cost;
                                    return d;
                                })
-        .def_property_readonly("n_past", [](PySpeculator & p) { return p.s->n_past(); })
+        .def_property_readonly("n_past", [](PySpeculator & p) { return live(p).n_past(); })
         .def_property_readonly("cached_tokens",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");
-                                   return p.s->cached_tokens();
+                                   return live(p).cached_tokens();
                                })
         .def(
             "keep_cached_prefix",
             [](PySpeculator & p, const std::vector<int32_t> & held) {
                 Busy busy(p.mu, "this SpeculativeLlama");
-                p.s->keep_cached_prefix(held);
+                live(p).keep_cached_prefix(held);
             },
             py::arg("held"))
-        .def_property_readonly("n_ctx", [](PySpeculator & p) { return p.s->target().n_ctx(); })
-        .def_property_readonly("n_vocab", [](PySpeculator & p) { return p.s->target().n_vocab(); })
-        .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(p.s->drafter().hparams()); })
-        .def_property_readonly("draft_device", [](PySpeculator & p) { return p.s->drafter().device_name(); })
+        .def_property_readonly("n_ctx", [](PySpeculator & p) { return live(p).target().n_ctx(); })
+        .def_property_readonly("n_vocab", [](PySpeculator & p) { return live(p).target().n_vocab(); })
+        .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(live(p).drafter().hparams()); })
+        .def_property_readonly("draft_device", [](PySpeculator & p) { return live(p).drafter().device_name(); })
         .def_property_readonly("draft_counters",
-                               [](PySpeculator & p) { return counters_dict(p.s->drafter().counters()); })
+                               [](PySpeculator & p) { return counters_dict(live(p).drafter().counters()); })
         .def_property_readonly("stats",
                                [](PySpeculator & p) {
-                                   const auto & s = p.s->stats();
+                                   const auto & s = live(p).stats();
                                    py::dict d;
                                    d["steps"] = s.steps;
                                    d["plain_steps"] = s.plain_steps;
@@ -190,7 +195,7 @@ void register_speculator(py::module_ & m) {
         .def(
             "tokenize",
             [](PySpeculator & p, const std::string & text, bool add_special, bool parse_special) {
-                const llama_vocab * v = p.s->target().vocab();
+                const llama_vocab * v = live(p).target().vocab();
                 std::vector<int32_t> out(text.size() + 16);
                 int32_t n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(),
                                            add_special, parse_special);
@@ -207,21 +212,28 @@ void register_speculator(py::module_ & m) {
         .def(
             "token_to_piece",
             [](PySpeculator & p, int32_t tok, bool special) {
-                if (tok < 0 || (uint32_t) tok >= p.s->target().n_vocab()) throw dflash::Error("token id out of range");
+                if (tok < 0 || (uint32_t) tok >= live(p).target().n_vocab()) throw dflash::Error("token id out of range");
                 std::string buf(256, '\0');
-                int32_t n = llama_token_to_piece(p.s->target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
+                int32_t n = llama_token_to_piece(live(p).target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
                 if (n < 0) {
                     buf.resize((size_t) -n);
-                    n = llama_token_to_piece(p.s->target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
+                    n = llama_token_to_piece(live(p).target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
                 }
                 buf.resize((size_t) std::max(n, 0));
                 return py::bytes(buf);
             },
             py::arg("token"), py::arg("special") = false)
-        .def("is_eog", [](PySpeculator & p, int32_t tok) { return p.s->target().is_eog(tok); })
+        .def("is_eog", [](PySpeculator & p, int32_t tok) { return live(p).target().is_eog(tok); })
+        .def(
+            "close",
+            [](PySpeculator & p) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                p.s.reset();  // frees the target (or hands an adopted context back) and the drafter now
+            })
+        .def_property_readonly("closed", [](PySpeculator & p) { return !p.s; })
         .def_property_readonly("chat_template",
                                [](PySpeculator & p) -> py::object {
-                                   const char * t = llama_model_chat_template(p.s->target().model(), nullptr);
+                                   const char * t = llama_model_chat_template(live(p).target().model(), nullptr);
                                    if (!t) return py::none();
                                    return py::str(t);
                                });

@@ -185,7 +185,30 @@ class SpeculativeLlama:
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, _core=core)
         obj._llama = llm
+        # Whatever frees the Llama's context (its close(), or the garbage collector finalizing its
+        # LlamaContext, in any order with us), let go of the context first: the context's own exit
+        # stack runs this before the free registered earlier. It holds the native core only, which
+        # holds no Python object: no cycle.
+        llm._ctx._exit_stack.callback(core.close)
         return obj
+
+    def close(self) -> None:
+        """Free the target and the drafter now (an adopted Llama's context is handed back as it was
+        found, and the Llama stays usable); calls on this object raise after. `with SpeculativeLlama(...)
+        as llm:` closes at the end of the block."""
+        self._spec.close()
+
+    def __enter__(self) -> SpeculativeLlama:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # before the attributes go, so that an adopted Llama (one of them) still holds its context
+        spec = getattr(self, "_spec", None)
+        if spec is not None and not spec.closed:
+            spec.close()
 
     # --- tokens and text -------------------------------------------------
 
@@ -258,14 +281,14 @@ class SpeculativeLlama:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
         t0 = time.perf_counter()
-        if self._llama is not None:
-            # the adopted Llama may have decoded in the shared context since our last call
-            self._spec.keep_cached_prefix(self._llama.input_ids[: self._llama.n_tokens].tolist())
+        self._take_context_from_llama()
         try:
             first = self._spec.start(prompt, seed=seed, **sampling.start_kwargs())
         except BaseException:
-            self._tell_llama()
+            self._give_context_to_llama()
             raise
+        if self._llama is not None:
+            self._llama.n_tokens = 0  # while we stream: if it decodes, it starts from scratch and we notice
         t_decode = time.perf_counter()
         n_out = 0
         pending = [first]
@@ -281,17 +304,31 @@ class SpeculativeLlama:
                     if n_out >= limit:
                         self.finish_reason = "length"
                         return
+                if self._llama is not None and self._llama.n_tokens:
+                    raise RuntimeError("the adopted llama_cpp.Llama decoded in the shared context while this "
+                                       "generation was streaming; its K/V is gone (finish or close a stream first)")
                 pending, full = step()
                 if full:
                     self.finish_reason = "length"
                     return
         finally:
-            self._tell_llama()
-            self._record_stats(n_out, time.perf_counter() - t_decode, t0)
+            if not self._spec.closed:  # closed while a stream was open: nothing left to record
+                if self._llama is not None and self._llama.n_tokens:  # it decoded while we streamed
+                    self._take_context_from_llama()
+                self._give_context_to_llama()
+                self._record_stats(n_out, time.perf_counter() - t_decode, t0)
 
-    def _tell_llama(self) -> None:
-        """Make an adopted llama_cpp.Llama's record of its context true again: it reuses what it
-        believes its context holds, and ours wrote there."""
+    # An adopted llama_cpp.Llama shares our target context and reuses whatever its record
+    # (input_ids[:n_tokens]) says the context holds; so do we with ours. Each side's record is made
+    # true before the other decodes.
+    def _take_context_from_llama(self) -> None:
+        """Of what we put in the context, keep what the Llama's record still agrees with (it may have
+        decoded since)."""
+        llm = self._llama
+        if llm is not None:
+            self._spec.keep_cached_prefix(llm.input_ids[: llm.n_tokens].tolist())
+
+    def _give_context_to_llama(self) -> None:
         llm = self._llama
         if llm is None:
             return
