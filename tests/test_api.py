@@ -208,6 +208,10 @@ def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, ba
     assert text == spec.create_completion(_text(0), max_tokens=16, **GREEDY)["choices"][0]["text"]
     with pytest.raises(ValueError, match="Llama"):
         SpeculativeLlama.from_llama(object(), draft=draft)
+    closed = llama_cpp.Llama(str(TARGET), n_ctx=64, n_threads=THREADS, verbose=False)
+    closed.close()
+    with pytest.raises(ValueError, match="closed"):
+        SpeculativeLlama.from_llama(closed, draft=draft)
 
 
 def test_adopted_llama_and_ours_take_turns(draft: str, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:

@@ -172,11 +172,12 @@ class SpeculativeLlama:
                    device: str = "auto", fallback: bool = True) -> SpeculativeLlama:
         """Adopt an existing llama_cpp.Llama as the target (its model and context are reused)."""
         try:
-            model_ptr = int(llm._model.model)
-            ctx_ptr = int(llm._ctx.ctx)
-            path = llm.model_path
+            model, ctx, path = llm._model.model, llm._ctx.ctx, llm.model_path
         except AttributeError as e:
             raise ValueError(f"from_llama needs a llama_cpp.Llama instance, got {type(llm).__name__}") from e
+        if model is None or ctx is None:
+            raise ValueError("from_llama: this llama_cpp.Llama is closed (it has no model or context left)")
+        model_ptr, ctx_ptr = int(model), int(ctx)
         cap, adaptive = _parse_n_max(n_max)
         n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
         core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0),
