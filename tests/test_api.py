@@ -172,6 +172,49 @@ def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None
     assert ocs[-1]["choices"][0]["finish_reason"] is not None
 
 
+# what LangChain's LlamaCpp (and other wrappers) pass to llama_cpp.Llama on every call
+WRAPPER_DEFAULTS = {"suffix": None, "logprobs": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
+                    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "grammar": None, "stopping_criteria": None,
+                    "logits_processor": None}
+
+
+def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: SpeculativeLlama, llm: Any) -> None:
+    """llama_cpp.Llama's options this class does not implement are accepted at their 'off' values (so a
+    framework passing all of them works) and refused with the option's name otherwise; echo and model
+    work as in llama_cpp.Llama."""
+    prompt = _text(0)
+    plain = spec(prompt, max_tokens=8, **GREEDY)["choices"][0]["text"]
+    assert spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)["choices"][0]["text"] == plain
+    for key, value in (("logprobs", 0), ("typical_p", 0.9), ("mirostat_mode", 2), ("grammar", object()),
+                       ("suffix", "x")):
+        with pytest.raises(ValueError, match=key):
+            spec(prompt, max_tokens=8, **{key: value})
+    with pytest.raises(TypeError, match="tools"):
+        spec(prompt, max_tokens=8, tools=None)  # a chat option
+    with pytest.raises(TypeError, match="bogus"):
+        spec(prompt, max_tokens=8, bogus=1)
+
+    echoed = spec(prompt, max_tokens=8, echo=True, model="named", **GREEDY)
+    assert echoed["choices"][0]["text"] == prompt + plain and echoed["model"] == "named"
+    theirs = llm(prompt, max_tokens=8, echo=True, **GREEDY)["choices"][0]["text"]
+    assert theirs.startswith(prompt)  # llama_cpp.Llama's echo means the same
+    chunks = list(spec(prompt, max_tokens=8, echo=True, stream=True, **GREEDY))
+    assert "".join(c["choices"][0]["text"] for c in chunks) == prompt + plain
+    toks = _toks(spec, 0)
+    assert spec.create_completion(toks, max_tokens=8, echo=True, **GREEDY)["choices"][0]["text"] == prompt + plain
+
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    chat = spec.create_chat_completion(msgs, max_tokens=4, **GREEDY)
+    off = {"tools": None, "tool_choice": None, "functions": None, "function_call": None, "response_format": None,
+           "logprobs": False, "top_logprobs": None, "typical_p": 1.0, "grammar": None}
+    again = spec.create_chat_completion(msgs, max_tokens=4, model="named", **off, **GREEDY)
+    assert again["choices"] == chat["choices"] and again["model"] == "named"
+    with pytest.raises(ValueError, match="tools"):
+        spec.create_chat_completion(msgs, max_tokens=4, tools=[{"type": "function"}])
+    with pytest.raises(ValueError, match="response_format"):
+        spec.create_chat_completion(msgs, max_tokens=4, response_format={"type": "json_object"})
+
+
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:
     assert not spec._spec.chat_template  # the tinycode GGUF has none
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os\n"}]

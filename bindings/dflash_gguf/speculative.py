@@ -68,6 +68,34 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     return n_max, False
 
 
+# llama_cpp.Llama options this class does not implement, each with the values that mean "off": taken
+# at those values (frameworks such as LangChain's LlamaCpp pass them all on every call), a ValueError
+# naming the option otherwise, rather than output that silently ignores it
+_OFF_VALUES: dict[str, tuple[Any, ...]] = {
+    "suffix": (None,), "logprobs": (None, False), "top_logprobs": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
+    "mirostat_mode": (0,), "stopping_criteria": (None,), "logits_processor": (None,), "grammar": (None,),
+    "functions": (None,), "function_call": (None,), "tools": (None,), "tool_choice": (None,),
+    "response_format": (None,),
+}
+_READ_ONLY_WITH_MIROSTAT = ("mirostat_tau", "mirostat_eta")
+_COMPLETION_ONLY = ("suffix",)
+_CHAT_ONLY = ("top_logprobs", "functions", "function_call", "tools", "tool_choice", "response_format")
+
+
+def _check_off(method: str, options: dict[str, Any]) -> None:
+    excluded = _CHAT_ONLY if method == "create_completion" else _COMPLETION_ONLY
+    for key, value in options.items():
+        if key in _READ_ONLY_WITH_MIROSTAT:
+            continue
+        if key not in _OFF_VALUES or key in excluded:
+            raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
+        off = _OFF_VALUES[key]
+        numeric = type(value) in (int, float)  # bool is not: logprobs=0 asks for log-probabilities
+        if not any(value is v or (numeric and type(v) in (int, float) and value == v) for v in off):
+            raise ValueError(f"{method}: {key}={value!r} is not supported by SpeculativeLlama "
+                             f"(only {' or '.join(map(repr, off))}, llama_cpp.Llama's 'off')")
+
+
 @dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen, with llama_cpp.Llama's meanings: logit_bias is added to the raw logits,
@@ -394,24 +422,36 @@ class SpeculativeLlama:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         logit_bias: dict[int, float] | None = None,
+        echo: bool = False,
+        model: str | None = None,
+        **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """llama_cpp.Llama.create_completion's arguments (those listed) and result shapes."""
+        """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
+        does not implement (suffix, logprobs, typical_p, tfs_z, mirostat, grammar, stopping_criteria,
+        logits_processor) each is accepted at its 'off' value only."""
+        _check_off("create_completion", options)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed)
+        model_name = model if model is not None else self.model_path
+        head = ""
+        if echo:
+            head = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
 
         def shape(text: str, reason: str | None) -> dict[str, Any]:
-            return {"id": cid, "object": "text_completion", "created": created, "model": self.model_path,
+            return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
                     "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}]}
 
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
+                if head:
+                    yield shape(head, None)
                 for text, reason, _, _ in chunks:
                     if text or reason:
                         yield shape(text, reason)
             return gen()
-        parts, reason, n_prompt, n_out = [], None, 0, 0
+        parts, reason, n_prompt, n_out = [head], None, 0, 0
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
         out = shape("".join(parts), reason)
@@ -436,8 +476,14 @@ class SpeculativeLlama:
         frequency_penalty: float = 0.0,
         presence_penalty: float = 0.0,
         logit_bias: dict[int, float] | None = None,
+        model: str | None = None,
+        **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """Chat with the target GGUF's chat template (ChatML when it has none)."""
+        """Chat with the target GGUF's chat template (ChatML when it has none). Of llama_cpp.Llama's
+        options this class does not implement (tools, functions, response_format, logprobs, grammar,
+        ...) each is accepted at its 'off' value only."""
+        _check_off("create_chat_completion", options)
+        model_name = model if model is not None else self.model_path
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
@@ -446,24 +492,24 @@ class SpeculativeLlama:
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed)
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
-                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": self.model_path,
+                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
                        "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
                                     "finish_reason": None}]}
                 for text, reason, _, _ in chunks:
                     if text:
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": self.model_path,
+                               "model": model_name,
                                "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None,
                                             "finish_reason": None}]}
                     if reason:
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": self.model_path,
+                               "model": model_name,
                                "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]}
             return gen()
         parts, reason, n_prompt, n_out = [], None, 0, 0
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
-        return {"id": cid, "object": "chat.completion", "created": created, "model": self.model_path,
+        return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
                              "logprobs": None, "finish_reason": reason}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
