@@ -185,7 +185,7 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
     prompt = _text(0)
     plain = spec(prompt, max_tokens=8, **GREEDY)["choices"][0]["text"]
     assert spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)["choices"][0]["text"] == plain
-    for key, value in (("logprobs", 0), ("typical_p", 0.9), ("mirostat_mode", 2), ("grammar", object()),
+    for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("grammar", object()),
                        ("suffix", "x")):
         with pytest.raises(ValueError, match=key):
             spec(prompt, max_tokens=8, **{key: value})
@@ -213,6 +213,52 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
         spec.create_chat_completion(msgs, max_tokens=4, tools=[{"type": "function"}])
     with pytest.raises(ValueError, match="response_format"):
         spec.create_chat_completion(msgs, max_tokens=4, response_format={"type": "json_object"})
+
+
+def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
+    """logprobs=n gives what llama_cpp.Llama (logits_all=True) gives for the same greedy completion:
+    the token strings, text offsets, log-softmax of the raw logits and the n most likely; a stop
+    string cuts tokens and text alike; chat gets OpenAI's shape."""
+    import numpy as np
+
+    theirs_llm = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS,
+                                 logits_all=True, verbose=False)
+    prompt = _text(3)
+    ours = spec(prompt, max_tokens=24, logprobs=3, **GREEDY)["choices"][0]
+    theirs = theirs_llm(prompt, max_tokens=24, logprobs=3, **GREEDY)["choices"][0]
+    assert ours["text"] == theirs["text"]
+    a, b = ours["logprobs"], theirs["logprobs"]
+    assert a["tokens"] == b["tokens"] and a["text_offset"] == b["text_offset"] and len(a["tokens"]) == 24
+    np.testing.assert_allclose(a["token_logprobs"], np.asarray(b["token_logprobs"], dtype=float), atol=2e-3)
+    for mine, want in zip(a["top_logprobs"], b["top_logprobs"]):
+        assert 3 <= len(mine) <= 4 and all(isinstance(v, float) for v in mine.values())
+        common = set(mine) & set(want)
+        assert len(common) >= 3  # a near-tie at the 3rd place may swap one
+        for k in common:
+            assert abs(mine[k] - float(want[k])) <= 2e-3
+    assert "".join(a["tokens"]) == ours["text"]
+
+    stop = ours["text"][10:14]
+    cut = spec(prompt, max_tokens=24, logprobs=0, stop=stop, **GREEDY)["choices"][0]
+    assert cut["finish_reason"] == "stop" and "".join(cut["logprobs"]["tokens"]).startswith(cut["text"])
+    assert len(cut["logprobs"]["tokens"]) < 24 and all(len(t) == 1 for t in cut["logprobs"]["top_logprobs"])
+
+    sampled = spec(prompt, max_tokens=16, logprobs=2, temperature=1.0, seed=5)["choices"][0]["logprobs"]
+    for lp, top in zip(sampled["token_logprobs"], sampled["top_logprobs"]):
+        assert lp <= 0.0 and sum(np.exp(list(top.values()))) <= 1.0 + 1e-5
+
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    chat = spec.create_chat_completion(msgs, max_tokens=8, logprobs=True, top_logprobs=2, **GREEDY)["choices"][0]
+    content = chat["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == chat["message"]["content"]
+    assert all(len(c["top_logprobs"]) in (2, 3) and c["bytes"] == list(c["token"].encode()) for c in content)
+    assert spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]["logprobs"] is None
+
+    for kwargs, match in (({"stream": True}, "stream"), ({"echo": True}, "echo"), ({"logprobs": -1}, "logprobs"),
+                          ({"logprobs": True}, "logprobs")):
+        kwargs.setdefault("logprobs", 1)
+        with pytest.raises(ValueError, match=match):
+            spec(prompt, max_tokens=4, **kwargs)
 
 
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:

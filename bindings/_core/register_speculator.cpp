@@ -15,6 +15,7 @@ namespace {
 struct PySpeculator {
     std::unique_ptr<dflash::Speculator> s;  // null once closed
     std::mutex mu;
+    std::vector<dflash::TokenLogprob> last_logprobs;  // of the tokens the last start() or step returned
 };
 
 dflash::Speculator & live(PySpeculator & p) {
@@ -36,6 +37,7 @@ py::tuple run_step(PySpeculator & p, dflash::StepOutput (dflash::Speculator::*st
         py::gil_scoped_release nogil;
         o = (live(p).*step)();
     }
+    p.last_logprobs = std::move(o.logprobs);
     return py::make_tuple(o.tokens, o.context_full);
 }
 
@@ -111,7 +113,7 @@ void register_speculator(py::module_ & m) {
             "start",
             [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,
                float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
-               int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias) {
+               int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -123,13 +125,27 @@ void register_speculator(py::module_ & m) {
                 sp.presence_penalty = presence_penalty;
                 sp.penalty_last_n = penalty_last_n;
                 sp.logit_bias.assign(logit_bias.begin(), logit_bias.end());
-                py::gil_scoped_release nogil;
-                return live(p).start(prompt, sp, seed);
+                if (logprobs < -1) throw dflash::Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(logprobs));
+                sp.n_logprobs = logprobs;
+                int32_t first;
+                {
+                    py::gil_scoped_release nogil;
+                    first = live(p).start(prompt, sp, seed);
+                }
+                p.last_logprobs = live(p).start_logprobs();
+                return first;
             },
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
             py::arg("min_p") = 0.0f, py::arg("seed") = 0, py::arg("repeat_penalty") = 1.0f,
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
-            py::arg("logit_bias") = std::map<int32_t, float>{})
+            py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1)
+        .def_property_readonly("last_logprobs",
+                               [](PySpeculator & p) {
+                                   Busy busy(p.mu, "this SpeculativeLlama");
+                                   py::list out;
+                                   for (const auto & t : p.last_logprobs) out.append(py::make_tuple(t.logprob, t.top));
+                                   return out;
+                               })
         .def("step", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step); })
         .def("step_plain", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step_plain); })
         .def_property_readonly("n_max", [](PySpeculator & p) { return live(p).n_max(); })

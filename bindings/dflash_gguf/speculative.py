@@ -72,14 +72,14 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
 # at those values (frameworks such as LangChain's LlamaCpp pass them all on every call), a ValueError
 # naming the option otherwise, rather than output that silently ignores it
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "suffix": (None,), "logprobs": (None, False), "top_logprobs": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
+    "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
     "mirostat_mode": (0,), "stopping_criteria": (None,), "logits_processor": (None,), "grammar": (None,),
     "functions": (None,), "function_call": (None,), "tools": (None,), "tool_choice": (None,),
     "response_format": (None,),
 }
 _READ_ONLY_WITH_MIROSTAT = ("mirostat_tau", "mirostat_eta")
 _COMPLETION_ONLY = ("suffix",)
-_CHAT_ONLY = ("top_logprobs", "functions", "function_call", "tools", "tool_choice", "response_format")
+_CHAT_ONLY = ("functions", "function_call", "tools", "tool_choice", "response_format")
 
 
 def _check_off(method: str, options: dict[str, Any]) -> None:
@@ -90,10 +90,22 @@ def _check_off(method: str, options: dict[str, Any]) -> None:
         if key not in _OFF_VALUES or key in excluded:
             raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
         off = _OFF_VALUES[key]
-        numeric = type(value) in (int, float)  # bool is not: logprobs=0 asks for log-probabilities
+        numeric = type(value) in (int, float)
         if not any(value is v or (numeric and type(v) in (int, float) and value == v) for v in off):
             raise ValueError(f"{method}: {key}={value!r} is not supported by SpeculativeLlama "
                              f"(only {' or '.join(map(repr, off))}, llama_cpp.Llama's 'off')")
+
+
+def _check_logprobs(n: int | None, stream: bool, echo: bool) -> None:
+    if n is None:
+        return
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"logprobs must be an int >= 0 (the most likely tokens to list) or None, got {n!r}")
+    if stream:
+        raise ValueError("logprobs with stream=True is not supported by SpeculativeLlama (use stream=False)")
+    if echo:
+        raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported by "
+                         "SpeculativeLlama")
 
 
 @dataclass(frozen=True)
@@ -295,16 +307,16 @@ class SpeculativeLlama:
                         self.last_n_tokens_size, logit_bias)
 
     def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                  plain: bool) -> Iterator[int]:
+                  plain: bool, logprobs: int | None = None) -> Iterator[int]:
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
         try:
-            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain)
+            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs)
         finally:
             self._lock.release()
 
     def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                         plain: bool) -> Iterator[int]:
+                         plain: bool, logprobs: int | None) -> Iterator[int]:
         limit = self.n_ctx - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
@@ -312,12 +324,17 @@ class SpeculativeLlama:
         t0 = time.perf_counter()
         self._take_context_from_llama()
         try:
-            first = self._spec.start(prompt, seed=seed, **sampling.start_kwargs())
+            first = self._spec.start(prompt, seed=seed, logprobs=-1 if logprobs is None else logprobs,
+                                     **sampling.start_kwargs())
         except BaseException:
             self._give_context_to_llama()
             raise
         if self._llama is not None:
             self._llama.n_tokens = 0  # while we stream: if it decodes, it starts from scratch and we notice
+        # (logprob, [(id, logprob) of the most likely]) per token generated, when asked for
+        self._token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        if logprobs is not None:
+            self._token_logprobs.extend(self._spec.last_logprobs)
         t_decode = time.perf_counter()
         n_out = 0
         pending = [first]
@@ -337,6 +354,8 @@ class SpeculativeLlama:
                     raise RuntimeError("the adopted llama_cpp.Llama decoded in the shared context while this "
                                        "generation was streaming; its K/V is gone (finish or close a stream first)")
                 pending, full = step()
+                if logprobs is not None:
+                    self._token_logprobs.extend(self._spec.last_logprobs)
                 if full:
                     self.finish_reason = "length"
                     return
@@ -390,14 +409,17 @@ class SpeculativeLlama:
         )
 
     def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
-                           stop: str | list[str] | None,
-                           seed: int | None) -> Iterator[tuple[str, str | None, int, int]]:
-        """(text delta, finish_reason or None, prompt tokens, completion tokens)"""
+                           stop: str | list[str] | None, seed: int | None,
+                           logprobs: int | None = None) -> Iterator[tuple[str, str | None, int, int]]:
+        """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens in
+        self._completion_tokens"""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
-        for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False):
+        self._completion_tokens: list[int] = []
+        for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs):
+            self._completion_tokens.append(tok)
             n += 1
             delta = stream.feed(self._spec.token_to_piece(tok))
             if delta:
@@ -424,20 +446,23 @@ class SpeculativeLlama:
         logit_bias: dict[int, float] | None = None,
         echo: bool = False,
         model: str | None = None,
+        logprobs: int | None = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
-        does not implement (suffix, logprobs, typical_p, tfs_z, mirostat, grammar, stopping_criteria,
-        logits_processor) each is accepted at its 'off' value only."""
+        does not implement (suffix, typical_p, tfs_z, mirostat, grammar, stopping_criteria,
+        logits_processor) each is accepted at its 'off' value only. `logprobs=n`: the generated tokens'
+        log-probabilities under the target's raw logits and the n most likely at each (not with stream
+        or echo)."""
         _check_off("create_completion", options)
+        _check_logprobs(logprobs, stream, echo)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed)
+        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs)
         model_name = model if model is not None else self.model_path
-        head = ""
-        if echo:
-            head = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
+        prompt_text = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
+        head = prompt_text if echo else ""
 
         def shape(text: str, reason: str | None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
@@ -455,7 +480,31 @@ class SpeculativeLlama:
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
         out = shape("".join(parts), reason)
+        if logprobs is not None:
+            out["choices"][0]["logprobs"] = self._completion_logprobs(out["choices"][0]["text"], len(prompt_text))
         out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        return out
+
+    def _completion_logprobs(self, text: str, text_offset: int) -> dict[str, Any]:
+        """llama_cpp.Llama's `logprobs` of the generated tokens that make up `text` (a stop string cuts
+        both)."""
+        def piece(tok: int) -> bytes:
+            return self._spec.token_to_piece(tok)
+
+        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+        so_far = b""
+        for tok, (lp, top) in zip(self._completion_tokens, self._token_logprobs):
+            offset = len(so_far.decode("utf-8", "ignore"))
+            if offset >= len(text):
+                break
+            so_far += piece(tok)
+            token_str = piece(tok).decode("utf-8", "ignore")
+            best = {piece(i).decode("utf-8", "ignore"): v for i, v in top}
+            best[token_str] = lp
+            out["tokens"].append(token_str)
+            out["text_offset"].append(text_offset + offset)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append(best)
         return out
 
     def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -477,19 +526,24 @@ class SpeculativeLlama:
         presence_penalty: float = 0.0,
         logit_bias: dict[int, float] | None = None,
         model: str | None = None,
+        logprobs: bool | None = None,
+        top_logprobs: int | None = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none). Of llama_cpp.Llama's
-        options this class does not implement (tools, functions, response_format, logprobs, grammar,
-        ...) each is accepted at its 'off' value only."""
+        options this class does not implement (tools, functions, response_format, grammar, ...) each is
+        accepted at its 'off' value only. `logprobs=True` (with `top_logprobs=n`): the reply's tokens'
+        log-probabilities in OpenAI's shape (not with stream)."""
         _check_off("create_chat_completion", options)
+        n_logprobs = (top_logprobs or 0) if logprobs else None
+        _check_logprobs(n_logprobs, stream, False)
         model_name = model if model is not None else self.model_path
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed)
+        chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
@@ -509,9 +563,20 @@ class SpeculativeLlama:
         parts, reason, n_prompt, n_out = [], None, 0, 0
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
+        content = "".join(parts)
+        chat_logprobs = None
+        if n_logprobs is not None:
+            lp = self._completion_logprobs(content, 0)
+
+            def entry(token: str, logprob: float) -> dict[str, Any]:
+                return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+            chat_logprobs = {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top.items()]}
+                                         for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])],
+                             "refusal": None}
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                             "logprobs": None, "finish_reason": reason}],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                             "logprobs": chat_logprobs, "finish_reason": reason}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
     def _format_chat(self, messages: list[dict[str, str]]) -> tuple[str, list[str]]:

@@ -48,6 +48,26 @@ int32_t argmax(const float * logits, uint32_t n_vocab) {
     return (int32_t) (std::max_element(logits, logits + n_vocab) - logits);
 }
 
+TokenLogprob token_logprob(const float * logits, uint32_t n_vocab, int32_t token, uint32_t n_top,
+                           std::vector<int32_t> & scratch) {
+    const float mx = *std::max_element(logits, logits + n_vocab);
+    double z = 0.0;
+    for (uint32_t i = 0; i < n_vocab; ++i) z += std::exp((double) logits[i] - mx);
+    const double log_z = mx + std::log(z);
+    TokenLogprob out;
+    out.logprob = (float) (logits[token] - log_z);
+    n_top = std::min(n_top, n_vocab);
+    if (n_top > 0) {
+        scratch.resize(n_vocab);
+        std::iota(scratch.begin(), scratch.end(), 0);
+        // ties by id, so that the order does not depend on the partial sort
+        auto higher = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+        std::partial_sort(scratch.begin(), scratch.begin() + n_top, scratch.end(), higher);
+        for (uint32_t i = 0; i < n_top; ++i) out.top.emplace_back(scratch[i], (float) (logits[scratch[i]] - log_z));
+    }
+    return out;
+}
+
 SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, float temperature) {
     SparseDist d;
     d.ids.assign(ids, ids + n);

@@ -125,6 +125,11 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     const float * logits = target_->logits(0);
     anchor_ = choose_token(logits, generated_);
     generated_.push(anchor_);
+    start_logprobs_.clear();
+    if (params.n_logprobs >= 0) {
+        start_logprobs_.push_back(token_logprob(logits, target_->n_vocab(), anchor_, (uint32_t) params.n_logprobs,
+                                                logprob_ids_));
+    }
     stats_.prefill_ms = ms_since(t0);
     stats_.prompt_tokens = (uint32_t) prompt.size();
     stats_.reused_tokens = (uint32_t) reuse;
@@ -183,6 +188,14 @@ void Speculator::calibrate() {
 
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
     return shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
+}
+
+void Speculator::report_logprobs(StepOutput & out) {
+    if (params_.n_logprobs < 0) return;
+    for (size_t i = 0; i < out.tokens.size(); ++i) {
+        out.logprobs.push_back(token_logprob(target_->logits((uint32_t) i), target_->n_vocab(), out.tokens[i],
+                                             (uint32_t) params_.n_logprobs, logprob_ids_));
+    }
 }
 
 int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
@@ -278,6 +291,9 @@ StepOutput Speculator::step() {
     if (j == m) next = choose_token(target_->logits(m), generated_);
     generated_.push(next);
     stats_.sample_ms += ms_since(t0);
+    out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
+    out.tokens.push_back(next);
+    report_logprobs(out);
 
     // commit a, d_1..d_j; roll the target back past the rejected rows
     target_->truncate((int32_t) (n + j + 1));
@@ -288,8 +304,6 @@ StepOutput Speculator::step() {
     committed_.insert(committed_.end(), seq.begin(), seq.begin() + j + 1);
     anchor_ = next;
 
-    out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
-    out.tokens.push_back(next);
     out.drafted = m;
     out.accepted = j;
     stats_.steps++;
@@ -324,6 +338,7 @@ StepOutput Speculator::step_plain() {
     committed_.push_back(anchor_);
     anchor_ = next;
     out.tokens.push_back(next);
+    report_logprobs(out);
     stats_.steps++;
     stats_.emitted++;
     return out;

@@ -23,6 +23,9 @@ struct SamplingParams {
     float presence_penalty = 0.0f;   // 0 = off
     int32_t penalty_last_n = 64;     // 0 = off
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits first
+    // not sampling, what each emitted token reports: -1 = nothing, n >= 0 = its log-probability and
+    // the n most likely tokens' (see TokenLogprob)
+    int32_t n_logprobs = -1;
     bool greedy() const { return temperature <= 0.0f; }
     bool penalizes() const {
         return penalty_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);
@@ -57,6 +60,16 @@ struct SparseDist {
 };
 
 int32_t argmax(const float * logits, uint32_t n_vocab);
+
+// A token's log-probability as llama-cpp-python reports it: log-softmax of the target's raw logits
+// (before logit_bias, penalties and temperature), and the n_top most likely tokens', most likely first.
+struct TokenLogprob {
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top;
+};
+// scratch: reused between calls (it holds n_vocab ids while the top is selected)
+TokenLogprob token_logprob(const float * logits, uint32_t n_vocab, int32_t token, uint32_t n_top,
+                           std::vector<int32_t> & scratch);
 
 // p = the target's sampling distribution for these logits (params.temperature > 0).
 SparseDist target_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params);

@@ -44,6 +44,7 @@ struct StepOutput {
     std::vector<int32_t> tokens;    // emitted this step (>= 1 unless context_full)
     bool context_full = false;
     uint32_t drafted = 0, accepted = 0;
+    std::vector<TokenLogprob> logprobs;  // one per token when SamplingParams::n_logprobs >= 0
 };
 
 class Speculator {
@@ -54,6 +55,8 @@ class Speculator {
     // Prefills (reusing the longest common prefix with the previous sequence)
     // and returns the first generated token.
     int32_t start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed);
+    // the first token's, when params.n_logprobs >= 0 (else empty)
+    const std::vector<TokenLogprob> & start_logprobs() const { return start_logprobs_; }
     StepOutput step();
     // Plain decoding (no drafter) of the same target, for baselines and tests; the draft-length
     // controller does not see these steps (a baseline run is no evidence about drafting).
@@ -88,6 +91,8 @@ class Speculator {
     const float * shaped(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     int32_t choose_token(const float * logits, const TokenWindow & window);
+    // out.logprobs for out.tokens, token i predicted by the target's logits row i, when asked for
+    void report_logprobs(StepOutput & out);
 
     std::unique_ptr<Target> target_;
     std::unique_ptr<Drafter> drafter_;
@@ -99,6 +104,8 @@ class Speculator {
     int32_t anchor_ = -1;                // newest token, not yet decoded
     TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
     std::vector<float> shaped_;          // scratch for shaped logits
+    std::vector<int32_t> logprob_ids_;   // scratch for token_logprob
+    std::vector<TokenLogprob> start_logprobs_;
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
