@@ -254,8 +254,16 @@ def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
     assert all(len(c["top_logprobs"]) in (2, 3) and c["bytes"] == list(c["token"].encode()) for c in content)
     assert spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]["logprobs"] is None
 
-    for kwargs, match in (({"stream": True}, "stream"), ({"echo": True}, "echo"), ({"logprobs": -1}, "logprobs"),
-                          ({"logprobs": True}, "logprobs")):
+    streamed = [c["choices"][0] for c in spec(prompt, max_tokens=24, logprobs=3, stream=True, **GREEDY)]
+    merged = {k: [v for c in streamed if c["logprobs"] for v in c["logprobs"][k]] for k in a}
+    assert merged == a  # each chunk carries its own tokens, together what the whole completion has
+    assert all(c["logprobs"] is None or "".join(c["logprobs"]["tokens"]) == c["text"] for c in streamed)
+    chat_chunks = list(spec.create_chat_completion(msgs, max_tokens=8, logprobs=True, top_logprobs=2, stream=True,
+                                                   **GREEDY))
+    assert [e for c in chat_chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]] \
+        == content
+
+    for kwargs, match in (({"echo": True}, "echo"), ({"logprobs": -1}, "logprobs"), ({"logprobs": True}, "logprobs")):
         kwargs.setdefault("logprobs", 1)
         with pytest.raises(ValueError, match=match):
             spec(prompt, max_tokens=4, **kwargs)

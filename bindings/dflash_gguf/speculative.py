@@ -8,6 +8,7 @@ strings, finish reasons and statistics.
 
 from __future__ import annotations
 
+import codecs
 import math
 import random
 import threading
@@ -96,16 +97,51 @@ def _check_off(method: str, options: dict[str, Any]) -> None:
                              f"(only {' or '.join(map(repr, off))}, llama_cpp.Llama's 'off')")
 
 
-def _check_logprobs(n: int | None, stream: bool, echo: bool) -> None:
+def _check_logprobs(n: int | None, echo: bool) -> None:
     if n is None:
         return
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"logprobs must be an int >= 0 (the most likely tokens to list) or None, got {n!r}")
-    if stream:
-        raise ValueError("logprobs with stream=True is not supported by SpeculativeLlama (use stream=False)")
     if echo:
         raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported by "
                          "SpeculativeLlama")
+
+
+class _LogprobCursor:
+    """llama_cpp.Llama's `logprobs` of a completion's tokens, handed out as their text is released: a
+    chunk that brings the released text to `upto` characters gets the tokens that start before that
+    (so a stop string cuts tokens and text alike, and a streamed chunk carries its own tokens)."""
+
+    def __init__(self, llm: SpeculativeLlama, text_offset: int) -> None:
+        self._llm, self._base, self._next, self._chars = llm, text_offset, 0, 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+
+    def take(self, upto: int) -> dict[str, list[Any]]:
+        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+        tokens, logprobs = self._llm._completion_tokens, self._llm._token_logprobs
+        while self._next < min(len(tokens), len(logprobs)) and self._chars < upto:
+            tok, (lp, top) = tokens[self._next], logprobs[self._next]
+            piece = self._llm._spec.token_to_piece(tok)
+            token_str = piece.decode("utf-8", "ignore")
+            best = {self._llm._spec.token_to_piece(i).decode("utf-8", "ignore"): v for i, v in top}
+            best[token_str] = lp
+            out["tokens"].append(token_str)
+            out["text_offset"].append(self._base + self._chars)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append(best)
+            self._chars += len(self._decoder.decode(piece))
+            self._next += 1
+        return out
+
+
+def _chat_logprobs(lp: dict[str, list[Any]]) -> dict[str, Any]:
+    """A completion's logprobs in OpenAI's chat shape."""
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top.items()]}
+                        for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])],
+            "refusal": None}
 
 
 @dataclass(frozen=True)
@@ -452,10 +488,9 @@ class SpeculativeLlama:
         """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
         does not implement (suffix, typical_p, tfs_z, mirostat, grammar, stopping_criteria,
         logits_processor) each is accepted at its 'off' value only. `logprobs=n`: the generated tokens'
-        log-probabilities under the target's raw logits and the n most likely at each (not with stream
-        or echo)."""
+        log-probabilities under the target's raw logits and the n most likely at each (not with echo)."""
         _check_off("create_completion", options)
-        _check_logprobs(logprobs, stream, echo)
+        _check_logprobs(logprobs, echo)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -464,47 +499,28 @@ class SpeculativeLlama:
         prompt_text = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
         head = prompt_text if echo else ""
 
-        def shape(text: str, reason: str | None) -> dict[str, Any]:
+        cursor = _LogprobCursor(self, len(prompt_text)) if logprobs is not None else None
+
+        def shape(text: str, reason: str | None, lp: dict[str, list[Any]] | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                    "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": reason}]}
+                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": reason}]}
 
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 if head:
                     yield shape(head, None)
+                released = 0
                 for text, reason, _, _ in chunks:
+                    released += len(text)
                     if text or reason:
-                        yield shape(text, reason)
+                        yield shape(text, reason, cursor.take(released) if cursor is not None and text else None)
             return gen()
         parts, reason, n_prompt, n_out = [head], None, 0, 0
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
-        out = shape("".join(parts), reason)
-        if logprobs is not None:
-            out["choices"][0]["logprobs"] = self._completion_logprobs(out["choices"][0]["text"], len(prompt_text))
+        text = "".join(parts)
+        out = shape(text, reason, cursor.take(len(text)) if cursor is not None else None)
         out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
-        return out
-
-    def _completion_logprobs(self, text: str, text_offset: int) -> dict[str, Any]:
-        """llama_cpp.Llama's `logprobs` of the generated tokens that make up `text` (a stop string cuts
-        both)."""
-        def piece(tok: int) -> bytes:
-            return self._spec.token_to_piece(tok)
-
-        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        so_far = b""
-        for tok, (lp, top) in zip(self._completion_tokens, self._token_logprobs):
-            offset = len(so_far.decode("utf-8", "ignore"))
-            if offset >= len(text):
-                break
-            so_far += piece(tok)
-            token_str = piece(tok).decode("utf-8", "ignore")
-            best = {piece(i).decode("utf-8", "ignore"): v for i, v in top}
-            best[token_str] = lp
-            out["tokens"].append(token_str)
-            out["text_offset"].append(text_offset + offset)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append(best)
         return out
 
     def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -533,10 +549,10 @@ class SpeculativeLlama:
         """Chat with the target GGUF's chat template (ChatML when it has none). Of llama_cpp.Llama's
         options this class does not implement (tools, functions, response_format, grammar, ...) each is
         accepted at its 'off' value only. `logprobs=True` (with `top_logprobs=n`): the reply's tokens'
-        log-probabilities in OpenAI's shape (not with stream)."""
+        log-probabilities in OpenAI's shape."""
         _check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
-        _check_logprobs(n_logprobs, stream, False)
+        _check_logprobs(n_logprobs, False)
         model_name = model if model is not None else self.model_path
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
@@ -544,16 +560,20 @@ class SpeculativeLlama:
                                   presence_penalty, logit_bias)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
+        cursor = _LogprobCursor(self, 0) if n_logprobs is not None else None
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
                        "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
                                     "finish_reason": None}]}
+                released = 0
                 for text, reason, _, _ in chunks:
+                    released += len(text)
                     if text:
+                        lp = _chat_logprobs(cursor.take(released)) if cursor is not None else None
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
-                               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None,
+                               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": lp,
                                             "finish_reason": None}]}
                     if reason:
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
@@ -564,16 +584,7 @@ class SpeculativeLlama:
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
         content = "".join(parts)
-        chat_logprobs = None
-        if n_logprobs is not None:
-            lp = self._completion_logprobs(content, 0)
-
-            def entry(token: str, logprob: float) -> dict[str, Any]:
-                return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-            chat_logprobs = {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top.items()]}
-                                         for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])],
-                             "refusal": None}
+        chat_logprobs = _chat_logprobs(cursor.take(len(content))) if cursor is not None else None
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                              "logprobs": chat_logprobs, "finish_reason": reason}],
