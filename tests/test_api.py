@@ -294,7 +294,9 @@ def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) 
 def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
     llm = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     adopted = SpeculativeLlama.from_llama(llm, draft=draft)
-    assert adopted.n_ctx == N_CTX
+    assert adopted.n_ctx() == N_CTX == llm.n_ctx()
+    assert (adopted.n_vocab(), adopted.token_eos(), adopted.token_bos()) == (llm.n_vocab(), llm.token_eos(),
+                                                                            llm.token_bos())
     for i in (0, 6, 10):
         toks = _toks(adopted, i)
         ours = list(adopted.generate_tokens(toks, max_tokens=64))

@@ -240,6 +240,8 @@ void register_speculator(py::module_ & m) {
             },
             py::arg("token"), py::arg("special") = false)
         .def("is_eog", [](PySpeculator & p, int32_t tok) { return live(p).target().is_eog(tok); })
+        .def_property_readonly("token_eos", [](PySpeculator & p) { return llama_vocab_eos(live(p).target().vocab()); })
+        .def_property_readonly("token_bos", [](PySpeculator & p) { return llama_vocab_bos(live(p).target().vocab()); })
         .def(
             "close",
             [](PySpeculator & p) {

@@ -297,9 +297,18 @@ class SpeculativeLlama:
     def detokenize(self, tokens: Sequence[int]) -> bytes:
         return b"".join(self._spec.token_to_piece(t) for t in tokens)
 
-    @property
+    # llama_cpp.Llama's accessors, as methods like theirs
     def n_ctx(self) -> int:
         return self._spec.n_ctx
+
+    def n_vocab(self) -> int:
+        return self._spec.n_vocab
+
+    def token_eos(self) -> int:
+        return self._spec.token_eos
+
+    def token_bos(self) -> int:
+        return self._spec.token_bos
 
     @property
     def n_max(self) -> int | str:
@@ -353,7 +362,7 @@ class SpeculativeLlama:
 
     def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
                          plain: bool, logprobs: int | None) -> Iterator[int]:
-        limit = self.n_ctx - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
+        limit = self.n_ctx() - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
@@ -597,19 +606,15 @@ class SpeculativeLlama:
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
         template = self._spec.chat_template
         if template:
-            eos = self._spec.token_to_piece(self._eos_id(), True).decode("utf-8", "replace")
+            eos_id = self._spec.token_eos
+            eos = self._spec.token_to_piece(eos_id, True).decode("utf-8", "replace") if eos_id >= 0 else ""
+            # bos_token "": the prompt is tokenized with the model's own BOS rule, which would double one
             fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
             resp = fmt(messages=messages)
         else:
             resp = llama_chat_format.format_chatml(messages=messages)
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
-
-    def _eos_id(self) -> int:
-        for tok in range(self._spec.n_vocab):
-            if self._spec.is_eog(tok):
-                return tok
-        return 0
 
 
 __all__ = ["DFlashError", "GenerationStats", "SpeculativeLlama"]
