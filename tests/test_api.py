@@ -185,8 +185,7 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
     prompt = _text(0)
     plain = spec(prompt, max_tokens=8, **GREEDY)["choices"][0]["text"]
     assert spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)["choices"][0]["text"] == plain
-    for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("grammar", object()),
-                       ("suffix", "x")):
+    for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("logits_processor", [print]), ("suffix", "x")):
         with pytest.raises(ValueError, match=key):
             spec(prompt, max_tokens=8, **{key: value})
     with pytest.raises(TypeError, match="tools"):
@@ -267,6 +266,46 @@ def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
         kwargs.setdefault("logprobs", 1)
         with pytest.raises(ValueError, match=match):
             spec(prompt, max_tokens=4, **kwargs)
+
+
+def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None:
+    """A GBNF grammar (llama_cpp.LlamaGrammar or its text) masks every verified row with its state after
+    the tokens before it: greedy output equals llama_cpp.Llama's with the same grammar (which also ends
+    it: finish reason stop when the grammar is complete), sampled output follows it, and a grammar that
+    does not parse is an error that leaves the object working."""
+    import re
+
+    from llama_cpp import LlamaGrammar
+
+    # GBNF -> (the whole output's pattern when the grammar ended it, a pattern any cut-off output matches)
+    grammars = {'root ::= [a-z \\n]+': (r"[a-z \n]+", r"[a-z \n]*"),
+                'root ::= "return " [a-z_]+ "(" [a-z_, ]* ")\\n"': (r"return [a-z_]+\([a-z_, ]*\)\n",
+                                                                 r"return [a-z_]*(\([a-z_, ]*)?")}
+
+    def follows(out: dict[str, Any], whole: str, cut: str) -> bool:
+        return bool(re.fullmatch(whole if out["finish_reason"] == "stop" else cut, out["text"]))
+
+    for gbnf, (whole, cut) in grammars.items():
+        g = LlamaGrammar.from_string(gbnf, verbose=False)
+        for i in (0, 3):
+            ours = spec(_text(i), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
+            theirs = llm(_text(i), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
+            assert (ours["text"], ours["finish_reason"]) == (theirs["text"], theirs["finish_reason"]), (gbnf, i)
+            assert follows(ours, whole, cut), ours
+        assert spec(_text(0), max_tokens=40, grammar=gbnf, **GREEDY)["choices"][0] == \
+            spec(_text(0), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
+        for seed in (3, 4):
+            sampled = spec(_text(5), max_tokens=60, grammar=g, temperature=0.9, seed=seed)["choices"][0]
+            assert follows(sampled, whole, cut), sampled
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    reply = spec.create_chat_completion(msgs, max_tokens=30, grammar="root ::= [a-z ]+", **GREEDY)
+    assert re.fullmatch(r"[a-z ]+", reply["choices"][0]["message"]["content"])
+
+    with pytest.raises(DFlashError, match="grammar"):
+        spec(_text(0), max_tokens=8, grammar="root ::= [a-z")
+    with pytest.raises(ValueError, match="grammar"):
+        spec(_text(0), max_tokens=8, grammar=42)
+    assert spec(_text(0), max_tokens=8, **GREEDY)["choices"][0]["text"]  # still works
 
 
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:

@@ -47,3 +47,24 @@ def test_prompt_errors(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
     missing = run_generate("-f", str(tmp_path / "nope.txt"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_grammar_options(tmp_path: Path) -> None:
+    """--grammar and --grammar-file give the same constrained continuation; a bad grammar or file is a
+    one-line error naming it, exit code 2."""
+    import re
+
+    text = prompts()[0]["text"]
+    gbnf = 'root ::= [a-z \\n]+'
+    inline = run_generate("-p", text, "--grammar", gbnf)
+    assert inline.returncode == 0, inline.stderr
+    assert re.fullmatch(r"[a-z \n]*", inline.stdout[len(text):].rstrip("\n")), inline.stdout
+    g = tmp_path / "g.gbnf"
+    g.write_text(gbnf)
+    assert run_generate("-p", text, "--grammar-file", str(g)).stdout == inline.stdout
+    bad = run_generate("-p", text, "--grammar", "root ::= [a-z")
+    missing = run_generate("-p", text, "--grammar-file", str(tmp_path / "nope.gbnf"))
+    both = run_generate("-p", text, "--grammar", gbnf, "--grammar-file", str(g))
+    for r, needle in ((bad, "grammar"), (missing, "nope.gbnf"), (both, "at most one")):
+        assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
+        assert "Traceback" not in r.stderr

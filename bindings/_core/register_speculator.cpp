@@ -113,7 +113,8 @@ void register_speculator(py::module_ & m) {
             "start",
             [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,
                float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
-               int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs) {
+               int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
+               const std::string & grammar, const std::string & grammar_root) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -127,6 +128,8 @@ void register_speculator(py::module_ & m) {
                 sp.logit_bias.assign(logit_bias.begin(), logit_bias.end());
                 if (logprobs < -1) throw dflash::Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(logprobs));
                 sp.n_logprobs = logprobs;
+                sp.grammar = grammar;
+                sp.grammar_root = grammar_root;
                 int32_t first;
                 {
                     py::gil_scoped_release nogil;
@@ -138,7 +141,8 @@ void register_speculator(py::module_ & m) {
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
             py::arg("min_p") = 0.0f, py::arg("seed") = 0, py::arg("repeat_penalty") = 1.0f,
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
-            py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1)
+            py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1,
+            py::arg("grammar") = "", py::arg("grammar_root") = "root")
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");

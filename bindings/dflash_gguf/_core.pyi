@@ -99,7 +99,8 @@ class Speculator:
     def start(
         self, prompt: list[int], temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
         seed: int = 0, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-        penalty_last_n: int = 64, logit_bias: dict[int, float] = ..., logprobs: int = -1,
+        penalty_last_n: int = 64, logit_bias: dict[int, float] = ..., logprobs: int = -1, grammar: str = "",
+        grammar_root: str = "root",
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...

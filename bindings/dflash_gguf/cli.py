@@ -66,12 +66,15 @@ def info(path: str, as_json: bool) -> None:
                    "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
                    "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
                    "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).")
+@click.option("--grammar", help="GBNF grammar the output must follow (llama.cpp's --grammar).")
+@click.option("--grammar-file", type=click.Path(dir_okay=False), help="Read the GBNF grammar from this file.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
              frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
-             threads: int, device: str, no_repack: bool, no_stream: bool, verbose: bool) -> None:
+             threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
+             no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
 
@@ -84,6 +87,14 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
         except (OSError, UnicodeDecodeError) as e:
             _fail(ValueError(f"{prompt_file}: cannot read the prompt as UTF-8 text: {e}"))
     assert prompt is not None  # for the type checker: one of the two was given
+    if grammar is not None and grammar_file is not None:
+        _fail(ValueError("give the grammar with at most one of --grammar and --grammar-file"))
+    if grammar_file is not None:
+        try:
+            with open(grammar_file, encoding="utf-8") as f:
+                grammar = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            _fail(ValueError(f"{grammar_file}: cannot read the grammar as UTF-8 text: {e}"))
 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
@@ -92,7 +103,7 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
                                verbose=verbose)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                   repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                  frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed)
+                  frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, grammar=grammar)
         if no_stream:
             click.echo(prompt + llm.create_completion(prompt, **kw)["choices"][0]["text"])
         else:

@@ -74,7 +74,7 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
 # naming the option otherwise, rather than output that silently ignores it
 _OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
-    "mirostat_mode": (0,), "stopping_criteria": (None,), "logits_processor": (None,), "grammar": (None,),
+    "mirostat_mode": (0,), "stopping_criteria": (None,), "logits_processor": (None,),
     "functions": (None,), "function_call": (None,), "tools": (None,), "tool_choice": (None,),
     "response_format": (None,),
 }
@@ -159,6 +159,8 @@ class Sampling:
     presence_penalty: float = 0.0
     penalty_last_n: int = 64
     logit_bias: dict[int, float] | None = None
+    grammar: str = ""  # GBNF, applied after the penalties (as llama-cpp-python's sampler chain does)
+    grammar_root: str = "root"
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -176,6 +178,8 @@ class Sampling:
                 raise ValueError(f"{name} must be finite (0 = off), got {getattr(self, name)}")
         if isinstance(self.penalty_last_n, bool) or not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 0:
             raise ValueError(f"penalty_last_n (last_n_tokens_size) must be an int >= 0, got {self.penalty_last_n!r}")
+        if not isinstance(self.grammar, str) or not isinstance(self.grammar_root, str):
+            raise ValueError(f"grammar must be a llama_cpp.LlamaGrammar or GBNF text, got {self.grammar!r}")
         if self.logit_bias is not None:
             try:
                 bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
@@ -336,20 +340,23 @@ class SpeculativeLlama:
         logit_bias: dict[int, float] | None = None,
         seed: int | None = None,
         plain: bool = False,
+        grammar: Any = None,
     ) -> Iterator[int]:
         """Token ids as the loop emits them; stops at an end-of-generation token,
         max_tokens or a full context (then `self.finish_reason` is "length")."""
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias)
+                                  presence_penalty, logit_bias, grammar)
         return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain)
 
     def _sampling(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
                   repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
-                  logit_bias: dict[int, float] | None) -> Sampling:
+                  logit_bias: dict[int, float] | None, grammar: Any = None) -> Sampling:
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
+        # a llama_cpp.LlamaGrammar (its GBNF text and root rule) or GBNF text
+        text, root = (grammar._grammar, grammar._root) if hasattr(grammar, "_grammar") else (grammar or "", "root")
         return Sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty, presence_penalty,
-                        self.last_n_tokens_size, logit_bias)
+                        self.last_n_tokens_size, logit_bias, text, root)
 
     def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
                   plain: bool, logprobs: int | None = None) -> Iterator[int]:
@@ -492,16 +499,18 @@ class SpeculativeLlama:
         echo: bool = False,
         model: str | None = None,
         logprobs: int | None = None,
+        grammar: Any = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
-        does not implement (suffix, typical_p, tfs_z, mirostat, grammar, stopping_criteria,
-        logits_processor) each is accepted at its 'off' value only. `logprobs=n`: the generated tokens'
-        log-probabilities under the target's raw logits and the n most likely at each (not with echo)."""
+        does not implement (suffix, typical_p, tfs_z, mirostat, stopping_criteria, logits_processor)
+        each is accepted at its 'off' value only. `grammar`: a llama_cpp.LlamaGrammar or GBNF text.
+        `logprobs=n`: the generated tokens' log-probabilities under the target's raw logits and the n
+        most likely at each (not with echo)."""
         _check_off("create_completion", options)
         _check_logprobs(logprobs, echo)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias)
+                                  presence_penalty, logit_bias, grammar)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs)
         model_name = model if model is not None else self.model_path
@@ -553,12 +562,13 @@ class SpeculativeLlama:
         model: str | None = None,
         logprobs: bool | None = None,
         top_logprobs: int | None = None,
+        grammar: Any = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none). Of llama_cpp.Llama's
-        options this class does not implement (tools, functions, response_format, grammar, ...) each is
-        accepted at its 'off' value only. `logprobs=True` (with `top_logprobs=n`): the reply's tokens'
-        log-probabilities in OpenAI's shape."""
+        options this class does not implement (tools, functions, response_format, ...) each is accepted
+        at its 'off' value only; `grammar` as in create_completion. `logprobs=True` (with
+        `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape."""
         _check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
         _check_logprobs(n_logprobs, False)
@@ -566,7 +576,7 @@ class SpeculativeLlama:
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias)
+                                  presence_penalty, logit_bias, grammar)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
         cursor = _LogprobCursor(self, 0) if n_logprobs is not None else None

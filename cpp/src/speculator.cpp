@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 
 #include "dflash/error.h"
@@ -89,6 +90,14 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
         }
     }
     if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
+    grammar_.reset();
+    if (!params.grammar.empty()) {
+        grammar_.reset(llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(), params.grammar_root.c_str()));
+        if (!grammar_) {
+            throw Error("the grammar does not parse (libllama's log says where), or has no rule '" + params.grammar_root +
+                        "'");
+        }
+    }
     params_ = params;
     // a fresh window per generation, as llama-cpp-python makes a fresh sampler per call
     generated_ = TokenWindow(params.penalizes() ? params.penalty_last_n : 0);
@@ -124,7 +133,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     committed_ = prompt;
     const float * logits = target_->logits(0);
     anchor_ = choose_token(logits, generated_);
-    generated_.push(anchor_);
+    commit_token(anchor_);
     start_logprobs_.clear();
     if (params.n_logprobs >= 0) {
         start_logprobs_.push_back(token_logprob(logits, target_->n_vocab(), anchor_, (uint32_t) params.n_logprobs,
@@ -187,7 +196,27 @@ void Speculator::calibrate() {
 }
 
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
-    return shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
+    const float * lg = shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
+    if (!grammar_) return lg;
+    const uint32_t V = target_->n_vocab();
+    grammar_rows_.resize(V);
+    for (uint32_t i = 0; i < V; ++i) grammar_rows_[i] = llama_token_data{(llama_token) i, lg[i], 0.0f};
+    llama_token_data_array rows{grammar_rows_.data(), V, -1, false};
+    llama_sampler_apply(grammar_.get(), &rows);
+    shaped_.resize(V);
+    bool any = false;
+    for (size_t i = 0; i < rows.size; ++i) {
+        shaped_[(size_t) rows.data[i].id] = rows.data[i].logit;
+        any = any || rows.data[i].logit != -INFINITY;
+    }
+    // accepting a token the grammar rejects aborts libllama: better an error
+    if (!any) throw Error("the grammar allows no token here (it is complete and the model has no end-of-generation token?)");
+    return shaped_.data();
+}
+
+void Speculator::commit_token(int32_t token) {
+    generated_.push(token);
+    if (grammar_) llama_sampler_accept(grammar_.get(), token);
 }
 
 void Speculator::report_logprobs(StepOutput & out) {
@@ -286,10 +315,10 @@ StepOutput Speculator::step() {
             const RejectionOutcome o = verify_draft_token(target_distribution(lg, V, params_), q[j], seq[j + 1], rng_);
             if (!o.accepted) { next = o.token; break; }
         }
-        generated_.push(seq[j + 1]);
+        commit_token(seq[j + 1]);
     }
     if (j == m) next = choose_token(target_->logits(m), generated_);
-    generated_.push(next);
+    commit_token(next);
     stats_.sample_ms += ms_since(t0);
     out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
     out.tokens.push_back(next);
@@ -330,7 +359,7 @@ StepOutput Speculator::step_plain() {
     target_->decode(&anchor_, 1, (int32_t) n, false);
     const float * lg = target_->logits(0);
     const int32_t next = choose_token(lg, generated_);
-    generated_.push(next);
+    commit_token(next);
     stats_.verify_ms += ms_since(t0);
     const auto & f = target_->features();
     pending_.insert(pending_.end(), f.begin(), f.end());

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <random>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -23,6 +24,10 @@ struct SamplingParams {
     float presence_penalty = 0.0f;   // 0 = off
     int32_t penalty_last_n = 64;     // 0 = off
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits first
+    // a GBNF grammar the output must follow (empty: none), applied after the penalties as llama-cpp-python
+    // does; every verified row is masked with the grammar's state after the tokens before it
+    std::string grammar;
+    std::string grammar_root = "root";
     // not sampling, what each emitted token reports: -1 = nothing, n >= 0 = its log-probability and
     // the n most likely tokens' (see TokenLogprob)
     int32_t n_logprobs = -1;

@@ -93,6 +93,8 @@ class Speculator {
     int32_t choose_token(const float * logits, const TokenWindow & window);
     // out.logprobs for out.tokens, token i predicted by the target's logits row i, when asked for
     void report_logprobs(StepOutput & out);
+    // a token is part of the output: the penalties' window and the grammar see it
+    void commit_token(int32_t token);
 
     std::unique_ptr<Target> target_;
     std::unique_ptr<Drafter> drafter_;
@@ -105,6 +107,11 @@ class Speculator {
     TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
     std::vector<float> shaped_;          // scratch for shaped logits
     std::vector<int32_t> logprob_ids_;   // scratch for token_logprob
+    struct SamplerFree {
+        void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+    };
+    std::unique_ptr<llama_sampler, SamplerFree> grammar_;  // params_.grammar's state after the output so far
+    std::vector<llama_token_data> grammar_rows_;           // scratch: one row's candidates for the grammar
     std::vector<TokenLogprob> start_logprobs_;
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
