@@ -240,6 +240,10 @@ class SpeculativeLlama:
         self.draft_path = draft
         self._lock = threading.Lock()
         self._llama: Any = None  # an adopted llama_cpp.Llama, kept alive
+        # the generation under way (one at a time): its tokens and, when asked for, their logprobs as
+        # (logprob, [(id, logprob) of the most likely])
+        self._completion_tokens: list[int] = []
+        self._token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.stats = GenerationStats()
         block = self._spec.draft_hparams["block_size"]
         if isinstance(n_max, int) and n_max > block - 1:
@@ -383,8 +387,7 @@ class SpeculativeLlama:
             raise
         if self._llama is not None:
             self._llama.n_tokens = 0  # while we stream: if it decodes, it starts from scratch and we notice
-        # (logprob, [(id, logprob) of the most likely]) per token generated, when asked for
-        self._token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        self._token_logprobs = []
         if logprobs is not None:
             self._token_logprobs.extend(self._spec.last_logprobs)
         t_decode = time.perf_counter()
@@ -463,13 +466,13 @@ class SpeculativeLlama:
     def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
                            stop: str | list[str] | None, seed: int | None,
                            logprobs: int | None = None) -> Iterator[tuple[str, str | None, int, int]]:
-        """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens in
-        self._completion_tokens"""
+        """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens go to
+        self._completion_tokens as they come"""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
-        self._completion_tokens: list[int] = []
+        self._completion_tokens = []
         for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs):
             self._completion_tokens.append(tok)
             n += 1
@@ -514,9 +517,10 @@ class SpeculativeLlama:
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs)
         model_name = model if model is not None else self.model_path
-        prompt_text = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
+        prompt_text = ""
+        if echo or logprobs is not None:  # the echoed text, or where the logprobs' text offsets start
+            prompt_text = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
         head = prompt_text if echo else ""
-
         cursor = _LogprobCursor(self, len(prompt_text)) if logprobs is not None else None
 
         def shape(text: str, reason: str | None, lp: dict[str, list[Any]] | None = None) -> dict[str, Any]:

@@ -94,8 +94,8 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     if (!params.grammar.empty()) {
         grammar_.reset(llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(), params.grammar_root.c_str()));
         if (!grammar_) {
-            throw Error("the grammar does not parse (libllama's log says where), or has no rule '" + params.grammar_root +
-                        "'");
+            throw Error("the grammar does not parse or has no rule '" + params.grammar_root +
+                        "' (libllama logs where: verbose=True, or dflash generate --verbose)");
         }
     }
     params_ = params;
