@@ -197,13 +197,16 @@ void Speculator::calibrate() {
 
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
     const float * lg = shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
-    if (!grammar_) return lg;
+    return grammar_ ? grammar_masked(lg) : lg;
+}
+
+const float * Speculator::grammar_masked(const float * lg) {
     const uint32_t V = target_->n_vocab();
     grammar_rows_.resize(V);
     for (uint32_t i = 0; i < V; ++i) grammar_rows_[i] = llama_token_data{(llama_token) i, lg[i], 0.0f};
     llama_token_data_array rows{grammar_rows_.data(), V, -1, false};
     llama_sampler_apply(grammar_.get(), &rows);
-    shaped_.resize(V);
+    shaped_.resize(V);  // lg may be shaped_ itself: it was copied above
     bool any = false;
     for (size_t i = 0; i < rows.size; ++i) {
         shaped_[(size_t) rows.data[i].id] = rows.data[i].logit;
@@ -212,6 +215,17 @@ const float * Speculator::shaped(const float * logits, const TokenWindow & windo
     // accepting a token the grammar rejects aborts libllama: better an error
     if (!any) throw Error("the grammar allows no token here (it is complete and the model has no end-of-generation token?)");
     return shaped_.data();
+}
+
+int32_t Speculator::greedy_token(const float * logits, const TokenWindow & window) {
+    const uint32_t V = target_->n_vocab();
+    const float * lg = shape_logits(logits, V, params_, window, shaped_);
+    const int32_t best = argmax(lg, V);
+    if (!grammar_) return best;
+    llama_token_data one{best, lg[best], 0.0f};
+    llama_token_data_array just_best{&one, 1, -1, false};
+    llama_sampler_apply(grammar_.get(), &just_best);
+    return one.logit != -INFINITY ? best : argmax(grammar_masked(lg), V);
 }
 
 void Speculator::commit_token(int32_t token) {
@@ -228,8 +242,8 @@ void Speculator::report_logprobs(StepOutput & out) {
 }
 
 int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
-    const float * lg = shaped(logits, window);
-    return params_.greedy() ? argmax(lg, target_->n_vocab()) : sample(target_distribution(lg, target_->n_vocab(), params_), rng_);
+    if (params_.greedy()) return greedy_token(logits, window);
+    return sample(target_distribution(shaped(logits, window), target_->n_vocab(), params_), rng_);
 }
 
 SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const {
@@ -307,11 +321,11 @@ StepOutput Speculator::step() {
     uint32_t j = 0;
     int32_t next = -1;
     for (; j < m; ++j) {
-        const float * lg = shaped(target_->logits(j), generated_);
         if (greedy) {
-            const int32_t best = argmax(lg, V);
+            const int32_t best = greedy_token(target_->logits(j), generated_);
             if (best != seq[j + 1]) { next = best; break; }
         } else {
+            const float * lg = shaped(target_->logits(j), generated_);
             const RejectionOutcome o = verify_draft_token(target_distribution(lg, V, params_), q[j], seq[j + 1], rng_);
             if (!o.accepted) { next = o.token; break; }
         }

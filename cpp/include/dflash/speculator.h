@@ -89,6 +89,13 @@ class Speculator {
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
     // the target's logits as the sampler sees them after the window's tokens (valid until the next call)
     const float * shaped(const float * logits, const TokenWindow & window);
+    // the row masked by the grammar (invalid tokens at -inf), in shaped_
+    const float * grammar_masked(const float * shaped_logits);
+    // greedy decoding's choice: the argmax of the grammar-masked row is the shaped row's argmax whenever
+    // the grammar allows that token, so the grammar only runs over the whole vocabulary when it does not
+    // (a grammar pass over a 150k vocabulary costs milliseconds; llama.cpp's common sampler checks its
+    // chosen token first for the same reason)
+    int32_t greedy_token(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     int32_t choose_token(const float * logits, const TokenWindow & window);
     // out.logprobs for out.tokens, token i predicted by the target's logits row i, when asked for

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""What a GBNF grammar costs per generated token: ours vs llama_cpp.Llama, side by side in one run.
+
+A grammar that allows every text (`root ::= [^\\x00]*`) changes no token, so the difference to the same
+run without a grammar is the grammar's own cost. llama-cpp-python's sampler chain runs the grammar over
+the whole vocabulary at every token; our greedy decoding checks the chosen token first and runs the
+whole vocabulary only when the grammar rejects it (sampling still needs the whole masked row).
+
+    .venv/bin/python scripts/bench_grammar.py [--prompts 10] [-n 64] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = ROOT / "examples" / "tinycode"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=str(TINY / "target-f16.gguf"))
+    ap.add_argument("--draft", default=str(ROOT / "out" / "tinycode-dflash2-q4_0.gguf"))
+    ap.add_argument("--prompts", type=int, default=10, help="first N bench prompts")
+    ap.add_argument("-n", "--n-predict", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+
+    import llama_cpp
+    from llama_cpp import LlamaGrammar
+
+    from dflash_gguf import SpeculativeLlama
+
+    texts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines() if line.strip()]
+    texts = texts[: a.prompts]
+    everything = LlamaGrammar.from_string('root ::= [^\\x00]*', verbose=False)
+    theirs = llama_cpp.Llama(a.target, n_ctx=512, n_threads=a.threads, verbose=False)
+    ours = SpeculativeLlama(a.target, a.draft, n_ctx=512, n_threads=a.threads, n_max=3)
+
+    def ms_per_token(llm: Callable[..., Any], grammar: Any) -> float:
+        t, n = time.perf_counter(), 0
+        for text in texts:
+            n += llm(text, max_tokens=a.n_predict, temperature=0, grammar=grammar)["usage"]["completion_tokens"]
+        return (time.perf_counter() - t) / n * 1e3
+
+    print(f"{len(texts)} prompts x {a.n_predict} tokens, greedy, n_vocab {ours.n_vocab()}; ms per token")
+    for r in range(a.rounds):
+        for name, llm in (("llama_cpp.Llama", theirs), ("ours (n_max 3)", ours)):
+            plain, constrained = ms_per_token(llm, None), ms_per_token(llm, everything)
+            print(f"round {r}  {name:16s} no grammar {plain:.3f}  allow-all grammar {constrained:.3f}  "
+                  f"grammar cost {constrained - plain:+.3f}")
+
+
+if __name__ == "__main__":
+    main()
