@@ -297,6 +297,11 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
         for seed in (3, 4):
             sampled = spec(_text(5), max_tokens=60, grammar=g, temperature=0.9, seed=seed)["choices"][0]
             assert follows(sampled, whole, cut), sampled
+    # the chain's order: logit_bias, penalties, then the grammar
+    g = LlamaGrammar.from_string('root ::= [a-z \\n().=_]+', verbose=False)
+    for kw in ({"repeat_penalty": 1.3}, {"logit_bias": {200: 5.0, 4: -3.0}, "presence_penalty": 0.5}):
+        assert spec(_text(1), max_tokens=32, grammar=g, **kw, **GREEDY)["choices"][0]["text"] == \
+            llm(_text(1), max_tokens=32, grammar=g, **kw, **GREEDY)["choices"][0]["text"], kw
     msgs = [{"role": "user", "content": "def add(a, b):"}]
     reply = spec.create_chat_completion(msgs, max_tokens=30, grammar="root ::= [a-z ]+", **GREEDY)
     assert re.fullmatch(r"[a-z ]+", reply["choices"][0]["message"]["content"])
