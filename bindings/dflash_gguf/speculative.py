@@ -8,7 +8,6 @@ strings, finish reasons and statistics.
 
 from __future__ import annotations
 
-import codecs
 import math
 import random
 import threading
@@ -19,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ._core import DFlashError, Speculator
+from .llama_compat import LogprobCursor, TokenLogprob, chat_logprobs, check_logprobs, check_off
 from .text import TextStream
 
 
@@ -67,81 +67,6 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     if isinstance(n_max, bool) or not isinstance(n_max, int) or n_max < 0:
         raise ValueError(f"n_max must be 'auto' or an int >= 0 (0 = block_size - 1), got {n_max!r}")
     return n_max, False
-
-
-# llama_cpp.Llama options this class does not implement, each with the values that mean "off": taken
-# at those values (frameworks such as LangChain's LlamaCpp pass them all on every call), a ValueError
-# naming the option otherwise, rather than output that silently ignores it
-_OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
-    "mirostat_mode": (0,), "stopping_criteria": (None,), "logits_processor": (None,),
-    "functions": (None,), "function_call": (None,), "tools": (None,), "tool_choice": (None,),
-    "response_format": (None,),
-}
-_READ_ONLY_WITH_MIROSTAT = ("mirostat_tau", "mirostat_eta")
-_COMPLETION_ONLY = ("suffix",)
-_CHAT_ONLY = ("functions", "function_call", "tools", "tool_choice", "response_format")
-
-
-def _check_off(method: str, options: dict[str, Any]) -> None:
-    excluded = _CHAT_ONLY if method == "create_completion" else _COMPLETION_ONLY
-    for key, value in options.items():
-        if key in _READ_ONLY_WITH_MIROSTAT:
-            continue
-        if key not in _OFF_VALUES or key in excluded:
-            raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
-        off = _OFF_VALUES[key]
-        numeric = type(value) in (int, float)
-        if not any(value is v or (numeric and type(v) in (int, float) and value == v) for v in off):
-            raise ValueError(f"{method}: {key}={value!r} is not supported by SpeculativeLlama "
-                             f"(only {' or '.join(map(repr, off))}, llama_cpp.Llama's 'off')")
-
-
-def _check_logprobs(n: int | None, echo: bool) -> None:
-    if n is None:
-        return
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"logprobs must be an int >= 0 (the most likely tokens to list) or None, got {n!r}")
-    if echo:
-        raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported by "
-                         "SpeculativeLlama")
-
-
-class _LogprobCursor:
-    """llama_cpp.Llama's `logprobs` of a completion's tokens, handed out as their text is released: a
-    chunk that brings the released text to `upto` characters gets the tokens that start before that
-    (so a stop string cuts tokens and text alike, and a streamed chunk carries its own tokens)."""
-
-    def __init__(self, llm: SpeculativeLlama, text_offset: int) -> None:
-        self._llm, self._base, self._next, self._chars = llm, text_offset, 0, 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-
-    def take(self, upto: int) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
-        tokens, logprobs = self._llm._completion_tokens, self._llm._token_logprobs
-        while self._next < min(len(tokens), len(logprobs)) and self._chars < upto:
-            tok, (lp, top) = tokens[self._next], logprobs[self._next]
-            piece = self._llm._spec.token_to_piece(tok)
-            token_str = piece.decode("utf-8", "ignore")
-            best = {self._llm._spec.token_to_piece(i).decode("utf-8", "ignore"): v for i, v in top}
-            best[token_str] = lp
-            out["tokens"].append(token_str)
-            out["text_offset"].append(self._base + self._chars)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append(best)
-            self._chars += len(self._decoder.decode(piece))
-            self._next += 1
-        return out
-
-
-def _chat_logprobs(lp: dict[str, list[Any]]) -> dict[str, Any]:
-    """A completion's logprobs in OpenAI's chat shape."""
-    def entry(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
-
-    return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top.items()]}
-                        for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])],
-            "refusal": None}
 
 
 @dataclass(frozen=True)
@@ -243,7 +168,7 @@ class SpeculativeLlama:
         # the generation under way (one at a time): its tokens and, when asked for, their logprobs as
         # (logprob, [(id, logprob) of the most likely])
         self._completion_tokens: list[int] = []
-        self._token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
+        self._token_logprobs: list[TokenLogprob] = []
         self.stats = GenerationStats()
         block = self._spec.draft_hparams["block_size"]
         if isinstance(n_max, int) and n_max > block - 1:
@@ -387,7 +312,7 @@ class SpeculativeLlama:
             raise
         if self._llama is not None:
             self._llama.n_tokens = 0  # while we stream: if it decodes, it starts from scratch and we notice
-        self._token_logprobs = []
+        self._token_logprobs.clear()
         if logprobs is not None:
             self._token_logprobs.extend(self._spec.last_logprobs)
         t_decode = time.perf_counter()
@@ -472,7 +397,7 @@ class SpeculativeLlama:
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
-        self._completion_tokens = []
+        self._completion_tokens.clear()
         for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs):
             self._completion_tokens.append(tok)
             n += 1
@@ -510,8 +435,8 @@ class SpeculativeLlama:
         each is accepted at its 'off' value only. `grammar`: a llama_cpp.LlamaGrammar or GBNF text.
         `logprobs=n`: the generated tokens' log-probabilities under the target's raw logits and the n
         most likely at each (not with echo)."""
-        _check_off("create_completion", options)
-        _check_logprobs(logprobs, echo)
+        check_off("create_completion", options)
+        check_logprobs(logprobs, echo)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammar)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
@@ -521,7 +446,10 @@ class SpeculativeLlama:
         if echo or logprobs is not None:  # the echoed text, or where the logprobs' text offsets start
             prompt_text = prompt if isinstance(prompt, str) else self.detokenize(prompt).decode("utf-8", "replace")
         head = prompt_text if echo else ""
-        cursor = _LogprobCursor(self, len(prompt_text)) if logprobs is not None else None
+        cursor = None
+        if logprobs is not None:
+            cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece,
+                                   len(prompt_text))
 
         def shape(text: str, reason: str | None, lp: dict[str, list[Any]] | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
@@ -573,9 +501,9 @@ class SpeculativeLlama:
         options this class does not implement (tools, functions, response_format, ...) each is accepted
         at its 'off' value only; `grammar` as in create_completion. `logprobs=True` (with
         `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape."""
-        _check_off("create_chat_completion", options)
+        check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
-        _check_logprobs(n_logprobs, False)
+        check_logprobs(n_logprobs, False)
         model_name = model if model is not None else self.model_path
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
@@ -583,7 +511,9 @@ class SpeculativeLlama:
                                   presence_penalty, logit_bias, grammar)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
-        cursor = _LogprobCursor(self, 0) if n_logprobs is not None else None
+        cursor = None
+        if n_logprobs is not None:
+            cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
@@ -593,7 +523,7 @@ class SpeculativeLlama:
                 for text, reason, _, _ in chunks:
                     released += len(text)
                     if text:
-                        lp = _chat_logprobs(cursor.take(released)) if cursor is not None else None
+                        lp = chat_logprobs(cursor.take(released)) if cursor is not None else None
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
                                "choices": [{"index": 0, "delta": {"content": text}, "logprobs": lp,
@@ -607,10 +537,10 @@ class SpeculativeLlama:
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
         content = "".join(parts)
-        chat_logprobs = _chat_logprobs(cursor.take(len(content))) if cursor is not None else None
+        reply_logprobs = chat_logprobs(cursor.take(len(content))) if cursor is not None else None
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "logprobs": chat_logprobs, "finish_reason": reason}],
+                             "logprobs": reply_logprobs, "finish_reason": reason}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
     def _format_chat(self, messages: list[dict[str, str]]) -> tuple[str, list[str]]:
