@@ -434,13 +434,15 @@ def test_closing_either_side_of_an_adoption(draft: str) -> None:
         "    raise SystemExit('no error')\n"
         "except DFlashError as e:\n"
         "    assert 'closed' in str(e), e\n"
-        "llm, sp = pair()  # left to the exit\n"
+        "llm, sp = pair()  # left to the exit, with a stream of ours open\n"
         f"llm({_text(0)!r}, max_tokens=8); sp({_text(5)!r}, max_tokens=8); llm({_text(0)!r}, max_tokens=8)\n"
+        f"stream = sp.generate_tokens(sp.tokenize({_text(1)!r}), max_tokens=8); next(stream)\n"
         "print('ok')\n"
     )
     for _ in range(3):
         r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-300:], r.stderr[-1500:])
+        assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
 
 
 # --------------------------------------------------------------------------- #
