@@ -12,9 +12,10 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 from tinycode import N_CTX, TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
 
 
-def run_generate(*args: str) -> subprocess.CompletedProcess[str]:
+def run_generate(*args: str, stream: bool = False) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "dflash_gguf.cli", "generate", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
-           "-c", str(N_CTX), "-t", str(THREADS), "--n-max", "3", "-n", "24", "--no-stream", *args]
+           "-c", str(N_CTX), "-t", str(THREADS), "--n-max", "3", "-n", "24", *([] if stream else ["--no-stream"]),
+           *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -65,6 +66,8 @@ def test_grammar_options(tmp_path: Path) -> None:
     bad = run_generate("-p", text, "--grammar", "root ::= [a-z")
     missing = run_generate("-p", text, "--grammar-file", str(tmp_path / "nope.gbnf"))
     both = run_generate("-p", text, "--grammar", gbnf, "--grammar-file", str(g))
-    for r, needle in ((bad, "grammar"), (missing, "nope.gbnf"), (both, "at most one")):
+    bad_streamed = run_generate("-p", text, "--grammar", "root ::= [a-z", stream=True)  # no prompt echoed first
+    assert run_generate("-p", text, "--grammar", gbnf, stream=True).stdout == inline.stdout
+    for r, needle in ((bad, "grammar"), (bad_streamed, "grammar"), (missing, "nope.gbnf"), (both, "at most one")):
         assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
         assert "Traceback" not in r.stderr

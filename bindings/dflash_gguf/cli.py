@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 from typing import NoReturn
@@ -108,8 +109,9 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
             click.echo(prompt + llm.create_completion(prompt, **kw)["choices"][0]["text"])
         else:
             chunks = llm.create_completion(prompt, stream=True, **kw)  # bad settings raise here, before any text
+            first = next(chunks, None)  # the prefill: a grammar that does not parse raises here, before any text
             click.echo(prompt, nl=False)
-            for chunk in chunks:
+            for chunk in itertools.chain([first] if first else [], chunks):
                 click.echo(chunk["choices"][0]["text"], nl=False)
             click.echo()
     except (ValueError, RuntimeError) as e:
