@@ -14,8 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "tinycode"
@@ -32,9 +33,8 @@ def main() -> None:
     a = ap.parse_args()
 
     import llama_cpp
-    from llama_cpp import LlamaGrammar
-
     from dflash_gguf import SpeculativeLlama
+    from llama_cpp import LlamaGrammar
 
     texts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines() if line.strip()]
     texts = texts[: a.prompts]

@@ -184,7 +184,8 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
     work as in llama_cpp.Llama."""
     prompt = _text(0)
     plain = spec(prompt, max_tokens=8, **GREEDY)["choices"][0]["text"]
-    assert spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)["choices"][0]["text"] == plain
+    wrapped = spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)
+    assert wrapped["choices"][0]["text"] == plain
     for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("logits_processor", [print]), ("suffix", "x")):
         with pytest.raises(ValueError, match=key):
             spec(prompt, max_tokens=8, **{key: value})
@@ -440,7 +441,7 @@ def test_closing_either_side_of_an_adoption(draft: str) -> None:
         "print('ok')\n"
     )
     for _ in range(3):
-        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
         assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout[-300:], r.stderr[-1500:])
         assert "Exception ignored" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-1500:]
 

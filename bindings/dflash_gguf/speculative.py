@@ -15,11 +15,14 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._core import DFlashError, Speculator
 from .llama_compat import LogprobCursor, TokenLogprob, chat_logprobs, check_logprobs, check_off
 from .text import TextStream
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 @dataclass
@@ -104,7 +107,8 @@ class Sampling:
         if isinstance(self.penalty_last_n, bool) or not isinstance(self.penalty_last_n, int) or self.penalty_last_n < 0:
             raise ValueError(f"penalty_last_n (last_n_tokens_size) must be an int >= 0, got {self.penalty_last_n!r}")
         if not isinstance(self.grammar, str) or not isinstance(self.grammar_root, str):
-            raise ValueError(f"grammar must be a llama_cpp.LlamaGrammar or GBNF text, got {self.grammar!r}")
+            msg = f"grammar must be a llama_cpp.LlamaGrammar or GBNF text, got {self.grammar!r}"
+            raise ValueError(msg)  # noqa: TRY004 - a ValueError, as every other bad argument of a generation
         if self.logit_bias is not None:
             try:
                 bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
@@ -208,7 +212,7 @@ class SpeculativeLlama:
         as llm:` closes at the end of the block."""
         self._spec.close()
 
-    def __enter__(self) -> SpeculativeLlama:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
