@@ -309,6 +309,17 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
 
     with pytest.raises(DFlashError, match="grammar"):
         spec(_text(0), max_tokens=8, grammar="root ::= [a-z")
+    # libllama's parser never returns from a repetition whose minimum exceeds its maximum: caught first
+    with pytest.raises(DFlashError, match=r"repetition \{ 5 , 1 \} has its minimum above its maximum"):
+        spec(_text(0), max_tokens=8, grammar='root ::= "a" { 5 , 1 }')
+    # ... nor from groups nested deeper than its recursion can take (20000 levels: a segfault)
+    with pytest.raises(DFlashError, match="nested more than 256"):
+        spec(_text(0), max_tokens=8, grammar="root ::= " + "(" * 20000 + '"a"' + ")" * 20000)
+    deepest = "root ::= " + "(" * 256 + '"a"' + ")" * 256
+    assert spec(_text(0), max_tokens=4, grammar=deepest)["choices"][0]["text"] == "a"
+    # the same characters inside a literal, a class or a comment are not a repetition
+    quoted = '# {9,1}\nroot ::= "{3,2}" [{]{2,3}'
+    assert spec(_text(0), max_tokens=8, grammar=quoted, **GREEDY)["choices"][0]["text"].startswith("{3,2}{{")
     with pytest.raises(ValueError, match="grammar"):
         spec(_text(0), max_tokens=8, grammar=42)
     assert spec(_text(0), max_tokens=8, **GREEDY)["choices"][0]["text"]  # still works

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "dflash/error.h"
+
 namespace dflash {
 
 float SparseDist::prob_of(int32_t id) const {
@@ -42,6 +44,50 @@ const float * shape_logits(const float * logits, uint32_t n_vocab, const Samplin
         }
     }
     return scratch.data();
+}
+
+void check_grammar_text(const std::string & gbnf) {
+    const size_t n = gbnf.size();
+    auto skip_space = [&](size_t i) {
+        while (i < n && (gbnf[i] == ' ' || gbnf[i] == '\t' || gbnf[i] == '\n' || gbnf[i] == '\r')) ++i;
+        return i;
+    };
+    auto number = [&](size_t & i, uint64_t & value) {  // false when there are no digits (or too many)
+        const size_t start = i;
+        value = 0;
+        while (i < n && gbnf[i] >= '0' && gbnf[i] <= '9' && i - start < 19) value = value * 10 + (uint64_t) (gbnf[i++] - '0');
+        return i > start;
+    };
+    uint32_t depth = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const char c = gbnf[i];
+        if (c == '(' && ++depth > kMaxGrammarNesting) {
+            throw Error("grammar: groups nested more than " + std::to_string(kMaxGrammarNesting) +
+                        " deep (libllama's parser recurses per level)");
+        } else if (c == ')' && depth > 0) {
+            --depth;
+        } else if (c == '"' || c == '[') {  // a literal or a character class: skip it, escapes included
+            const char close = c == '"' ? '"' : ']';
+            for (++i; i < n && gbnf[i] != close; ++i) {
+                if (gbnf[i] == '\\') ++i;
+            }
+        } else if (c == '#') {
+            while (i < n && gbnf[i] != '\n') ++i;
+        } else if (c == '{') {
+            size_t j = skip_space(i + 1);
+            uint64_t lo = 0, hi = 0;
+            if (!number(j, lo)) continue;
+            j = skip_space(j);
+            if (j >= n || gbnf[j] != ',') continue;
+            j = skip_space(j + 1);
+            // the parser treats a maximum above 2000 as none
+            if (number(j, hi) && hi <= 2000 && lo > hi) {
+                const size_t end = skip_space(j);
+                throw Error("grammar: the repetition " + gbnf.substr(i, (end < n && gbnf[end] == '}' ? end + 1 : j) - i) +
+                            " has its minimum above its maximum");
+            }
+        }
+    }
 }
 
 int32_t argmax(const float * logits, uint32_t n_vocab) {

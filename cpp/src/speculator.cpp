@@ -92,6 +92,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
     grammar_.reset();
     if (!params.grammar.empty()) {
+        check_grammar_text(params.grammar);
         grammar_.reset(llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(), params.grammar_root.c_str()));
         if (!grammar_) {
             throw Error("the grammar does not parse or has no rule '" + params.grammar_root +

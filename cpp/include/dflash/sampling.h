@@ -37,6 +37,13 @@ struct SamplingParams {
     }
 };
 
+// Throws Error for GBNF text that libllama 0.3.36's grammar parser would never return from or crash
+// on: a repetition {m,n} with m > n (it counts n - m optional copies in unsigned arithmetic), and
+// groups nested deeper than kMaxGrammarNesting (it recurses per level: 20000 levels overflowed an
+// 8 MB stack; threads may have far less). Other errors are the parser's to report.
+constexpr uint32_t kMaxGrammarNesting = 256;
+void check_grammar_text(const std::string & gbnf);
+
 // The generated tokens a penalty sees: the last `n` of them, with their counts.
 class TokenWindow {
   public:
