@@ -17,7 +17,6 @@ unpenalized choice, the fewer drafts are accepted).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
@@ -38,8 +37,9 @@ def main() -> None:
     a = ap.parse_args()
 
     from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.bench import load_prompts
 
-    texts = [json.loads(line)["text"] for line in Path(a.prompts).read_text().splitlines() if line.strip()]
+    texts = [p["text"] for p in load_prompts(a.prompts)]
     print(f"{Path(a.draft).name}, {len(texts)} prompts x {a.n_predict} tokens x {a.rounds} rounds, greedy")
     print("n_max | repeat_penalty | speculative / plain tok/s: mean (median) | mean accepted length")
     for n_max in a.n_max.split(","):

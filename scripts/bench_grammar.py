@@ -12,7 +12,6 @@ whole vocabulary only when the grammar rejects it (sampling still needs the whol
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,10 +33,10 @@ def main() -> None:
 
     import llama_cpp
     from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.bench import load_prompts
     from llama_cpp import LlamaGrammar
 
-    texts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines() if line.strip()]
-    texts = texts[: a.prompts]
+    texts = [p["text"] for p in load_prompts(TINY / "prompts.jsonl", limit=a.prompts)]
     everything = LlamaGrammar.from_string('root ::= [^\\x00]*', verbose=False)
     theirs = llama_cpp.Llama(a.target, n_ctx=512, n_threads=a.threads, verbose=False)
     ours = SpeculativeLlama(a.target, a.draft, n_ctx=512, n_threads=a.threads, n_max=3)
@@ -48,6 +47,8 @@ def main() -> None:
             n += llm(text, max_tokens=a.n_predict, temperature=0, grammar=grammar)["usage"]["completion_tokens"]
         return (time.perf_counter() - t) / n * 1e3
 
+    for llm in (theirs, ours):  # warm-up, not timed (graphs, ours' draft-length calibration)
+        llm(texts[0], max_tokens=a.n_predict, temperature=0, grammar=everything)
     print(f"{len(texts)} prompts x {a.n_predict} tokens, greedy, n_vocab {ours.n_vocab()}; ms per token")
     for r in range(a.rounds):
         for name, llm in (("llama_cpp.Llama", theirs), ("ours (n_max 3)", ours)):
