@@ -18,6 +18,15 @@ def _fail(e: Exception) -> NoReturn:
     sys.exit(2)
 
 
+def _read_text(path: str, what: str) -> str:
+    """A file's text byte for byte (no newline translation), or a one-line error naming the file."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        _fail(ValueError(f"{path}: cannot read {what} as UTF-8 text: {e}"))
+
+
 @click.group()
 @click.version_option(package_name="dflash-gguf")
 def main() -> None:
@@ -82,20 +91,12 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
     if (prompt is None) == (prompt_file is None):
         _fail(ValueError("give the prompt with exactly one of --prompt / -p and --file / -f"))
     if prompt_file is not None:
-        try:
-            with open(prompt_file, encoding="utf-8", newline="") as f:
-                prompt = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            _fail(ValueError(f"{prompt_file}: cannot read the prompt as UTF-8 text: {e}"))
+        prompt = _read_text(prompt_file, "the prompt")
     assert prompt is not None  # for the type checker: one of the two was given
     if grammar is not None and grammar_file is not None:
         _fail(ValueError("give the grammar with at most one of --grammar and --grammar-file"))
     if grammar_file is not None:
-        try:
-            with open(grammar_file, encoding="utf-8") as f:
-                grammar = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            _fail(ValueError(f"{grammar_file}: cannot read the grammar as UTF-8 text: {e}"))
+        grammar = _read_text(grammar_file, "the grammar")
 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
