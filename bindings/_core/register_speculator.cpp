@@ -126,7 +126,6 @@ void register_speculator(py::module_ & m) {
                 sp.presence_penalty = presence_penalty;
                 sp.penalty_last_n = penalty_last_n;
                 sp.logit_bias.assign(logit_bias.begin(), logit_bias.end());
-                if (logprobs < -1) throw dflash::Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(logprobs));
                 sp.n_logprobs = logprobs;
                 sp.grammar = grammar;
                 sp.grammar_root = grammar_root;

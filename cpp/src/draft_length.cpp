@@ -128,9 +128,9 @@ uint32_t DraftLengthController::choose() {
         // every k by its rate on the estimates (best) and at the upper confidence bound (probe_with)
         double plain_rate = 0.0, best_rate = -1.0, bound_rate = -1.0;
         for (uint32_t k = 0; k <= cap_; ++k) {
-            const double cost = expected_cost_ms(k), tokens = tokens_at(k, k), bound = tokens_at(k, 0);
-            const double r = cost > 0.0 ? tokens / cost : 1e30 * tokens;
-            const double rb = cost > 0.0 ? bound / cost : 1e30 * bound;
+            const double cost = expected_cost_ms(k);
+            auto rate = [cost](double tokens) { return cost > 0.0 ? tokens / cost : 1e30 * tokens; };
+            const double r = rate(tokens_at(k, k)), rb = rate(tokens_at(k, 0));
             if (k == 0) {
                 plain_rate = r;
                 continue;
@@ -195,8 +195,7 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
     }
     for (uint32_t i = 0; i < cap_; ++i) accept_[i] = accepted_[i] / reached_[i];
     if (!steady || probing_) return;
-    t_draft_[k].observe(draft_ms);
-    t_verify_[k].observe(verify_ms);
+    observe_cost(k, draft_ms, verify_ms);
 }
 
 void DraftLengthController::observe_cost(uint32_t k, double draft_ms, double verify_ms) {

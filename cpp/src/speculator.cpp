@@ -90,6 +90,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
         }
     }
     if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
+    if (params.n_logprobs < -1) throw Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(params.n_logprobs));
     grammar_.reset();
     if (!params.grammar.empty()) {
         check_grammar_text(params.grammar);
@@ -135,11 +136,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     const float * logits = target_->logits(0);
     anchor_ = choose_token(logits, generated_);
     commit_token(anchor_);
-    start_logprobs_.clear();
-    if (params.n_logprobs >= 0) {
-        start_logprobs_.push_back(token_logprob(logits, target_->n_vocab(), anchor_, (uint32_t) params.n_logprobs,
-                                                logprob_ids_));
-    }
+    start_logprobs_ = logprobs_of({anchor_});
     stats_.prefill_ms = ms_since(t0);
     stats_.prompt_tokens = (uint32_t) prompt.size();
     stats_.reused_tokens = (uint32_t) reuse;
@@ -234,12 +231,14 @@ void Speculator::commit_token(int32_t token) {
     if (grammar_) llama_sampler_accept(grammar_.get(), token);
 }
 
-void Speculator::report_logprobs(StepOutput & out) {
-    if (params_.n_logprobs < 0) return;
-    for (size_t i = 0; i < out.tokens.size(); ++i) {
-        out.logprobs.push_back(token_logprob(target_->logits((uint32_t) i), target_->n_vocab(), out.tokens[i],
-                                             (uint32_t) params_.n_logprobs, logprob_ids_));
+std::vector<TokenLogprob> Speculator::logprobs_of(const std::vector<int32_t> & tokens) {
+    std::vector<TokenLogprob> out;
+    if (params_.n_logprobs < 0) return out;
+    for (size_t i = 0; i < tokens.size(); ++i) {
+        out.push_back(token_logprob(target_->logits((uint32_t) i), target_->n_vocab(), tokens[i],
+                                    (uint32_t) params_.n_logprobs, logprob_ids_));
     }
+    return out;
 }
 
 int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
@@ -337,7 +336,7 @@ StepOutput Speculator::step() {
     stats_.sample_ms += ms_since(t0);
     out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
     out.tokens.push_back(next);
-    report_logprobs(out);
+    out.logprobs = logprobs_of(out.tokens);
 
     // commit a, d_1..d_j; roll the target back past the rejected rows
     target_->truncate((int32_t) (n + j + 1));
@@ -382,7 +381,7 @@ StepOutput Speculator::step_plain() {
     committed_.push_back(anchor_);
     anchor_ = next;
     out.tokens.push_back(next);
-    report_logprobs(out);
+    out.logprobs = logprobs_of(out.tokens);
     stats_.steps++;
     stats_.emitted++;
     return out;

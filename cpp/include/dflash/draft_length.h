@@ -63,8 +63,8 @@ class DraftLengthController {
         double recent[kWindow] = {};
         void observe(double x);
     };
-    // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
+    // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
     double tokens_at(uint32_t k, uint32_t optimistic_from) const;
 
     uint32_t cap_;

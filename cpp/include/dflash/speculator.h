@@ -98,8 +98,8 @@ class Speculator {
     int32_t greedy_token(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     int32_t choose_token(const float * logits, const TokenWindow & window);
-    // out.logprobs for out.tokens, token i predicted by the target's logits row i, when asked for
-    void report_logprobs(StepOutput & out);
+    // the tokens' logprobs, token i predicted by the target's logits row i, when asked for (else empty)
+    std::vector<TokenLogprob> logprobs_of(const std::vector<int32_t> & tokens);
     // a token is part of the output: the penalties' window and the grammar see it
     void commit_token(int32_t token);
 
