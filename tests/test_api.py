@@ -186,7 +186,7 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
     plain = spec(prompt, max_tokens=8, **GREEDY)["choices"][0]["text"]
     wrapped = spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)
     assert wrapped["choices"][0]["text"] == plain
-    for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("logits_processor", [print]), ("suffix", "x")):
+    for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("tfs_z", 0.5), ("suffix", "x")):
         with pytest.raises(ValueError, match=key):
             spec(prompt, max_tokens=8, **{key: value})
     with pytest.raises(TypeError, match="tools"):
@@ -323,6 +323,92 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
     with pytest.raises(ValueError, match="grammar"):
         spec(_text(0), max_tokens=8, grammar=42)
     assert spec(_text(0), max_tokens=8, **GREEDY)["choices"][0]["text"]  # still works
+
+
+def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: SpeculativeLlama, llm: Any,
+                                                                 baseline: dict[int, list[int]]) -> None:
+    """logits_processor(input_ids, scores) shapes every verified row with the prompt and output before
+    it, so greedy output and even the processor's calls are llama_cpp.Llama's (drafts accepted on the
+    way); stopping_criteria(input_ids, logits) is asked before each token with the raw logits that chose
+    it, and ends the completion before that token as llama_cpp.Llama does."""
+    import numpy as np
+
+    def no_repeat(calls: list[list[int]]) -> Any:
+        def proc(ids: Any, scores: Any) -> Any:  # depends on the ids: a wrong history changes the output
+            calls.append(ids.tolist())
+            scores = scores.copy()
+            scores[ids[-1]] = -np.inf
+            return scores
+        return llama_cpp.LogitsProcessorList([proc])
+
+    changed = 0
+    for i in (0, 3):
+        ours_calls: list[list[int]] = []
+        theirs_calls: list[list[int]] = []
+        ours = spec(_text(i), max_tokens=40, logits_processor=no_repeat(ours_calls), **GREEDY)["choices"][0]["text"]
+        assert spec.stats.accepted > 0  # the processor shaped rows of drafted steps, not just plain ones
+        theirs = llm(_text(i), max_tokens=40, logits_processor=no_repeat(theirs_calls), **GREEDY)["choices"][0]
+        assert ours == theirs["text"]
+        assert ours_calls[: len(theirs_calls)] == theirs_calls and len(theirs_calls) == 40
+        changed += ours != llm(_text(i), max_tokens=40, **GREEDY)["choices"][0]["text"]
+    assert changed  # the processor mattered
+
+    def odd_only(ids: Any, scores: Any) -> Any:
+        scores[::2] = -np.inf  # in place, as processors may
+        return scores
+
+    for seed in (1, 2):
+        toks = list(spec.generate_tokens(_toks(spec, 5), max_tokens=48, temperature=1.0, seed=seed,
+                                         logits_processor=odd_only))
+        assert len(toks) == 48 and all(t % 2 == 1 for t in toks)
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    reply = spec.create_chat_completion(msgs, max_tokens=12, logits_processor=odd_only, **GREEDY)
+    assert all(t % 2 == 1 for t in spec.tokenize(reply["choices"][0]["message"]["content"], add_special=False))
+
+    prompt, n_prompt = _text(2), len(_toks(spec, 2))
+
+    def after(n: int) -> Any:
+        return llama_cpp.StoppingCriteriaList([lambda ids, logits: len(ids) >= n_prompt + n])
+
+    ours_c = spec(prompt, max_tokens=40, stopping_criteria=after(7), **GREEDY)
+    theirs_c = llm(prompt, max_tokens=40, stopping_criteria=after(7), **GREEDY)
+    assert ours_c["choices"][0] == theirs_c["choices"][0] and ours_c["usage"] == theirs_c["usage"]
+    assert ours_c["choices"][0]["finish_reason"] == "stop" and ours_c["usage"]["completion_tokens"] == 7
+    streamed = list(spec(prompt, max_tokens=40, stopping_criteria=after(7), stream=True, **GREEDY))
+    assert "".join(c["choices"][0]["text"] for c in streamed) == ours_c["choices"][0]["text"]
+    assert streamed[-1]["choices"][0]["finish_reason"] == "stop"
+    assert spec(prompt, max_tokens=40, stopping_criteria=after(0), **GREEDY)["choices"][0]["text"] == ""
+
+    seen: list[tuple[list[int], Any]] = []
+    out = list(spec.generate_tokens(_toks(spec, 2), max_tokens=24,
+                                    stopping_criteria=lambda ids, lg: seen.append((ids.tolist(), lg.copy()))))
+    assert len(out) == 24 and spec.finish_reason == "length"
+    for k, (ids, lg) in enumerate(seen):
+        assert ids == _toks(spec, 2) + out[:k] and lg.shape == (spec.n_vocab(),)
+        assert int(np.argmax(lg)) == out[k]  # the row that chose the token (greedy)
+
+    def broken_on(n: int) -> Any:
+        calls = []
+
+        def proc(ids: Any, scores: Any) -> Any:
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyError("from the processor")
+            return scores
+        return proc
+
+    for n in (1, 6):  # in start(), and inside a drafted step
+        with pytest.raises(KeyError, match="from the processor"):
+            spec(prompt, max_tokens=20, logits_processor=broken_on(n), **GREEDY)
+        _still_works(spec, baseline)
+    with pytest.raises(ValueError, match="logits_processor must return n_vocab = 2048 scores"):
+        spec(prompt, max_tokens=4, logits_processor=lambda ids, s: s[:5])
+    with pytest.raises(ValueError, match="NaN"):
+        spec(prompt, max_tokens=4, logits_processor=lambda ids, s: s * np.nan)
+    for key in ("logits_processor", "stopping_criteria"):
+        with pytest.raises(ValueError, match=key):
+            spec(prompt, max_tokens=4, **{key: 42})
+    _still_works(spec, baseline)
 
 
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:

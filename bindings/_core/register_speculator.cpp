@@ -1,7 +1,9 @@
 // dflash_gguf._core.Speculator: the C++ speculative loop driven step by step
 // from Python (streaming, stop strings and finish reasons live in Python).
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <optional>
@@ -15,7 +17,13 @@ namespace {
 struct PySpeculator {
     std::unique_ptr<dflash::Speculator> s;  // null once closed
     std::mutex mu;
-    std::vector<dflash::TokenLogprob> last_logprobs;  // of the tokens the last start() or step returned
+    // of the tokens the last start() or step returned, when asked for
+    std::vector<dflash::TokenLogprob> last_logprobs;
+    std::vector<float> last_logits;
+    void keep(dflash::StepOutput & o) {
+        last_logprobs = std::move(o.logprobs);
+        last_logits = std::move(o.logits);
+    }
 };
 
 dflash::Speculator & live(PySpeculator & p) {
@@ -37,8 +45,40 @@ py::tuple run_step(PySpeculator & p, dflash::StepOutput (dflash::Speculator::*st
         py::gil_scoped_release nogil;
         o = (live(p).*step)();
     }
-    p.last_logprobs = std::move(o.logprobs);
+    p.keep(o);
     return py::make_tuple(o.tokens, o.context_full);
+}
+
+// llama-cpp-python's logits_processor(input_ids, scores) -> scores, called by the loop, which runs
+// without the GIL: the call takes it, and so does releasing the callable, wherever the parameters
+// holding it go. A bad return value is a ValueError (a NaN logit would make the choice arbitrary).
+std::function<void(const std::vector<int32_t> &, float *, uint32_t)> wrap_logits_processor(py::object fn) {
+    if (fn.is_none()) return {};
+    if (!PyCallable_Check(fn.ptr())) {
+        throw py::type_error("logits_processor must be callable (input_ids, scores) -> scores, got " +
+                             py::str(py::type::of(fn).attr("__name__")).cast<std::string>());
+    }
+    std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object * o) {
+        py::gil_scoped_acquire gil;
+        delete o;
+    });
+    return [held](const std::vector<int32_t> & ids, float * logits, uint32_t n_vocab) {
+        py::gil_scoped_acquire gil;
+        py::object r = (*held)(py::array_t<int32_t>((py::ssize_t) ids.size(), ids.data()),
+                               py::array_t<float>((py::ssize_t) n_vocab, logits));
+        auto out = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(r);
+        if (!out || out.ndim() != 1 || out.shape(0) != (py::ssize_t) n_vocab) {
+            std::string got = py::str(py::type::of(r).attr("__name__"));
+            if (out) got += " of shape " + std::string(py::str(out.attr("shape")));
+            throw py::value_error("logits_processor must return n_vocab = " + std::to_string(n_vocab) +
+                                  " scores (a 1-D array), got " + got);
+        }
+        const float * v = out.data();
+        for (uint32_t i = 0; i < n_vocab; ++i) {
+            if (std::isnan(v[i])) throw py::value_error("logits_processor returned NaN for token " + std::to_string(i));
+        }
+        std::copy(v, v + n_vocab, logits);
+    };
 }
 
 dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std::string & draft_q, bool fallback) {
@@ -114,7 +154,8 @@ void register_speculator(py::module_ & m) {
             [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,
                float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
                int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
-               const std::string & grammar, const std::string & grammar_root) {
+               const std::string & grammar, const std::string & grammar_root, py::object logits_processor,
+               bool keep_logits) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -129,25 +170,37 @@ void register_speculator(py::module_ & m) {
                 sp.n_logprobs = logprobs;
                 sp.grammar = grammar;
                 sp.grammar_root = grammar_root;
-                int32_t first;
+                sp.logits_processor = wrap_logits_processor(std::move(logits_processor));
+                sp.keep_logits = keep_logits;
+                dflash::StepOutput first;
                 {
                     py::gil_scoped_release nogil;
-                    first = live(p).start(prompt, sp, seed);
+                    live(p).start(prompt, sp, seed);
+                    first = live(p).start_output();
                 }
-                p.last_logprobs = live(p).start_logprobs();
-                return first;
+                p.keep(first);
+                return first.tokens[0];
             },
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
             py::arg("min_p") = 0.0f, py::arg("seed") = 0, py::arg("repeat_penalty") = 1.0f,
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
             py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1,
-            py::arg("grammar") = "", py::arg("grammar_root") = "root")
+            py::arg("grammar") = "", py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(),
+            py::arg("keep_logits") = false)
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");
                                    py::list out;
                                    for (const auto & t : p.last_logprobs) out.append(py::make_tuple(t.logprob, t.top));
                                    return out;
+                               })
+        .def_property_readonly("last_logits",
+                               [](PySpeculator & p) {
+                                   Busy busy(p.mu, "this SpeculativeLlama");
+                                   const py::ssize_t V = live(p).target().n_vocab();
+                                   py::array_t<float> a({(py::ssize_t) p.last_logits.size() / V, V});
+                                   std::copy(p.last_logits.begin(), p.last_logits.end(), a.mutable_data());
+                                   return a;
                                })
         .def("step", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step); })
         .def("step_plain", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step_plain); })

@@ -1,3 +1,4 @@
+from collections.abc import Callable
 from typing import Any, overload
 
 import numpy as np
@@ -101,9 +102,13 @@ class Speculator:
         seed: int = 0, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
         penalty_last_n: int = 64, logit_bias: dict[int, float] = ..., logprobs: int = -1, grammar: str = "",
         grammar_root: str = "root",
+        logits_processor: Callable[[npt.NDArray[np.int32], npt.NDArray[np.float32]], npt.ArrayLike] | None = None,
+        keep_logits: bool = False,
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...
+    @property
+    def last_logits(self) -> npt.NDArray[np.float32]: ...  # [tokens, n_vocab] with keep_logits
     def step(self) -> tuple[list[int], bool]: ...
     def step_plain(self) -> tuple[list[int], bool]: ...
     def set_n_max(self, n: int, adaptive: bool = False) -> None: ...

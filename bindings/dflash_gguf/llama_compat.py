@@ -12,7 +12,7 @@ from typing import Any
 # naming the option otherwise, rather than output that silently ignores it
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
     "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
-    "mirostat_mode": (0,), "stopping_criteria": (None,), "logits_processor": (None,),
+    "mirostat_mode": (0,),
     "functions": (None,), "function_call": (None,), "tools": (None,), "tool_choice": (None,),
     "response_format": (None,),
 }

@@ -13,9 +13,11 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ._core import DFlashError, Speculator
 from .llama_compat import LogprobCursor, TokenLogprob, chat_logprobs, check_logprobs, check_off
@@ -23,6 +25,9 @@ from .text import TextStream
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+# llama_cpp.Llama's stopping_criteria: (input_ids, logits of the token about to be emitted) -> stop before it
+StoppingCriteria = Callable[[Any, Any], bool]
 
 
 @dataclass
@@ -76,7 +81,9 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
 class Sampling:
     """How the next token is chosen, with llama_cpp.Llama's meanings: logit_bias is added to the raw logits,
     then llama.cpp's repeat / frequency / presence penalties over the last penalty_last_n generated tokens
-    (the prompt not counted, in greedy decoding too), then top-k, top-p, min-p and the temperature."""
+    (the prompt not counted, in greedy decoding too), then top-k, top-p, min-p and the temperature.
+    A logits_processor (llama_cpp.Llama's: `(input_ids, scores) -> scores`) rewrites the raw logits first,
+    once per generated token, with the prompt and output before it."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -89,6 +96,7 @@ class Sampling:
     logit_bias: dict[int, float] | None = None
     grammar: str = ""  # GBNF, applied after the penalties (as llama-cpp-python's sampler chain does)
     grammar_root: str = "root"
+    logits_processor: Callable[[Any, Any], Any] | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -117,10 +125,14 @@ class Sampling:
             if any(math.isnan(v) for v in bias.values()):
                 raise ValueError(f"logit_bias values must not be NaN, got {self.logit_bias!r}")
             object.__setattr__(self, "logit_bias", bias)
+        if self.logits_processor is not None and not callable(self.logits_processor):
+            raise ValueError(f"logits_processor must be callable (input_ids, scores) -> scores, "
+                             f"got {self.logits_processor!r}")
 
     def start_kwargs(self) -> dict[str, Any]:
         """The sampling keywords of _core.Speculator.start."""
-        kw = asdict(self)
+        # not asdict: it deep-copies, and a stateful logits processor must be the caller's own object
+        kw = {f.name: getattr(self, f.name) for f in fields(self)}
         kw["logit_bias"] = self.logit_bias or {}
         return kw
 
@@ -274,34 +286,43 @@ class SpeculativeLlama:
         seed: int | None = None,
         plain: bool = False,
         grammar: Any = None,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
     ) -> Iterator[int]:
-        """Token ids as the loop emits them; stops at an end-of-generation token,
-        max_tokens or a full context (then `self.finish_reason` is "length")."""
+        """Token ids as the loop emits them; stops at an end-of-generation token or when
+        stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
+        context ("length")."""
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar)
-        return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain)
+                                  presence_penalty, logit_bias, grammar, logits_processor)
+        return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain,
+                              stopping_criteria=stopping_criteria)
 
     def _sampling(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
                   repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
-                  logit_bias: dict[int, float] | None, grammar: Any = None) -> Sampling:
+                  logit_bias: dict[int, float] | None, grammar: Any = None,
+                  logits_processor: Callable[[Any, Any], Any] | None = None) -> Sampling:
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
         # a llama_cpp.LlamaGrammar (its GBNF text and root rule) or GBNF text
         text, root = (grammar._grammar, grammar._root) if hasattr(grammar, "_grammar") else (grammar or "", "root")
         return Sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty, presence_penalty,
-                        self.last_n_tokens_size, logit_bias, text, root)
+                        self.last_n_tokens_size, logit_bias, text, root, logits_processor)
 
     def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                  plain: bool, logprobs: int | None = None) -> Iterator[int]:
+                  plain: bool, logprobs: int | None = None,
+                  stopping_criteria: StoppingCriteria | None = None) -> Iterator[int]:
+        if stopping_criteria is not None and not callable(stopping_criteria):
+            raise ValueError(f"stopping_criteria must be callable (input_ids, logits) -> bool, got {stopping_criteria!r}")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
         try:
-            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs)
+            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria)
         finally:
             self._lock.release()
 
     def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                         plain: bool, logprobs: int | None) -> Iterator[int]:
+                         plain: bool, logprobs: int | None,
+                         stopping_criteria: StoppingCriteria | None) -> Iterator[int]:
         limit = self.n_ctx() - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
@@ -310,7 +331,7 @@ class SpeculativeLlama:
         self._take_context_from_llama()
         try:
             first = self._spec.start(prompt, seed=seed, logprobs=-1 if logprobs is None else logprobs,
-                                     **sampling.start_kwargs())
+                                     keep_logits=stopping_criteria is not None, **sampling.start_kwargs())
         except BaseException:
             self._give_context_to_llama()
             raise
@@ -323,9 +344,20 @@ class SpeculativeLlama:
         n_out = 0
         pending = [first]
         step = self._spec.step_plain if plain else self._spec.step
+        if stopping_criteria is not None:
+            # as llama_cpp.Llama asks it: before each token, with the prompt and output before it (a view
+            # of one buffer) and the raw logits that chose the token
+            ids = np.empty(len(prompt) + limit, dtype=np.intc)
+            ids[: len(prompt)] = prompt
+            logits = self._spec.last_logits
         try:
             while True:
-                for tok in pending:
+                for i, tok in enumerate(pending):
+                    if stopping_criteria is not None:
+                        if stopping_criteria(ids[: len(prompt) + n_out], logits[i]):
+                            self.finish_reason = "stop"
+                            return
+                        ids[len(prompt) + n_out] = tok
                     if self._spec.is_eog(tok):
                         self.finish_reason = "stop"
                         return
@@ -340,6 +372,8 @@ class SpeculativeLlama:
                 pending, full = step()
                 if logprobs is not None:
                     self._token_logprobs.extend(self._spec.last_logprobs)
+                if stopping_criteria is not None:
+                    logits = self._spec.last_logits
                 if full:
                     self.finish_reason = "length"
                     return
@@ -393,8 +427,9 @@ class SpeculativeLlama:
         )
 
     def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
-                           stop: str | list[str] | None, seed: int | None,
-                           logprobs: int | None = None) -> Iterator[tuple[str, str | None, int, int]]:
+                           stop: str | list[str] | None, seed: int | None, logprobs: int | None = None,
+                           stopping_criteria: StoppingCriteria | None = None,
+                           ) -> Iterator[tuple[str, str | None, int, int]]:
         """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens go to
         self._completion_tokens as they come"""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
@@ -402,7 +437,8 @@ class SpeculativeLlama:
         stream = TextStream(stops)
         n = 0
         self._completion_tokens.clear()
-        for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs):
+        for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs,
+                                  stopping_criteria=stopping_criteria):
             self._completion_tokens.append(tok)
             n += 1
             delta = stream.feed(self._spec.token_to_piece(tok))
@@ -432,19 +468,25 @@ class SpeculativeLlama:
         model: str | None = None,
         logprobs: int | None = None,
         grammar: Any = None,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
-        does not implement (suffix, typical_p, tfs_z, mirostat, stopping_criteria, logits_processor)
-        each is accepted at its 'off' value only. `grammar`: a llama_cpp.LlamaGrammar or GBNF text.
-        `logprobs=n`: the generated tokens' log-probabilities under the target's raw logits and the n
-        most likely at each (not with echo)."""
+        does not implement (suffix, typical_p, tfs_z, mirostat) each is accepted at its 'off' value
+        only. `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
+        log-probabilities under the target's raw logits and the n most likely at each (not with echo).
+        `logits_processor(input_ids, scores) -> scores` and `stopping_criteria(input_ids, logits) -> bool`
+        (llama_cpp.LogitsProcessorList / StoppingCriteriaList, or any callable) are called as
+        llama_cpp.Llama calls them: once per generated token, with the prompt and output before it;
+        stopping_criteria gets the raw logits that chose the token and, when true, the completion ends
+        before that token with finish_reason "stop"."""
         check_off("create_completion", options)
         check_logprobs(logprobs, echo)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar)
+                                  presence_penalty, logit_bias, grammar, logits_processor)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs)
+        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs, stopping_criteria)
         model_name = model if model is not None else self.model_path
         prompt_text = ""
         if echo or logprobs is not None:  # the echoed text, or where the logprobs' text offsets start
@@ -499,12 +541,13 @@ class SpeculativeLlama:
         logprobs: bool | None = None,
         top_logprobs: int | None = None,
         grammar: Any = None,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none). Of llama_cpp.Llama's
         options this class does not implement (tools, functions, response_format, ...) each is accepted
-        at its 'off' value only; `grammar` as in create_completion. `logprobs=True` (with
-        `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape."""
+        at its 'off' value only; `grammar` and `logits_processor` as in create_completion.
+        `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape."""
         check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs, False)
@@ -512,7 +555,7 @@ class SpeculativeLlama:
         prompt, template_stops = self._format_chat(messages)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar)
+                                  presence_penalty, logit_bias, grammar, logits_processor)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
         cursor = None

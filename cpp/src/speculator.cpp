@@ -72,6 +72,7 @@ void Speculator::flush_features() {
 }
 
 int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed) {
+    anchor_ = -1;  // step() refuses to run until this start() has succeeded
     if (prompt.empty()) throw Error("the prompt is empty");
     if (prompt.size() + 1 > target_->n_ctx()) {
         throw Error("the prompt has " + std::to_string(prompt.size()) + " tokens but the context holds " +
@@ -133,10 +134,13 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     pending_.insert(pending_.end(), f.begin(), f.end());
     pending_rows_ += n_new;
     committed_ = prompt;
-    const float * logits = target_->logits(0);
-    anchor_ = choose_token(logits, generated_);
-    commit_token(anchor_);
-    start_logprobs_ = logprobs_of({anchor_});
+    history_ = prompt;
+    const int32_t first = choose_token(target_->logits(0), generated_);
+    commit_token(first);
+    start_output_ = StepOutput{};
+    start_output_.tokens = {first};
+    describe(start_output_);
+    anchor_ = first;
     stats_.prefill_ms = ms_since(t0);
     stats_.prompt_tokens = (uint32_t) prompt.size();
     stats_.reused_tokens = (uint32_t) reuse;
@@ -193,8 +197,15 @@ void Speculator::calibrate() {
     stats_.calibration_ms = ms_since(t_start);
 }
 
+const float * Speculator::processed(const float * logits) {
+    if (!params_.logits_processor) return logits;
+    processed_.assign(logits, logits + target_->n_vocab());
+    params_.logits_processor(history_, processed_.data(), target_->n_vocab());
+    return processed_.data();
+}
+
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
-    const float * lg = shape_logits(logits, target_->n_vocab(), params_, window, shaped_);
+    const float * lg = shape_logits(processed(logits), target_->n_vocab(), params_, window, shaped_);
     return grammar_ ? grammar_masked(lg) : lg;
 }
 
@@ -217,7 +228,7 @@ const float * Speculator::grammar_masked(const float * lg) {
 
 int32_t Speculator::greedy_token(const float * logits, const TokenWindow & window) {
     const uint32_t V = target_->n_vocab();
-    const float * lg = shape_logits(logits, V, params_, window, shaped_);
+    const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);
     const int32_t best = argmax(lg, V);
     if (!grammar_) return best;
     llama_token_data one{best, lg[best], 0.0f};
@@ -228,17 +239,19 @@ int32_t Speculator::greedy_token(const float * logits, const TokenWindow & windo
 
 void Speculator::commit_token(int32_t token) {
     generated_.push(token);
+    history_.push_back(token);
     if (grammar_) llama_sampler_accept(grammar_.get(), token);
 }
 
-std::vector<TokenLogprob> Speculator::logprobs_of(const std::vector<int32_t> & tokens) {
-    std::vector<TokenLogprob> out;
-    if (params_.n_logprobs < 0) return out;
-    for (size_t i = 0; i < tokens.size(); ++i) {
-        out.push_back(token_logprob(target_->logits((uint32_t) i), target_->n_vocab(), tokens[i],
-                                    (uint32_t) params_.n_logprobs, logprob_ids_));
+void Speculator::describe(StepOutput & out) {
+    const uint32_t V = target_->n_vocab();
+    for (size_t i = 0; i < out.tokens.size(); ++i) {
+        const float * row = target_->logits((uint32_t) i);
+        if (params_.n_logprobs >= 0) {
+            out.logprobs.push_back(token_logprob(row, V, out.tokens[i], (uint32_t) params_.n_logprobs, logprob_ids_));
+        }
+        if (params_.keep_logits) out.logits.insert(out.logits.end(), row, row + V);
     }
-    return out;
 }
 
 int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
@@ -336,7 +349,7 @@ StepOutput Speculator::step() {
     stats_.sample_ms += ms_since(t0);
     out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
     out.tokens.push_back(next);
-    out.logprobs = logprobs_of(out.tokens);
+    describe(out);
 
     // commit a, d_1..d_j; roll the target back past the rejected rows
     target_->truncate((int32_t) (n + j + 1));
@@ -381,7 +394,7 @@ StepOutput Speculator::step_plain() {
     committed_.push_back(anchor_);
     anchor_ = next;
     out.tokens.push_back(next);
-    out.logprobs = logprobs_of(out.tokens);
+    describe(out);
     stats_.steps++;
     stats_.emitted++;
     return out;

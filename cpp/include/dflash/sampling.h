@@ -4,6 +4,7 @@
 // exact rejection step of speculative sampling with the drafter's real q.
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -31,6 +32,13 @@ struct SamplingParams {
     // not sampling, what each emitted token reports: -1 = nothing, n >= 0 = its log-probability and
     // the n most likely tokens' (see TokenLogprob)
     int32_t n_logprobs = -1;
+    // llama-cpp-python's logits_processor: rewrites a row of raw logits in place (before logit_bias and
+    // the penalties) given the tokens before the one it chooses (prompt included). It is called once per
+    // token the loop emits, in order, with the same tokens plain decoding would pass, so even a stateful
+    // processor sees plain decoding's calls (a step may emit tokens the caller then drops, at its end).
+    std::function<void(const std::vector<int32_t> & ids, float * logits, uint32_t n_vocab)> logits_processor;
+    // each emitted token's raw logits row in StepOutput::logits (llama-cpp-python's stopping_criteria read it)
+    bool keep_logits = false;
     bool greedy() const { return temperature <= 0.0f; }
     bool penalizes() const {
         return penalty_last_n != 0 && (repeat_penalty != 1.0f || frequency_penalty != 0.0f || presence_penalty != 0.0f);

@@ -45,6 +45,7 @@ struct StepOutput {
     bool context_full = false;
     uint32_t drafted = 0, accepted = 0;
     std::vector<TokenLogprob> logprobs;  // one per token when SamplingParams::n_logprobs >= 0
+    std::vector<float> logits;           // tokens.size() rows of n_vocab when SamplingParams::keep_logits
 };
 
 class Speculator {
@@ -55,8 +56,8 @@ class Speculator {
     // Prefills (reusing the longest common prefix with the previous sequence)
     // and returns the first generated token.
     int32_t start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed);
-    // the first token's, when params.n_logprobs >= 0 (else empty)
-    const std::vector<TokenLogprob> & start_logprobs() const { return start_logprobs_; }
+    // start()'s token with its logprobs and logits, when SamplingParams asks for them
+    const StepOutput & start_output() const { return start_output_; }
     StepOutput step();
     // Plain decoding (no drafter) of the same target, for baselines and tests; the draft-length
     // controller does not see these steps (a baseline run is no evidence about drafting).
@@ -98,9 +99,11 @@ class Speculator {
     int32_t greedy_token(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     int32_t choose_token(const float * logits, const TokenWindow & window);
-    // the tokens' logprobs, token i predicted by the target's logits row i, when asked for (else empty)
-    std::vector<TokenLogprob> logprobs_of(const std::vector<int32_t> & tokens);
-    // a token is part of the output: the penalties' window and the grammar see it
+    // the logprobs and logits rows of out.tokens that SamplingParams asks for, token i predicted by row i
+    void describe(StepOutput & out);
+    // the row after the user's logits processor (raw logits when there is none; valid until the next call)
+    const float * processed(const float * logits);
+    // a token is part of the output: the penalties' window, the grammar and the processor's ids see it
     void commit_token(int32_t token);
 
     std::unique_ptr<Target> target_;
@@ -119,7 +122,9 @@ class Speculator {
     };
     std::unique_ptr<llama_sampler, SamplerFree> grammar_;  // params_.grammar's state after the output so far
     std::vector<llama_token_data> grammar_rows_;           // scratch: one row's candidates for the grammar
-    std::vector<TokenLogprob> start_logprobs_;
+    StepOutput start_output_;
+    std::vector<int32_t> history_;       // the prompt and the output up to anchor_: the processor's ids
+    std::vector<float> processed_;       // scratch for the processor's row
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
