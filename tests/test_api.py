@@ -209,10 +209,8 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
            "logprobs": False, "top_logprobs": None, "typical_p": 1.0, "grammar": None}
     again = spec.create_chat_completion(msgs, max_tokens=4, model="named", **off, **GREEDY)
     assert again["choices"] == chat["choices"] and again["model"] == "named"
-    with pytest.raises(ValueError, match="tools"):
-        spec.create_chat_completion(msgs, max_tokens=4, tools=[{"type": "function"}])
-    with pytest.raises(ValueError, match="response_format"):
-        spec.create_chat_completion(msgs, max_tokens=4, response_format={"type": "json_object"})
+    with pytest.raises(ValueError, match="typical_p"):
+        spec.create_chat_completion(msgs, max_tokens=4, typical_p=0.5)
 
 
 def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
@@ -409,6 +407,91 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
         with pytest.raises(ValueError, match=key):
             spec(prompt, max_tokens=4, **{key: 42})
     _still_works(spec, baseline)
+
+
+def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama, llm: Any,
+                                                         baseline: dict[int, list[int]]) -> None:
+    """Chat's response_format and a tool_choice naming a function turn into grammars as in llama_cpp.Llama's
+    chat handlers: the same replies (greedy), JSON that follows the schema, a forced call in the
+    tool_calls shape, streamed too; contradictory or malformed requests are ValueErrors."""
+    import json
+
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["name", "n"]}
+    for rf in ({"type": "json_object"}, {"type": "json_object", "schema": schema}):
+        ours = spec.create_chat_completion(msgs, max_tokens=60, response_format=rf, **GREEDY)["choices"][0]
+        theirs = llm.create_chat_completion(msgs, max_tokens=60, response_format=rf, **GREEDY)["choices"][0]
+        assert ours["message"] == theirs["message"] and ours["finish_reason"] == theirs["finish_reason"]
+    assert ours["finish_reason"] == "stop"
+    reply = json.loads(ours["message"]["content"])
+    assert isinstance(reply["name"], str) and isinstance(reply["n"], int)
+    openai_shape = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+    assert spec.create_chat_completion(msgs, max_tokens=60, response_format=openai_shape, **GREEDY)["choices"][0] \
+        == ours
+    assert spec.create_chat_completion(msgs, max_tokens=8, response_format={"type": "text"}, **GREEDY)["choices"][0] \
+        == spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    ours = spec.create_chat_completion(msgs, max_tokens=60, tools=tools, tool_choice=choice, **GREEDY)["choices"][0]
+    theirs = llm.create_chat_completion(msgs, max_tokens=60, tools=tools, tool_choice=choice, **GREEDY)["choices"][0]
+    assert ours["finish_reason"] == theirs["finish_reason"] == "tool_calls"
+    call, their_call = ours["message"]["tool_calls"][0], theirs["message"]["tool_calls"][0]
+    assert call["function"] == their_call["function"] and call["type"] == "function"
+    assert {k: v for k, v in ours["message"].items() if k != "tool_calls"} == \
+        {k: v for k, v in theirs["message"].items() if k != "tool_calls"}
+    assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
+    legacy = spec.create_chat_completion(msgs, max_tokens=60, functions=[tools[0]["function"]],
+                                         function_call={"name": "get_weather"}, **GREEDY)["choices"][0]
+    assert legacy["message"]["function_call"] == ours["message"]["function_call"]
+    chunks = [c["choices"][0] for c in spec.create_chat_completion(msgs, max_tokens=60, tools=tools,
+                                                                   tool_choice=choice, stream=True, **GREEDY)]
+    assert "".join(c["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks
+                   if c["delta"].get("tool_calls")) == call["function"]["arguments"]
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+    plain = spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]
+    assert spec.create_chat_completion(msgs, max_tokens=8, tools=tools, tool_choice="auto", **GREEDY)["choices"][0] \
+        == plain  # ChatML shows no tools: the template's business
+
+    for kwargs, match in (({"response_format": {"type": "xml"}}, "response_format"),
+                          ({"response_format": {"type": "json_schema"}}, "json_schema"),
+                          ({"response_format": {"type": "json_object", "schema": {"type": "bogus"}}},
+                           "cannot be turned into a grammar"),
+                          ({"response_format": {"type": "json_object"}, "grammar": "root ::= [a-z]+"},
+                           "grammar and response_format"),
+                          ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+                           "'nope', which is not among the tools"),
+                          ({"tools": tools, "tool_choice": "required"}, "required"),
+                          ({"function_call": 7}, "function_call")):
+        with pytest.raises(ValueError, match=match):
+            spec.create_chat_completion(msgs, max_tokens=8, **kwargs)
+    _still_works(spec, baseline)
+
+
+def test_tools_reach_the_chat_template(draft: str, tmp_path: Path) -> None:
+    """With a GGUF chat template, tools (tool_choice "auto") are rendered by it as llama_cpp.Llama renders
+    them: the same prompt, hence the same reply."""
+    import subprocess
+    import sys
+
+    template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+                "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}<|assistant|>")
+    target = tmp_path / "target-with-template.gguf"
+    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(TARGET), str(target),
+                    "--chat-template", template], check=True, capture_output=True)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    with SpeculativeLlama(str(target), draft, n_ctx=N_CTX, n_threads=THREADS, n_max=3) as ours:
+        prompt, _ = ours._format_chat(msgs, {"tools": tools})
+        assert '<|tools|>[{"type": "function", "function": {"name": "get_weather"' in prompt
+        reply = ours.create_chat_completion(msgs, max_tokens=24, tools=tools, tool_choice="auto", **GREEDY)
+        without = ours.create_chat_completion(msgs, max_tokens=24, **GREEDY)
+    theirs_llm = llama_cpp.Llama(str(target), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
+    theirs = theirs_llm.create_chat_completion(msgs, max_tokens=24, tools=tools, tool_choice="auto", **GREEDY)
+    assert reply["choices"][0]["message"] == theirs["choices"][0]["message"]
+    assert reply["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"]
 
 
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:

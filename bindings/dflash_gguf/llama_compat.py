@@ -4,6 +4,8 @@ at their "off" values, and the shapes of `logprobs` in completions and chats."""
 from __future__ import annotations
 
 import codecs
+import json
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -11,22 +13,17 @@ from typing import Any
 # at those values (frameworks such as LangChain's LlamaCpp pass them all on every call), a ValueError
 # naming the option otherwise, rather than output that silently ignores it
 OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,),
-    "mirostat_mode": (0,),
-    "functions": (None,), "function_call": (None,), "tools": (None,), "tool_choice": (None,),
-    "response_format": (None,),
+    "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,),
 }
 _READ_ONLY_WITH_MIROSTAT = ("mirostat_tau", "mirostat_eta")
 _COMPLETION_ONLY = ("suffix",)
-_CHAT_ONLY = ("functions", "function_call", "tools", "tool_choice", "response_format")
 
 
 def check_off(method: str, options: dict[str, Any]) -> None:
-    excluded = _CHAT_ONLY if method == "create_completion" else _COMPLETION_ONLY
     for key, value in options.items():
         if key in _READ_ONLY_WITH_MIROSTAT:
             continue
-        if key not in OFF_VALUES or key in excluded:
+        if key not in OFF_VALUES or (key in _COMPLETION_ONLY and method != "create_completion"):
             raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
         off = OFF_VALUES[key]
         numeric = type(value) in (int, float)
@@ -86,3 +83,85 @@ def chat_logprobs(lp: dict[str, list[Any]]) -> dict[str, Any]:
     return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top.items()]}
                         for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])],
             "refusal": None}
+
+
+def response_format_grammar(response_format: Any) -> Any:
+    """The llama_cpp.LlamaGrammar a chat's response_format asks for, as llama_cpp.Llama's chat handlers
+    read it: {"type": "json_object"} any JSON object, with "schema": one that follows the JSON schema;
+    also OpenAI's {"type": "json_schema", "json_schema": {"schema": ...}}; None or {"type": "text"}: none.
+    A schema that cannot become a grammar is a ValueError (llama_cpp.Llama falls back to any JSON)."""
+    from llama_cpp import llama_grammar
+
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        schema = response_format.get("schema")
+    elif kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise ValueError('response_format {"type": "json_schema"} needs "json_schema": {"schema": {...}}')
+        schema = spec["schema"]
+    else:
+        raise ValueError("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}, "
+                         f"got {response_format!r}")
+    if schema is None:
+        return llama_grammar.LlamaGrammar.from_string(llama_grammar.JSON_GBNF, verbose=False)
+    return schema_grammar(schema, "response_format")
+
+
+def schema_grammar(schema: Any, what: str) -> Any:
+    from llama_cpp import llama_grammar
+
+    try:
+        return llama_grammar.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+    except Exception as e:  # the converter raises whatever it meets first
+        raise ValueError(f"{what}: the JSON schema cannot be turned into a grammar: {e}") from e
+
+
+def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> tuple[Any, Any, Any]:
+    """(tools, tool_choice, the tool a call is forced to or None), as llama_cpp.Llama's chat handlers
+    read them: legacy functions / function_call become tools / tool_choice; a tool_choice naming a
+    function forces a call to it; otherwise the tools only reach the chat template."""
+    if functions is not None:
+        tools = [{"type": "function", "function": f} for f in functions]
+    if function_call in ("none", "auto"):
+        tool_choice = function_call
+    elif isinstance(function_call, dict) and "name" in function_call:
+        tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
+    elif function_call is not None:
+        raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, got {function_call!r}")
+    if tool_choice is None or tool_choice in ("none", "auto"):
+        return tools, tool_choice, None
+    if tool_choice == "required":
+        raise ValueError("tool_choice='required' (a call to whichever tool fits) is not supported: name the "
+                         "function ({'type': 'function', 'function': {'name': ...}}) or use 'auto'")
+    try:
+        name = tool_choice["function"]["name"]
+        tool = next(t for t in tools or [] if t["function"]["name"] == name)
+    except (TypeError, KeyError) as e:
+        raise ValueError("tool_choice must be 'none', 'auto' or {'type': 'function', 'function': {'name': ...}} "
+                         f"with tools of that shape, got tool_choice={tool_choice!r}") from e
+    except StopIteration:
+        raise ValueError(f"tool_choice names {name!r}, which is not among the tools") from None
+    return tools, tool_choice, tool
+
+
+class ToolCall:
+    """A chat reply forced to call one tool: the generated text is its arguments (llama_cpp.Llama's shapes)."""
+
+    def __init__(self, tool: dict[str, Any]) -> None:
+        self.name = tool["function"]["name"]
+        self.id = f"call_{uuid.uuid4().hex}"
+
+    def message(self, arguments: str) -> dict[str, Any]:
+        call = {"name": self.name, "arguments": arguments}
+        return {"role": "assistant", "content": None, "function_call": call,
+                "tool_calls": [{"id": self.id, "type": "function", "function": call}]}
+
+    def delta(self, arguments: str) -> dict[str, Any]:
+        call = {"name": self.name, "arguments": arguments}
+        return {"role": None, "content": None, "function_call": call,
+                "tool_calls": [{"index": 0, "id": self.id, "type": "function", "function": call}]}

@@ -20,7 +20,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._core import DFlashError, Speculator
-from .llama_compat import LogprobCursor, TokenLogprob, chat_logprobs, check_logprobs, check_off
+from .llama_compat import (
+    LogprobCursor,
+    TokenLogprob,
+    ToolCall,
+    chat_logprobs,
+    check_logprobs,
+    check_off,
+    forced_tool,
+    response_format_grammar,
+    schema_grammar,
+)
 from .text import TextStream
 
 if TYPE_CHECKING:
@@ -524,7 +534,7 @@ class SpeculativeLlama:
 
     def create_chat_completion(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         max_tokens: int | None = None,
         temperature: float = 0.2,
         top_p: float = 0.95,
@@ -542,25 +552,50 @@ class SpeculativeLlama:
         top_logprobs: int | None = None,
         grammar: Any = None,
         logits_processor: Callable[[Any, Any], Any] | None = None,
+        response_format: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
+        functions: list[dict[str, Any]] | None = None,
+        function_call: str | dict[str, Any] | None = None,
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """Chat with the target GGUF's chat template (ChatML when it has none). Of llama_cpp.Llama's
-        options this class does not implement (tools, functions, response_format, ...) each is accepted
-        at its 'off' value only; `grammar` and `logits_processor` as in create_completion.
-        `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape."""
+        """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
+        template-based chat handlers do. `grammar` and `logits_processor` as in create_completion.
+        `response_format={"type": "json_object"}` (with "schema": a JSON schema; or OpenAI's
+        {"type": "json_schema", "json_schema": {"schema": ...}}) constrains the reply to JSON through a
+        grammar. `tools` (and the legacy `functions`) reach the chat template; a `tool_choice` naming one
+        of them (`{"type": "function", "function": {"name": ...}}`) forces a call: its arguments follow
+        the function's parameter schema and come back as `tool_calls` with finish_reason "tool_calls".
+        `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
+        llama_cpp.Llama's options not implemented here (typical_p, tfs_z, mirostat) are accepted at
+        their 'off' values only."""
         check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs, False)
+        template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
+                         "function_call": function_call}
+        tools, tool_choice, tool = forced_tool(tools, tool_choice, functions, function_call)
+        grammars = {"grammar": grammar, "response_format": response_format_grammar(response_format),
+                    "tool_choice": schema_grammar(tool["function"].get("parameters", {}), "tool_choice's parameters")
+                    if tool is not None else None}
+        given = [k for k, g in grammars.items() if g is not None]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)} each constrain the reply with a grammar: give one of them")
+        call = ToolCall(tool) if tool is not None else None
         model_name = model if model is not None else self.model_path
-        prompt, template_stops = self._format_chat(messages)
+        prompt, template_stops = self._format_chat(messages, template_args)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar, logits_processor)
+                                  presence_penalty, logit_bias, grammars[given[0]] if given else None, logits_processor)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
         cursor = None
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
+
+        def finish(reason: str | None) -> str | None:
+            return "tool_calls" if call is not None and reason == "stop" else reason
+
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
@@ -573,24 +608,27 @@ class SpeculativeLlama:
                         lp = chat_logprobs(cursor.take(released)) if cursor is not None else None
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
-                               "choices": [{"index": 0, "delta": {"content": text}, "logprobs": lp,
-                                            "finish_reason": None}]}
+                               "choices": [{"index": 0, "delta": call.delta(text) if call else {"content": text},
+                                            "logprobs": lp, "finish_reason": None}]}
                     if reason:
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
-                               "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}]}
+                               "choices": [{"index": 0, "delta": {}, "logprobs": None,
+                                            "finish_reason": finish(reason)}]}
             return gen()
         parts, reason, n_prompt, n_out = [], None, 0, 0
         for text, reason, n_prompt, n_out in chunks:
             parts.append(text)
         content = "".join(parts)
         reply_logprobs = chat_logprobs(cursor.take(len(content))) if cursor is not None else None
+        message = call.message(content) if call else {"role": "assistant", "content": content}
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
-                             "logprobs": reply_logprobs, "finish_reason": reason}],
+                "choices": [{"index": 0, "message": message, "logprobs": reply_logprobs,
+                             "finish_reason": finish(reason)}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
-    def _format_chat(self, messages: list[dict[str, str]]) -> tuple[str, list[str]]:
+    def _format_chat(self, messages: list[dict[str, Any]],
+                     template_args: dict[str, Any] | None = None) -> tuple[str, list[str]]:
         from llama_cpp import llama_chat_format
 
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
@@ -601,9 +639,9 @@ class SpeculativeLlama:
             eos = self._spec.token_to_piece(eos_id, True).decode("utf-8", "replace") if eos_id >= 0 else ""
             # bos_token "": the prompt is tokenized with the model's own BOS rule, which would double one
             fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
-            resp = fmt(messages=messages)
+            resp = fmt(messages=messages, **(template_args or {}))
         else:
-            resp = llama_chat_format.format_chatml(messages=messages)
+            resp = llama_chat_format.format_chatml(messages=messages, **(template_args or {}))
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
 
