@@ -261,10 +261,53 @@ def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
     assert [e for c in chat_chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]] \
         == content
 
-    for kwargs, match in (({"echo": True}, "echo"), ({"logprobs": -1}, "logprobs"), ({"logprobs": True}, "logprobs")):
-        kwargs.setdefault("logprobs", 1)
-        with pytest.raises(ValueError, match=match):
-            spec(prompt, max_tokens=4, **kwargs)
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="logprobs"):
+            spec(prompt, max_tokens=4, logprobs=bad)
+
+
+def test_echo_logprobs_cover_the_prompt(spec: SpeculativeLlama) -> None:
+    """echo=True with logprobs lists the prompt's tokens too, each under the target's row before it (the
+    first None, OpenAI's shape), then the completion's as without echo; streamed alike. llama_cpp.Llama
+    reads each prompt token from the row after it and drops the last completion token, so its own
+    logits (logits_all=True) are the reference here."""
+    import numpy as np
+
+    prompt = _text(7)
+    toks = _toks(spec, 7)
+    plain = spec(prompt, max_tokens=12, logprobs=2, **GREEDY)["choices"][0]
+    ours = spec(prompt, max_tokens=12, logprobs=2, echo=True, **GREEDY)["choices"][0]
+    lp = ours["logprobs"]
+    assert ours["text"] == prompt + plain["text"] and "".join(lp["tokens"]) == ours["text"]
+    assert len(lp["tokens"]) == len(toks) + 12 and lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:k])) for k in range(len(lp["tokens"]))]
+    n = len(toks)
+    np.testing.assert_allclose(lp["token_logprobs"][n:], plain["logprobs"]["token_logprobs"], atol=1e-5)
+    assert lp["tokens"][n:] == plain["logprobs"]["tokens"]
+
+    theirs = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True,
+                             verbose=False)
+    theirs.eval(toks)
+    rows = np.asarray(theirs.scores[: n - 1], dtype=np.float64)
+    log_softmax = rows - rows.max(1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(1, keepdims=True))
+    want = log_softmax[np.arange(n - 1), toks[1:]]
+    np.testing.assert_allclose(lp["token_logprobs"][1:n], want, atol=2e-3)
+    for k in range(1, n):  # the most likely at each prompt position, and the token itself
+        top = lp["top_logprobs"][k]
+        best = spec.detokenize([int(np.argmax(rows[k - 1]))]).decode("utf-8", "ignore")
+        assert best in top and lp["tokens"][k] in top and 2 <= len(top) <= 3
+
+    streamed = [c["choices"][0] for c in spec(prompt, max_tokens=12, logprobs=2, echo=True, stream=True, **GREEDY)]
+    assert "".join(c["text"] for c in streamed) == ours["text"]
+    assert {k: [v for c in streamed if c["logprobs"] for v in c["logprobs"][k]] for k in lp} == lp
+    with SpeculativeLlama(str(TARGET), spec.draft_path, n_ctx=N_CTX, n_batch=16, n_threads=THREADS, n_max=3) as small:
+        chunked = small(prompt, max_tokens=12, logprobs=2, echo=True, **GREEDY)["choices"][0]  # prefill in chunks
+    assert chunked["logprobs"]["tokens"] == lp["tokens"]
+    np.testing.assert_allclose(chunked["logprobs"]["token_logprobs"][1:], lp["token_logprobs"][1:], atol=1e-4)
+    again = spec(prompt, max_tokens=12, logprobs=2, **GREEDY)["choices"][0]  # and on as before
+    assert again["text"] == plain["text"] and again["logprobs"]["tokens"] == plain["logprobs"]["tokens"]
+    np.testing.assert_allclose(again["logprobs"]["token_logprobs"], plain["logprobs"]["token_logprobs"], atol=1e-4)
 
 
 def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None:

@@ -49,6 +49,13 @@ py::tuple run_step(PySpeculator & p, dflash::StepOutput (dflash::Speculator::*st
     return py::make_tuple(o.tokens, o.context_full);
 }
 
+// [(logprob, [(id, logprob) of the most likely])]
+py::list logprob_list(const std::vector<dflash::TokenLogprob> & v) {
+    py::list out;
+    for (const auto & t : v) out.append(py::make_tuple(t.logprob, t.top));
+    return out;
+}
+
 // llama-cpp-python's logits_processor(input_ids, scores) -> scores, called by the loop, which runs
 // without the GIL: the call takes it, and so does releasing the callable, wherever the parameters
 // holding it go. A bad return value is a ValueError (a NaN logit would make the choice arbitrary).
@@ -155,7 +162,7 @@ void register_speculator(py::module_ & m) {
                float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
                int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
                const std::string & grammar, const std::string & grammar_root, py::object logits_processor,
-               bool keep_logits) {
+               bool keep_logits, bool prompt_logprobs) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -172,6 +179,7 @@ void register_speculator(py::module_ & m) {
                 sp.grammar_root = grammar_root;
                 sp.logits_processor = wrap_logits_processor(std::move(logits_processor));
                 sp.keep_logits = keep_logits;
+                sp.prompt_logprobs = prompt_logprobs;
                 dflash::StepOutput first;
                 {
                     py::gil_scoped_release nogil;
@@ -186,13 +194,16 @@ void register_speculator(py::module_ & m) {
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
             py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1,
             py::arg("grammar") = "", py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(),
-            py::arg("keep_logits") = false)
+            py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false)
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");
-                                   py::list out;
-                                   for (const auto & t : p.last_logprobs) out.append(py::make_tuple(t.logprob, t.top));
-                                   return out;
+                                   return logprob_list(p.last_logprobs);
+                               })
+        .def_property_readonly("prompt_logprobs",
+                               [](PySpeculator & p) {
+                                   Busy busy(p.mu, "this SpeculativeLlama");
+                                   return logprob_list(live(p).prompt_logprobs());
                                })
         .def_property_readonly("last_logits",
                                [](PySpeculator & p) {

@@ -103,10 +103,12 @@ class Speculator:
         penalty_last_n: int = 64, logit_bias: dict[int, float] = ..., logprobs: int = -1, grammar: str = "",
         grammar_root: str = "root",
         logits_processor: Callable[[npt.NDArray[np.int32], npt.NDArray[np.float32]], npt.ArrayLike] | None = None,
-        keep_logits: bool = False,
+        keep_logits: bool = False, prompt_logprobs: bool = False,
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...
+    @property
+    def prompt_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...  # tokens 1..n-1
     @property
     def last_logits(self) -> npt.NDArray[np.float32]: ...  # [tokens, n_vocab] with keep_logits
     def step(self) -> tuple[list[int], bool]: ...

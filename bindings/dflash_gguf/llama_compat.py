@@ -32,14 +32,11 @@ def check_off(method: str, options: dict[str, Any]) -> None:
                              f"(only {' or '.join(map(repr, off))}, llama_cpp.Llama's 'off')")
 
 
-def check_logprobs(n: int | None, echo: bool) -> None:
+def check_logprobs(n: int | None) -> None:
     if n is None:
         return
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"logprobs must be an int >= 0 (the most likely tokens to list) or None, got {n!r}")
-    if echo:
-        raise ValueError("logprobs with echo=True (the prompt's log-probabilities) is not supported by "
-                         "SpeculativeLlama")
 
 
 # (logprob, [(id, logprob) of the most likely]) of one generated token
@@ -50,9 +47,10 @@ class LogprobCursor:
     """llama_cpp.Llama's `logprobs` of a completion's tokens, handed out as their text is released: a
     chunk that brings the released text to `upto` characters gets the tokens that start before that
     (so a stop string cuts tokens and text alike, and a streamed chunk carries its own tokens).
-    `tokens` and `logprobs` are the generation's lists, read as they grow."""
+    `tokens` and `logprobs` are the generation's lists, read as they grow (with echo, the prompt's tokens
+    first, the first of them with None: OpenAI's shape)."""
 
-    def __init__(self, tokens: list[int], logprobs: list[TokenLogprob], piece: Callable[[int], bytes],
+    def __init__(self, tokens: list[int], logprobs: list[TokenLogprob | None], piece: Callable[[int], bytes],
                  text_offset: int) -> None:
         self._tokens, self._logprobs, self._piece = tokens, logprobs, piece
         self._base, self._next, self._chars = text_offset, 0, 0
@@ -61,11 +59,14 @@ class LogprobCursor:
     def take(self, upto: int) -> dict[str, list[Any]]:
         out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
         while self._next < min(len(self._tokens), len(self._logprobs)) and self._chars < upto:
-            tok, (lp, top) = self._tokens[self._next], self._logprobs[self._next]
+            tok, entry = self._tokens[self._next], self._logprobs[self._next]
             piece = self._piece(tok)
             token_str = piece.decode("utf-8", "ignore")
-            best = {self._piece(i).decode("utf-8", "ignore"): v for i, v in top}
-            best[token_str] = lp
+            lp, best = None, None
+            if entry is not None:
+                lp, top = entry
+                best = {self._piece(i).decode("utf-8", "ignore"): v for i, v in top}
+                best[token_str] = lp
             out["tokens"].append(token_str)
             out["text_offset"].append(self._base + self._chars)
             out["token_logprobs"].append(lp)

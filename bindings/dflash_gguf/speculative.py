@@ -192,9 +192,10 @@ class SpeculativeLlama:
         self._lock = threading.Lock()
         self._llama: Any = None  # an adopted llama_cpp.Llama, kept alive
         # the generation under way (one at a time): its tokens and, when asked for, their logprobs as
-        # (logprob, [(id, logprob) of the most likely])
+        # (logprob, [(id, logprob) of the most likely]); with echo, the prompt's tokens first (the first
+        # of them with None)
         self._completion_tokens: list[int] = []
-        self._token_logprobs: list[TokenLogprob] = []
+        self._token_logprobs: list[TokenLogprob | None] = []
         self.stats = GenerationStats()
         block = self._spec.draft_hparams["block_size"]
         if isinstance(n_max, int) and n_max > block - 1:
@@ -319,20 +320,21 @@ class SpeculativeLlama:
                         self.last_n_tokens_size, logit_bias, text, root, logits_processor)
 
     def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                  plain: bool, logprobs: int | None = None,
-                  stopping_criteria: StoppingCriteria | None = None) -> Iterator[int]:
+                  plain: bool, logprobs: int | None = None, stopping_criteria: StoppingCriteria | None = None,
+                  prompt_logprobs: bool = False) -> Iterator[int]:
         if stopping_criteria is not None and not callable(stopping_criteria):
             raise ValueError(f"stopping_criteria must be callable (input_ids, logits) -> bool, got {stopping_criteria!r}")
         if not self._lock.acquire(blocking=False):
             raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
         try:
-            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria)
+            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria,
+                                             prompt_logprobs)
         finally:
             self._lock.release()
 
     def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                         plain: bool, logprobs: int | None,
-                         stopping_criteria: StoppingCriteria | None) -> Iterator[int]:
+                         plain: bool, logprobs: int | None, stopping_criteria: StoppingCriteria | None,
+                         prompt_logprobs: bool) -> Iterator[int]:
         limit = self.n_ctx() - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
@@ -341,13 +343,17 @@ class SpeculativeLlama:
         self._take_context_from_llama()
         try:
             first = self._spec.start(prompt, seed=seed, logprobs=-1 if logprobs is None else logprobs,
-                                     keep_logits=stopping_criteria is not None, **sampling.start_kwargs())
+                                     keep_logits=stopping_criteria is not None, prompt_logprobs=prompt_logprobs,
+                                     **sampling.start_kwargs())
         except BaseException:
             self._give_context_to_llama()
             raise
         if self._llama is not None:
             self._llama.n_tokens = 0  # while we stream: if it decodes, it starts from scratch and we notice
         self._token_logprobs.clear()
+        if prompt_logprobs:
+            skip = self._bos_skip(prompt)
+            self._token_logprobs.extend([None, *self._spec.prompt_logprobs[skip:]][: len(prompt) - skip])
         if logprobs is not None:
             self._token_logprobs.extend(self._spec.last_logprobs)
         t_decode = time.perf_counter()
@@ -436,19 +442,25 @@ class SpeculativeLlama:
             tokens_per_second=n_out / decode_s if decode_s > 0 else 0.0,
         )
 
+    def _bos_skip(self, prompt: Sequence[int]) -> int:
+        """llama_cpp.Llama lists an echoed prompt's logprobs without its leading BOS"""
+        return 1 if prompt and prompt[0] == self._spec.token_bos else 0
+
     def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
                            stop: str | list[str] | None, seed: int | None, logprobs: int | None = None,
-                           stopping_criteria: StoppingCriteria | None = None,
+                           stopping_criteria: StoppingCriteria | None = None, prompt_logprobs: bool = False,
                            ) -> Iterator[tuple[str, str | None, int, int]]:
         """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens go to
-        self._completion_tokens as they come"""
+        self._completion_tokens as they come (after the prompt's, with prompt_logprobs)"""
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
         self._completion_tokens.clear()
+        if prompt_logprobs:
+            self._completion_tokens.extend(tokens[self._bos_skip(tokens):])
         for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs,
-                                  stopping_criteria=stopping_criteria):
+                                  stopping_criteria=stopping_criteria, prompt_logprobs=prompt_logprobs):
             self._completion_tokens.append(tok)
             n += 1
             delta = stream.feed(self._spec.token_to_piece(tok))
@@ -485,18 +497,21 @@ class SpeculativeLlama:
         """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
         does not implement (suffix, typical_p, tfs_z, mirostat) each is accepted at its 'off' value
         only. `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
-        log-probabilities under the target's raw logits and the n most likely at each (not with echo).
+        log-probabilities under the target's raw logits and the n most likely at each; with echo the
+        prompt's too (the first None, as in OpenAI's API; the whole prompt is decoded again for them).
         `logits_processor(input_ids, scores) -> scores` and `stopping_criteria(input_ids, logits) -> bool`
         (llama_cpp.LogitsProcessorList / StoppingCriteriaList, or any callable) are called as
         llama_cpp.Llama calls them: once per generated token, with the prompt and output before it;
         stopping_criteria gets the raw logits that chose the token and, when true, the completion ends
         before that token with finish_reason "stop"."""
         check_off("create_completion", options)
-        check_logprobs(logprobs, echo)
+        check_logprobs(logprobs)
+        echo_logprobs = echo and logprobs is not None
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammar, logits_processor)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs, stopping_criteria)
+        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs, stopping_criteria,
+                                         echo_logprobs)
         model_name = model if model is not None else self.model_path
         prompt_text = ""
         if echo or logprobs is not None:  # the echoed text, or where the logprobs' text offsets start
@@ -505,7 +520,7 @@ class SpeculativeLlama:
         cursor = None
         if logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece,
-                                   len(prompt_text))
+                                   0 if echo else len(prompt_text))
 
         def shape(text: str, reason: str | None, lp: dict[str, list[Any]] | None = None) -> dict[str, Any]:
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
@@ -513,10 +528,12 @@ class SpeculativeLlama:
 
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
-                if head:
+                if head and not echo_logprobs:
                     yield shape(head, None)
-                released = 0
-                for text, reason, _, _ in chunks:
+                released = len(head) if echo_logprobs else 0  # what the cursor has listed text for
+                for i, (text, reason, _, _) in enumerate(chunks):
+                    if i == 0 and echo_logprobs:  # after start(): the prompt's logprobs exist now
+                        yield shape(head, None, cursor.take(released))
                     released += len(text)
                     if text or reason:
                         yield shape(text, reason, cursor.take(released) if cursor is not None and text else None)
@@ -571,7 +588,7 @@ class SpeculativeLlama:
         their 'off' values only."""
         check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
-        check_logprobs(n_logprobs, False)
+        check_logprobs(n_logprobs)
         template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
                          "function_call": function_call}
         tools, tool_choice, tool = forced_tool(tools, tool_choice, functions, function_call)

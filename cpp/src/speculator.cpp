@@ -92,6 +92,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     }
     if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
     if (params.n_logprobs < -1) throw Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(params.n_logprobs));
+    if (params.prompt_logprobs && params.n_logprobs < 0) throw Error("prompt logprobs need logprobs >= 0");
     grammar_.reset();
     if (!params.grammar.empty()) {
         check_grammar_text(params.grammar);
@@ -114,7 +115,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     // reuse the longest common prefix; the last prompt token is always decoded for its logits
     size_t reuse = 0;
     while (reuse < committed_.size() && reuse < prompt.size() && committed_[reuse] == prompt[reuse]) ++reuse;
-    reuse = std::min(reuse, prompt.size() - 1);
+    reuse = params.prompt_logprobs ? 0 : std::min(reuse, prompt.size() - 1);
     const auto t0 = std::chrono::steady_clock::now();
     target_->truncate((int32_t) reuse);
     committed_.resize(reuse);
@@ -128,23 +129,46 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
         pending_.resize((size_t) pending_rows_ * drafter_->hparams().n_target_features());
     }
 
-    const uint32_t n_new = (uint32_t) (prompt.size() - reuse);
-    target_->decode(prompt.data() + reuse, n_new, (int32_t) reuse, false);
-    const auto & f = target_->features();
-    pending_.insert(pending_.end(), f.begin(), f.end());
-    pending_rows_ += n_new;
+    const uint32_t last_row = prefill(prompt, (uint32_t) reuse);
     committed_ = prompt;
     history_ = prompt;
-    const int32_t first = choose_token(target_->logits(0), generated_);
+    const int32_t first = choose_token(target_->logits(last_row), generated_);
     commit_token(first);
     start_output_ = StepOutput{};
     start_output_.tokens = {first};
-    describe(start_output_);
+    describe(start_output_, last_row);
     anchor_ = first;
     stats_.prefill_ms = ms_since(t0);
     stats_.prompt_tokens = (uint32_t) prompt.size();
     stats_.reused_tokens = (uint32_t) reuse;
     return anchor_;
+}
+
+uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from) {
+    prompt_logprobs_.clear();
+    const uint32_t n = (uint32_t) prompt.size();
+    if (!params_.prompt_logprobs) {
+        target_->decode(prompt.data() + from, n - from, (int32_t) from, false);
+        const auto & f = target_->features();
+        pending_.insert(pending_.end(), f.begin(), f.end());
+        pending_rows_ += n - from;
+        return 0;  // the only row with logits
+    }
+    // chunk by chunk, as a decode keeps only its last chunk's logits
+    for (uint32_t done = from; done < n;) {
+        const uint32_t chunk = std::min(target_->n_batch(), n - done);
+        target_->decode(prompt.data() + done, chunk, (int32_t) done, true);
+        const auto & f = target_->features();
+        pending_.insert(pending_.end(), f.begin(), f.end());
+        pending_rows_ += chunk;
+        for (uint32_t i = 0; i < chunk && done + i + 1 < n; ++i) {
+            prompt_logprobs_.push_back(token_logprob(target_->logits(i), target_->n_vocab(), prompt[done + i + 1],
+                                                     (uint32_t) params_.n_logprobs, logprob_ids_));
+        }
+        done += chunk;
+        if (done == n) return chunk - 1;
+    }
+    return 0;  // not reached: the prompt is not empty
 }
 
 void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {
@@ -243,10 +267,10 @@ void Speculator::commit_token(int32_t token) {
     if (grammar_) llama_sampler_accept(grammar_.get(), token);
 }
 
-void Speculator::describe(StepOutput & out) {
+void Speculator::describe(StepOutput & out, uint32_t first_row) {
     const uint32_t V = target_->n_vocab();
     for (size_t i = 0; i < out.tokens.size(); ++i) {
-        const float * row = target_->logits((uint32_t) i);
+        const float * row = target_->logits(first_row + (uint32_t) i);
         if (params_.n_logprobs >= 0) {
             out.logprobs.push_back(token_logprob(row, V, out.tokens[i], (uint32_t) params_.n_logprobs, logprob_ids_));
         }

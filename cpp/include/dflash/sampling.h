@@ -32,6 +32,9 @@ struct SamplingParams {
     // not sampling, what each emitted token reports: -1 = nothing, n >= 0 = its log-probability and
     // the n most likely tokens' (see TokenLogprob)
     int32_t n_logprobs = -1;
+    // with n_logprobs >= 0, start() also reports prompt tokens 1..n-1 (each under the row before it): the
+    // whole prompt is decoded again (no prefix reuse: reused rows have no logits) with every row's logits
+    bool prompt_logprobs = false;
     // llama-cpp-python's logits_processor: rewrites a row of raw logits in place (before logit_bias and
     // the penalties) given the tokens before the one it chooses (prompt included). It is called once per
     // token the loop emits, in order, with the same tokens plain decoding would pass, so even a stateful

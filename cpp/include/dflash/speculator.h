@@ -58,6 +58,8 @@ class Speculator {
     int32_t start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed);
     // start()'s token with its logprobs and logits, when SamplingParams asks for them
     const StepOutput & start_output() const { return start_output_; }
+    // prompt tokens 1..n-1's logprobs, when SamplingParams::prompt_logprobs asked start() for them
+    const std::vector<TokenLogprob> & prompt_logprobs() const { return prompt_logprobs_; }
     StepOutput step();
     // Plain decoding (no drafter) of the same target, for baselines and tests; the draft-length
     // controller does not see these steps (a baseline run is no evidence about drafting).
@@ -85,6 +87,9 @@ class Speculator {
     // placeholder tokens (the state is reset after), so that the controller knows what each choice
     // costs before the first request instead of exploring it there
     void calibrate();
+    // decodes prompt[from..] after the reused prefix (the features go to pending_, prompt logprobs to
+    // prompt_logprobs_ when asked for); returns the target row of the last prompt token's logits
+    uint32_t prefill(const std::vector<int32_t> & prompt, uint32_t from);
     void flush_features();
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
@@ -99,8 +104,9 @@ class Speculator {
     int32_t greedy_token(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     int32_t choose_token(const float * logits, const TokenWindow & window);
-    // the logprobs and logits rows of out.tokens that SamplingParams asks for, token i predicted by row i
-    void describe(StepOutput & out);
+    // the logprobs and logits rows of out.tokens that SamplingParams asks for, token i predicted by the
+    // target's row first_row + i
+    void describe(StepOutput & out, uint32_t first_row = 0);
     // the row after the user's logits processor (raw logits when there is none; valid until the next call)
     const float * processed(const float * logits);
     // a token is part of the output: the penalties' window, the grammar and the processor's ids see it
@@ -123,6 +129,7 @@ class Speculator {
     std::unique_ptr<llama_sampler, SamplerFree> grammar_;  // params_.grammar's state after the output so far
     std::vector<llama_token_data> grammar_rows_;           // scratch: one row's candidates for the grammar
     StepOutput start_output_;
+    std::vector<TokenLogprob> prompt_logprobs_;
     std::vector<int32_t> history_;       // the prompt and the output up to anchor_: the processor's ids
     std::vector<float> processed_;       // scratch for the processor's row
     std::vector<float> pending_;         // features of committed rows not yet in the draft cache

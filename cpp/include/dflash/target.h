@@ -56,6 +56,7 @@ class Target {
     uint32_t n_embd() const { return n_embd_; }
     uint32_t n_layer() const { return n_layer_; }
     uint32_t n_ctx() const;
+    uint32_t n_batch() const { return n_batch_; }  // rows per llama_decode call
     bool is_eog(int32_t tok) const { return llama_vocab_is_eog(vocab_, tok); }
 
   private:
