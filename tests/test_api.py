@@ -88,10 +88,10 @@ def test_stream_and_plain_completion_give_the_same_text(spec: SpeculativeLlama) 
     assert chunks[-1]["choices"][0]["finish_reason"] == full["choices"][0]["finish_reason"] == "length"
     assert len({c["id"] for c in chunks}) == 1
     # and it is the detokenized token stream
-    toks = list(spec.generate_tokens(spec.tokenize(prompt), max_tokens=64, **GREEDY))
+    toks = list(spec.generate_tokens(spec.tokenize(prompt, special=True), max_tokens=64, **GREEDY))
     assert full["choices"][0]["text"] == spec.detokenize(toks).decode("utf-8", errors="replace")
-    assert full["usage"] == {"prompt_tokens": len(spec.tokenize(prompt)), "completion_tokens": 64,
-                             "total_tokens": len(spec.tokenize(prompt)) + 64}
+    assert full["usage"] == {"prompt_tokens": len(spec.tokenize(prompt, special=True)), "completion_tokens": 64,
+                             "total_tokens": len(spec.tokenize(prompt, special=True)) + 64}
 
 
 def test_stop_strings_cut_the_text(spec: SpeculativeLlama) -> None:
@@ -537,6 +537,21 @@ def test_tools_reach_the_chat_template(draft: str, tmp_path: Path) -> None:
     assert reply["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"] > without["usage"]["prompt_tokens"]
 
 
+def test_tokenize_and_detokenize_are_llama_cpp_s(spec: SpeculativeLlama, llm: Any) -> None:
+    """llama_cpp.Llama.tokenize(text, add_bos, special) and detokenize(tokens, prev_tokens, special): same
+    arguments, same defaults, same results (special-token text is text unless special=True)."""
+    text = "x = 1<|endoftext|>\ny"
+    for kwargs in ({}, {"add_bos": False}, {"special": True}, {"add_bos": True, "special": True}):
+        ours = spec.tokenize(text.encode(), **kwargs)
+        assert ours == llm.tokenize(text.encode(), **kwargs), kwargs
+        assert spec.tokenize(text, **kwargs) == ours
+        for special in (False, True):
+            assert spec.detokenize(ours, special=special) == llm.detokenize(ours, special=special)
+    assert spec.tokenize(text, special=True) == spec.tokenize(text, parse_special=True)
+    assert 0 in spec.tokenize(text, special=True) and 0 not in spec.tokenize(text)
+    assert spec.detokenize([5, 0, 6], prev_tokens=[1]) == llm.detokenize([5, 0, 6], prev_tokens=[1])
+
+
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:
     assert not spec._spec.chat_template  # the tinycode GGUF has none
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os\n"}]
@@ -550,7 +565,7 @@ def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) 
     assert isinstance(choice["message"]["content"], str)
     assert "<|im_end|>" not in choice["message"]["content"]
     assert choice["finish_reason"] in ("stop", "length")
-    assert out["usage"]["prompt_tokens"] == len(spec.tokenize(prompt))
+    assert out["usage"]["prompt_tokens"] == len(spec.tokenize(prompt, special=True))
     # it is the completion of the ChatML prompt, cut at the template's stop string
     plain = spec.create_completion(prompt, max_tokens=24, stop=stops, **GREEDY)
     assert plain["choices"][0]["text"] == choice["message"]["content"]

@@ -249,13 +249,22 @@ class SpeculativeLlama:
 
     # --- tokens and text -------------------------------------------------
 
-    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = True) -> list[int]:
+    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False, *,
+                 add_special: bool | None = None, parse_special: bool | None = None) -> list[int]:
+        """llama_cpp.Llama.tokenize: `add_bos` adds the model's BOS (where its vocabulary asks for one),
+        `special` reads special-token text such as <|im_start|> as those tokens (completions and chats
+        tokenize their prompts so). `add_special` / `parse_special`: the same by libllama's names."""
         if isinstance(text, str):
             text = text.encode("utf-8")
-        return self._spec.tokenize(text, add_special, parse_special)
+        return self._spec.tokenize(text, add_bos if add_special is None else add_special,
+                                   special if parse_special is None else parse_special)
 
-    def detokenize(self, tokens: Sequence[int]) -> bytes:
-        return b"".join(self._spec.token_to_piece(t) for t in tokens)
+    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
+                   special: bool = False) -> bytes:
+        """llama_cpp.Llama.detokenize (which ignores prev_tokens too): `special` renders special tokens'
+        text; a leading space after a BOS is dropped."""
+        out = b"".join(self._spec.token_to_piece(t, special) for t in tokens)
+        return out[1:] if tokens and tokens[0] == self._spec.token_bos and out[:1] == b" " else out
 
     # llama_cpp.Llama's accessors, as methods like theirs
     def n_ctx(self) -> int:
@@ -452,7 +461,7 @@ class SpeculativeLlama:
                            ) -> Iterator[tuple[str, str | None, int, int]]:
         """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens go to
         self._completion_tokens as they come (after the prompt's, with prompt_logprobs)"""
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        tokens = self.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
