@@ -68,6 +68,29 @@ def test_grammar_options(tmp_path: Path) -> None:
     both = run_generate("-p", text, "--grammar", gbnf, "--grammar-file", str(g))
     bad_streamed = run_generate("-p", text, "--grammar", "root ::= [a-z", stream=True)  # no prompt echoed first
     assert run_generate("-p", text, "--grammar", gbnf, stream=True).stdout == inline.stdout
-    for r, needle in ((bad, "grammar"), (bad_streamed, "grammar"), (missing, "nope.gbnf"), (both, "at most one")):
+    for r, needle in ((bad, "grammar"), (bad_streamed, "grammar"), (missing, "nope.gbnf"),
+                      (both, "at most one of --grammar, --grammar-file")):
+        assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
+        assert "Traceback" not in r.stderr
+
+
+def test_json_schema_options(tmp_path: Path) -> None:
+    """--json-schema / --json-schema-file: the continuation is JSON that follows the schema (the grammar
+    ends it); bad schemas and clashing options are one-line errors."""
+    import json
+
+    text = prompts()[0]["text"]
+    schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
+    r = run_generate("-p", text, "--json-schema", schema, "-n", "40")
+    assert r.returncode == 0, r.stderr
+    assert isinstance(json.loads(r.stdout[len(text):])["n"], int), r.stdout
+    f = tmp_path / "schema.json"
+    f.write_text(schema)
+    assert run_generate("-p", text, "--json-schema-file", str(f), "-n", "40").stdout == r.stdout
+    not_json = run_generate("-p", text, "-j", "{type: object}")
+    unknown = run_generate("-p", text, "-j", '{"type": "bogus"}')
+    clash = run_generate("-p", text, "-j", schema, "--grammar", "root ::= [a-z]+")
+    for r, needle in ((not_json, "--json-schema: not JSON"), (unknown, "cannot be turned into a grammar"),
+                      (clash, "at most one of --grammar, --json-schema")):
         assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
         assert "Traceback" not in r.stderr

@@ -78,13 +78,16 @@ def info(path: str, as_json: bool) -> None:
                    "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).")
 @click.option("--grammar", help="GBNF grammar the output must follow (llama.cpp's --grammar).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="Read the GBNF grammar from this file.")
+@click.option("--json-schema", "-j", help="A JSON schema the output must follow (llama.cpp's --json-schema; {} = any "
+                                          "JSON value).")
+@click.option("--json-schema-file", type=click.Path(dir_okay=False), help="Read the JSON schema from this file.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 @click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
              frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
              threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
-             no_stream: bool, verbose: bool) -> None:
+             json_schema: str | None, json_schema_file: str | None, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     from .speculative import SpeculativeLlama
 
@@ -93,10 +96,25 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
     if prompt_file is not None:
         prompt = _read_text(prompt_file, "the prompt")
     assert prompt is not None  # for the type checker: one of the two was given
-    if grammar is not None and grammar_file is not None:
-        _fail(ValueError("give the grammar with at most one of --grammar and --grammar-file"))
+    constraints = [name for name, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
+                                        ("--json-schema", json_schema), ("--json-schema-file", json_schema_file))
+                   if v is not None]
+    if len(constraints) > 1:
+        _fail(ValueError(f"give at most one of {', '.join(constraints)}"))
     if grammar_file is not None:
         grammar = _read_text(grammar_file, "the grammar")
+    if json_schema_file is not None:
+        json_schema = _read_text(json_schema_file, "the JSON schema")
+    if json_schema is not None:
+        from .llama_compat import schema_grammar
+
+        where = json_schema_file or "--json-schema"
+        try:
+            grammar = schema_grammar(json.loads(json_schema), where)
+        except json.JSONDecodeError as e:
+            _fail(ValueError(f"{where}: not JSON: {e}"))
+        except ValueError as e:
+            _fail(e)
 
     try:
         llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
