@@ -344,6 +344,22 @@ def test_target_distribution_shapes(params: tuple[float, int, float, float]) -> 
             assert ours[support].min() >= min_p * ours.max() * (1 - 1e-5)
 
 
+@pytest.mark.parametrize("scale", [0.05, 1.0, 3.0], ids=["flat", "mid", "peaked"])
+def test_top_p_over_a_large_vocabulary(scale: float) -> None:
+    """Top-p without top-k finds its nucleus by selection, not by sorting the vocabulary: on a Qwen-sized
+    vocabulary, from flat (a nucleus of ~140k tokens) to peaked, with many ties (broken by id), the
+    same tokens and probabilities as the sorted reference."""
+    rng = np.random.default_rng(11)
+    lg = (scale * rng.standard_normal(151936)).astype(np.float32)
+    tied = (np.round(lg * 4) / 4).astype(np.float32)  # a few dozen distinct values
+    for logits in (lg, tied):
+        for top_p, min_p in ((0.95, 0.0), (0.5, 0.0), (0.9, 0.05), (1e-6, 0.0)):
+            ours = np.asarray(_core.target_distribution(logits, 0.8, 0, top_p, min_p), np.float64)
+            ref = np_llama_chain(logits, 0.8, 0, top_p, min_p)
+            assert np.array_equal(ours > 0, ref > 0), (top_p, min_p, (ours > 0).sum(), (ref > 0).sum())
+            np.testing.assert_allclose(ours, ref, atol=1e-9, rtol=1e-4)
+
+
 def test_temperature_sharpens_and_flattens() -> None:
     lg = LOGITS[0]
     ent = []
