@@ -1,5 +1,6 @@
 """What SpeculativeLlama mirrors of llama_cpp.Llama's API beyond sampling: the options it accepts only
-at their "off" values, and the shapes of `logprobs` in completions and chats."""
+at their "off" values, the shapes of `logprobs` in completions and chats, and what its chat handlers make
+of `response_format` and `tools` (grammars, and a forced call's shape)."""
 
 from __future__ import annotations
 
@@ -122,10 +123,10 @@ def schema_grammar(schema: Any, what: str) -> Any:
         raise ValueError(f"{what}: the JSON schema cannot be turned into a grammar: {e}") from e
 
 
-def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> tuple[Any, Any, Any]:
-    """(tools, tool_choice, the tool a call is forced to or None), as llama_cpp.Llama's chat handlers
-    read them: legacy functions / function_call become tools / tool_choice; a tool_choice naming a
-    function forces a call to it; otherwise the tools only reach the chat template."""
+def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> Any:
+    """The tool a call is forced to, or None, as llama_cpp.Llama's chat handlers read the arguments:
+    legacy functions / function_call become tools / tool_choice; a tool_choice naming a function forces
+    a call to it; otherwise the tools only reach the chat template."""
     if functions is not None:
         tools = [{"type": "function", "function": f} for f in functions]
     if function_call in ("none", "auto"):
@@ -135,7 +136,7 @@ def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any
     elif function_call is not None:
         raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, got {function_call!r}")
     if tool_choice is None or tool_choice in ("none", "auto"):
-        return tools, tool_choice, None
+        return None
     if tool_choice == "required":
         raise ValueError("tool_choice='required' (a call to whichever tool fits) is not supported: name the "
                          "function ({'type': 'function', 'function': {'name': ...}}) or use 'auto'")
@@ -147,7 +148,7 @@ def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any
                          f"with tools of that shape, got tool_choice={tool_choice!r}") from e
     except StopIteration:
         raise ValueError(f"tool_choice names {name!r}, which is not among the tools") from None
-    return tools, tool_choice, tool
+    return tool
 
 
 class ToolCall:

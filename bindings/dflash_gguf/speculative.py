@@ -600,7 +600,7 @@ class SpeculativeLlama:
         check_logprobs(n_logprobs)
         template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
                          "function_call": function_call}
-        tools, tool_choice, tool = forced_tool(tools, tool_choice, functions, function_call)
+        tool = forced_tool(tools, tool_choice, functions, function_call)
         grammars = {"grammar": grammar, "response_format": response_format_grammar(response_format),
                     "tool_choice": schema_grammar(tool["function"].get("parameters", {}), "tool_choice's parameters")
                     if tool is not None else None}
