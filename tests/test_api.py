@@ -552,6 +552,31 @@ def test_tokenize_and_detokenize_are_llama_cpp_s(spec: SpeculativeLlama, llm: An
     assert spec.detokenize([5, 0, 6], prev_tokens=[1]) == llm.detokenize([5, 0, 6], prev_tokens=[1])
 
 
+def test_grammar_shortcuts_change_nothing(spec: SpeculativeLlama) -> None:
+    """With a grammar, greedy decoding and sampling with top-k ask it about the most likely tokens first
+    (what decides the row) instead of masking the whole vocabulary: token for token the same output as
+    whole-vocabulary masking (seeded, fixed n_max), for grammars that allow many tokens, few (the
+    shortcut finds too few and falls back) and JSON."""
+    from llama_cpp.llama_grammar import JSON_GBNF
+
+    core = spec._spec
+    eos = spec.token_eos()
+
+    def run(prompt: list[int], gbnf: str, full: bool, **kw: Any) -> list[int]:
+        out = [core.start(prompt, grammar=gbnf, grammar_full_pass=full, **kw)]
+        while len(out) < 40 and eos not in out:
+            toks, context_full = core.step()
+            out += toks
+            assert not context_full
+        return out[: out.index(eos) + 1] if eos in out else out[:40]
+
+    prompt = _toks(spec, 3)
+    for gbnf in ('root ::= [a-z \n]+', 'root ::= [0-9]+ "\n" [a-z]+', JSON_GBNF):
+        for kw in ({"temperature": 0.0}, {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1},
+                   {"temperature": 1.2, "top_k": 5, "seed": 2}, {"temperature": 1.0, "top_k": 200, "seed": 3}):
+            assert run(prompt, gbnf, False, **kw) == run(prompt, gbnf, True, **kw), (gbnf[:20], kw)
+
+
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:
     assert not spec._spec.chat_template  # the tinycode GGUF has none
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os\n"}]

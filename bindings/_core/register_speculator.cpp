@@ -162,7 +162,7 @@ void register_speculator(py::module_ & m) {
                float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
                int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
                const std::string & grammar, const std::string & grammar_root, py::object logits_processor,
-               bool keep_logits, bool prompt_logprobs) {
+               bool keep_logits, bool prompt_logprobs, bool grammar_full_pass) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -180,6 +180,7 @@ void register_speculator(py::module_ & m) {
                 sp.logits_processor = wrap_logits_processor(std::move(logits_processor));
                 sp.keep_logits = keep_logits;
                 sp.prompt_logprobs = prompt_logprobs;
+                sp.grammar_full_pass = grammar_full_pass;
                 dflash::StepOutput first;
                 {
                     py::gil_scoped_release nogil;
@@ -194,7 +195,7 @@ void register_speculator(py::module_ & m) {
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
             py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1,
             py::arg("grammar") = "", py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(),
-            py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false)
+            py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false)
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");

@@ -103,7 +103,7 @@ class Speculator:
         penalty_last_n: int = 64, logit_bias: dict[int, float] = ..., logprobs: int = -1, grammar: str = "",
         grammar_root: str = "root",
         logits_processor: Callable[[npt.NDArray[np.int32], npt.NDArray[np.float32]], npt.ArrayLike] | None = None,
-        keep_logits: bool = False, prompt_logprobs: bool = False,
+        keep_logits: bool = False, prompt_logprobs: bool = False, grammar_full_pass: bool = False,
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...

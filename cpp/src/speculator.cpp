@@ -163,7 +163,7 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
         pending_rows_ += chunk;
         for (uint32_t i = 0; i < chunk && done + i + 1 < n; ++i) {
             prompt_logprobs_.push_back(token_logprob(target_->logits(i), target_->n_vocab(), prompt[done + i + 1],
-                                                     (uint32_t) params_.n_logprobs, logprob_ids_));
+                                                     (uint32_t) params_.n_logprobs, id_scratch_));
         }
         done += chunk;
         if (done == n) return chunk - 1;
@@ -229,8 +229,40 @@ const float * Speculator::processed(const float * logits) {
 }
 
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
-    const float * lg = shape_logits(processed(logits), target_->n_vocab(), params_, window, shaped_);
-    return grammar_ ? grammar_masked(lg) : lg;
+    const uint32_t V = target_->n_vocab();
+    const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);
+    if (!grammar_) return lg;
+    // with top-k, the distribution is that of the k most likely tokens the grammar allows
+    const uint32_t k = (uint32_t) std::max(params_.top_k, 0);
+    if (k > 0 && k < V && !params_.grammar_full_pass) {
+        const std::vector<int32_t> top = top_allowed(lg, k);
+        if (top.size() == k) {
+            std::vector<float> kept(k);
+            for (uint32_t i = 0; i < k; ++i) kept[i] = lg[top[i]];
+            shaped_.assign(V, -INFINITY);  // lg may be shaped_ itself: read above
+            for (uint32_t i = 0; i < k; ++i) shaped_[(size_t) top[i]] = kept[i];
+            return shaped_.data();
+        }
+    }
+    return grammar_masked(lg);
+}
+
+std::vector<int32_t> Speculator::top_allowed(const float * lg, uint32_t want) {
+    const uint32_t V = target_->n_vocab();
+    const uint32_t m = std::min<uint64_t>(V, 4ull * want);
+    auto before = [lg](int32_t a, int32_t b) { return lg[a] != lg[b] ? lg[a] > lg[b] : a < b; };
+    std::vector<int32_t> & ids = id_scratch_;
+    ids.resize(V);
+    std::iota(ids.begin(), ids.end(), 0);
+    std::partial_sort(ids.begin(), ids.begin() + m, ids.end(), before);
+    std::vector<int32_t> out;
+    for (uint32_t i = 0; i < m && out.size() < want; ++i) {
+        llama_token_data one{ids[i], lg[ids[i]], 0.0f};
+        llama_token_data_array just_one{&one, 1, -1, false};
+        llama_sampler_apply(grammar_.get(), &just_one);
+        if (one.logit != -INFINITY) out.push_back(ids[i]);
+    }
+    return out;
 }
 
 const float * Speculator::grammar_masked(const float * lg) {
@@ -258,7 +290,12 @@ int32_t Speculator::greedy_token(const float * logits, const TokenWindow & windo
     llama_token_data one{best, lg[best], 0.0f};
     llama_token_data_array just_best{&one, 1, -1, false};
     llama_sampler_apply(grammar_.get(), &just_best);
-    return one.logit != -INFINITY ? best : argmax(grammar_masked(lg), V);
+    if (one.logit != -INFINITY) return best;
+    if (!params_.grammar_full_pass) {
+        const std::vector<int32_t> top = top_allowed(lg, 1);
+        if (!top.empty()) return top[0];
+    }
+    return argmax(grammar_masked(lg), V);
 }
 
 void Speculator::commit_token(int32_t token) {
@@ -272,7 +309,7 @@ void Speculator::describe(StepOutput & out, uint32_t first_row) {
     for (size_t i = 0; i < out.tokens.size(); ++i) {
         const float * row = target_->logits(first_row + (uint32_t) i);
         if (params_.n_logprobs >= 0) {
-            out.logprobs.push_back(token_logprob(row, V, out.tokens[i], (uint32_t) params_.n_logprobs, logprob_ids_));
+            out.logprobs.push_back(token_logprob(row, V, out.tokens[i], (uint32_t) params_.n_logprobs, id_scratch_));
         }
         if (params_.keep_logits) out.logits.insert(out.logits.end(), row, row + V);
     }

@@ -29,6 +29,9 @@ struct SamplingParams {
     // does; every verified row is masked with the grammar's state after the tokens before it
     std::string grammar;
     std::string grammar_root = "root";
+    // tests: mask the whole vocabulary with the grammar for every row (otherwise the grammar is asked
+    // about the most likely tokens first where that decides the row: greedy, and sampling with top-k)
+    bool grammar_full_pass = false;
     // not sampling, what each emitted token reports: -1 = nothing, n >= 0 = its log-probability and
     // the n most likely tokens' (see TokenLogprob)
     int32_t n_logprobs = -1;

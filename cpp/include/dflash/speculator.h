@@ -97,6 +97,10 @@ class Speculator {
     const float * shaped(const float * logits, const TokenWindow & window);
     // the row masked by the grammar (invalid tokens at -inf), in shaped_
     const float * grammar_masked(const float * shaped_logits);
+    // the first `want` tokens the grammar allows in the order (logit desc, id asc), asking it about the
+    // 4 * want most likely one by one (a pass over a 150k vocabulary costs ~20 ms); fewer when fewer are
+    // among those, and then only a whole pass can tell
+    std::vector<int32_t> top_allowed(const float * shaped_logits, uint32_t want);
     // greedy decoding's choice: the argmax of the grammar-masked row is the shaped row's argmax whenever
     // the grammar allows that token, so the grammar only runs over the whole vocabulary when it does not
     // (a grammar pass over a 150k vocabulary costs milliseconds; llama.cpp's common sampler checks its
@@ -122,7 +126,7 @@ class Speculator {
     int32_t anchor_ = -1;                // newest token, not yet decoded
     TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
     std::vector<float> shaped_;          // scratch for shaped logits
-    std::vector<int32_t> logprob_ids_;   // scratch for token_logprob
+    std::vector<int32_t> id_scratch_;    // scratch token ids: token_logprob's top, top_allowed's order
     struct SamplerFree {
         void operator()(llama_sampler * s) const { llama_sampler_free(s); }
     };
