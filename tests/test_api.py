@@ -476,7 +476,9 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
         == spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]
 
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
     choice = {"type": "function", "function": {"name": "get_weather"}}
     ours = spec.create_chat_completion(msgs, max_tokens=60, tools=tools, tool_choice=choice, **GREEDY)["choices"][0]
     theirs = llm.create_chat_completion(msgs, max_tokens=60, tools=tools, tool_choice=choice, **GREEDY)["choices"][0]
@@ -494,6 +496,18 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
     assert "".join(c["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks
                    if c["delta"].get("tool_calls")) == call["function"]["arguments"]
     assert chunks[-1]["finish_reason"] == "tool_calls"
+    # "required" (OpenAI's; llama_cpp.Llama ignores it): a call to one of the tools, named by the model
+    for kwargs in ({"tools": tools}, {"functions": [t["function"] for t in tools]}):
+        anyone = spec.create_chat_completion(msgs, max_tokens=60, tool_choice="required", **kwargs, **GREEDY)
+        anyone = anyone["choices"][0]
+        assert anyone["finish_reason"] == "tool_calls", anyone
+        call = anyone["message"]["tool_calls"][0]["function"]
+        schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == call["name"])
+        assert set(json.loads(call["arguments"])) == set(schema["required"])
+    streamed = [c["choices"][0] for c in spec.create_chat_completion(msgs, max_tokens=60, tools=tools,
+                                                                     tool_choice="required", stream=True, **GREEDY)]
+    assert [c["delta"]["tool_calls"][0]["function"] for c in streamed if c["delta"].get("tool_calls")] == [call]
+    assert streamed[-1]["finish_reason"] == "tool_calls"
     plain = spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]
     assert spec.create_chat_completion(msgs, max_tokens=8, tools=tools, tool_choice="auto", **GREEDY)["choices"][0] \
         == plain  # ChatML shows no tools: the template's business
@@ -506,7 +520,8 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
                            "grammar and response_format"),
                           ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
                            "'nope', which is not among the tools"),
-                          ({"tools": tools, "tool_choice": "required"}, "required"),
+                          ({"tool_choice": "required"}, "needs tools"),
+                          ({"tools": [{"type": "function"}], "tool_choice": "auto"}, "tools must be"),
                           ({"function_call": 7}, "function_call")):
         with pytest.raises(ValueError, match=match):
             spec.create_chat_completion(msgs, max_tokens=8, **kwargs)

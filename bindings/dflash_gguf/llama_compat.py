@@ -123,10 +123,11 @@ def schema_grammar(schema: Any, what: str) -> Any:
         raise ValueError(f"{what}: the JSON schema cannot be turned into a grammar: {e}") from e
 
 
-def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> Any:
-    """The tool a call is forced to, or None, as llama_cpp.Llama's chat handlers read the arguments:
-    legacy functions / function_call become tools / tool_choice; a tool_choice naming a function forces
-    a call to it; otherwise the tools only reach the chat template."""
+def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> ToolCall | None:
+    """The call a chat reply is forced to make, or None, as llama_cpp.Llama's chat handlers read the
+    arguments: legacy functions / function_call become tools / tool_choice; a tool_choice naming a
+    function forces a call to it; "required" (OpenAI's; llama_cpp.Llama ignores it) a call to one of
+    the tools; otherwise the tools only reach the chat template."""
     if functions is not None:
         tools = [{"type": "function", "function": f} for f in functions]
     if function_call in ("none", "auto"):
@@ -135,35 +136,61 @@ def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any
         tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
     elif function_call is not None:
         raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, got {function_call!r}")
+    try:
+        named = {t["function"]["name"]: t["function"] for t in tools or []}
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"tools must be [{{'type': 'function', 'function': {{'name': ...}}}}, ...], got {tools!r}") from e
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
     if tool_choice == "required":
-        raise ValueError("tool_choice='required' (a call to whichever tool fits) is not supported: name the "
-                         "function ({'type': 'function', 'function': {'name': ...}}) or use 'auto'")
+        if not named:
+            raise ValueError("tool_choice='required' needs tools")
+        return ToolCall(named, None)
     try:
         name = tool_choice["function"]["name"]
-        tool = next(t for t in tools or [] if t["function"]["name"] == name)
     except (TypeError, KeyError) as e:
-        raise ValueError("tool_choice must be 'none', 'auto' or {'type': 'function', 'function': {'name': ...}} "
-                         f"with tools of that shape, got tool_choice={tool_choice!r}") from e
-    except StopIteration:
-        raise ValueError(f"tool_choice names {name!r}, which is not among the tools") from None
-    return tool
+        raise ValueError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                         f"{{'name': ...}}}}, got {tool_choice!r}") from e
+    if name not in named:
+        raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
+    return ToolCall(named, name)
 
 
 class ToolCall:
-    """A chat reply forced to call one tool: the generated text is its arguments (llama_cpp.Llama's shapes)."""
+    """A chat reply forced to call a tool, in llama_cpp.Llama's shapes: a named one (the reply is its
+    arguments, following its parameter schema) or, for tool_choice="required", any of them (the reply is
+    {"name": ..., "arguments": {...}}, one of the tools with its schema)."""
 
-    def __init__(self, tool: dict[str, Any]) -> None:
-        self.name = tool["function"]["name"]
+    def __init__(self, functions: dict[str, dict[str, Any]], name: str | None) -> None:
+        self.name = name
         self.id = f"call_{uuid.uuid4().hex}"
+        if name is not None:
+            self.grammar = schema_grammar(functions[name].get("parameters", {}), f"tool {name!r}'s parameters")
+        else:
+            self.grammar = schema_grammar({"oneOf": [
+                {"type": "object", "properties": {"name": {"const": n}, "arguments": f.get("parameters", {})},
+                 "required": ["name", "arguments"]} for n, f in functions.items()]}, "the tools' parameters")
 
-    def message(self, arguments: str) -> dict[str, Any]:
-        call = {"name": self.name, "arguments": arguments}
+    def call(self, text: str) -> dict[str, str] | None:
+        """{"name", "arguments"} of a reply (None: a reply to any tool the grammar did not finish)"""
+        if self.name is not None:
+            return {"name": self.name, "arguments": text}
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            return None
+        return {"name": reply["name"], "arguments": json.dumps(reply["arguments"])}
+
+    def message(self, text: str) -> dict[str, Any]:
+        call = self.call(text)
+        if call is None:
+            return {"role": "assistant", "content": text}
         return {"role": "assistant", "content": None, "function_call": call,
                 "tool_calls": [{"id": self.id, "type": "function", "function": call}]}
 
-    def delta(self, arguments: str) -> dict[str, Any]:
-        call = {"name": self.name, "arguments": arguments}
+    def delta(self, text: str) -> dict[str, Any]:
+        call = self.call(text)
+        if call is None:
+            return {"content": text}
         return {"role": None, "content": None, "function_call": call,
                 "tool_calls": [{"index": 0, "id": self.id, "type": "function", "function": call}]}

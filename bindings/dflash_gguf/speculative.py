@@ -23,13 +23,11 @@ from ._core import DFlashError, Speculator
 from .llama_compat import (
     LogprobCursor,
     TokenLogprob,
-    ToolCall,
     chat_logprobs,
     check_logprobs,
     check_off,
     forced_tool,
     response_format_grammar,
-    schema_grammar,
 )
 from .text import TextStream
 
@@ -591,7 +589,9 @@ class SpeculativeLlama:
         {"type": "json_schema", "json_schema": {"schema": ...}}) constrains the reply to JSON through a
         grammar. `tools` (and the legacy `functions`) reach the chat template; a `tool_choice` naming one
         of them (`{"type": "function", "function": {"name": ...}}`) forces a call: its arguments follow
-        the function's parameter schema and come back as `tool_calls` with finish_reason "tool_calls".
+        the function's parameter schema and come back as `tool_calls` with finish_reason "tool_calls";
+        `tool_choice="required"` forces a call to one of them (named by the model; streamed as one
+        delta at the end).
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
         llama_cpp.Llama's options not implemented here (typical_p, tfs_z, mirostat) are accepted at
         their 'off' values only."""
@@ -600,14 +600,12 @@ class SpeculativeLlama:
         check_logprobs(n_logprobs)
         template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
                          "function_call": function_call}
-        tool = forced_tool(tools, tool_choice, functions, function_call)
+        call = forced_tool(tools, tool_choice, functions, function_call)
         grammars = {"grammar": grammar, "response_format": response_format_grammar(response_format),
-                    "tool_choice": schema_grammar(tool["function"].get("parameters", {}), "tool_choice's parameters")
-                    if tool is not None else None}
+                    "tool_choice": call.grammar if call is not None else None}
         given = [k for k, g in grammars.items() if g is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} each constrain the reply with a grammar: give one of them")
-        call = ToolCall(tool) if tool is not None else None
         model_name = model if model is not None else self.model_path
         prompt, template_stops = self._format_chat(messages, template_args)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
@@ -619,19 +617,21 @@ class SpeculativeLlama:
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
 
-        def finish(reason: str | None) -> str | None:
-            return "tool_calls" if call is not None and reason == "stop" else reason
+        def finish(reason: str | None, content: str) -> str | None:
+            return "tool_calls" if call is not None and reason == "stop" and call.call(content) else reason
 
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
                 yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
                        "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
                                     "finish_reason": None}]}
-                released = 0
+                content = ""
                 for text, reason, _, _ in chunks:
-                    released += len(text)
+                    content += text
+                    if call is not None and call.name is None:  # a call to any tool: named at the end
+                        text = content if reason else ""
                     if text:
-                        lp = chat_logprobs(cursor.take(released)) if cursor is not None else None
+                        lp = chat_logprobs(cursor.take(len(content))) if cursor is not None else None
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
                                "choices": [{"index": 0, "delta": call.delta(text) if call else {"content": text},
@@ -640,7 +640,7 @@ class SpeculativeLlama:
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
                                "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                            "finish_reason": finish(reason)}]}
+                                            "finish_reason": finish(reason, content)}]}
             return gen()
         parts, reason, n_prompt, n_out = [], None, 0, 0
         for text, reason, n_prompt, n_out in chunks:
@@ -650,7 +650,7 @@ class SpeculativeLlama:
         message = call.message(content) if call else {"role": "assistant", "content": content}
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": message, "logprobs": reply_logprobs,
-                             "finish_reason": finish(reason)}],
+                             "finish_reason": finish(reason, content)}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
     def _format_chat(self, messages: list[dict[str, Any]],
