@@ -118,12 +118,11 @@ SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, flo
     SparseDist d;
     d.ids.assign(ids, ids + n);
     d.probs.resize(n);
-    const float mx = *std::max_element(values, values + n);
+    const float mx = *std::max_element(values, values + n), inv_t = 1.0f / temperature;
+    // float exp (a row of a 152k vocabulary in ~0.3 ms instead of ~1 ms in double), summed in double
+    for (uint32_t i = 0; i < n; ++i) d.probs[i] = std::exp((values[i] - mx) * inv_t);
     double z = 0.0;
-    for (uint32_t i = 0; i < n; ++i) {
-        d.probs[i] = (float) std::exp(((double) values[i] - mx) / temperature);
-        z += d.probs[i];
-    }
+    for (uint32_t i = 0; i < n; ++i) z += d.probs[i];
     const float inv = (float) (1.0 / z);
     for (float & p : d.probs) p *= inv;
     return d;
@@ -145,9 +144,10 @@ template <typename Before>
 size_t nucleus(const float * logits, std::vector<int32_t> & ids, float top_p, Before before) {
     const size_t V = ids.size();
     const float mx = *std::max_element(logits, logits + V);
-    std::vector<double> p(V);
+    std::vector<float> p(V);
+    for (size_t i = 0; i < V; ++i) p[i] = std::exp(logits[i] - mx);
     double z = 0.0;
-    for (size_t i = 0; i < V; ++i) z += p[i] = std::exp((double) logits[i] - mx);
+    for (size_t i = 0; i < V; ++i) z += p[i];
     double need = (double) top_p * z;  // mass still to take, from ids[lo..hi)
     size_t lo = 0, hi = V;
     uint64_t state = 0x9E3779B97F4A7C15ull;  // pivots: fixed pseudo-random, so the result does not depend on luck
