@@ -69,7 +69,7 @@ def main() -> None:
         t, n, sample_ms = time.perf_counter(), 0, 0.0
         for seed, prompt in enumerate(prompts):
             out = [core.start(prompt, grammar=code, grammar_full_pass=full_pass, seed=seed, **sampling)]
-            while len(out) < a.n_predict:
+            while len(out) < a.n_predict and ours.token_eos() not in out:  # the grammar may end it
                 out += core.step()[0]
             n += len(out)
             sample_ms += core.stats["sample_ms"]
