@@ -147,28 +147,22 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
 uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from) {
     prompt_logprobs_.clear();
     const uint32_t n = (uint32_t) prompt.size();
-    if (!params_.prompt_logprobs) {
-        target_->decode(prompt.data() + from, n - from, (int32_t) from, false);
-        const auto & f = target_->features();
-        pending_.insert(pending_.end(), f.begin(), f.end());
-        pending_rows_ += n - from;
-        return 0;  // the only row with logits
-    }
-    // chunk by chunk, as a decode keeps only its last chunk's logits
-    for (uint32_t done = from; done < n;) {
-        const uint32_t chunk = std::min(target_->n_batch(), n - done);
-        target_->decode(prompt.data() + done, chunk, (int32_t) done, true);
+    const bool all_rows = params_.prompt_logprobs;
+    // with prompt logprobs chunk by chunk, as a decode keeps only its last chunk's logits; else in one call
+    // (the target chunks it) with the last row's logits alone
+    uint32_t chunk = 0;
+    for (uint32_t done = from; done < n; done += chunk) {
+        chunk = all_rows ? std::min(target_->n_batch(), n - done) : n - done;
+        target_->decode(prompt.data() + done, chunk, (int32_t) done, all_rows);
         const auto & f = target_->features();
         pending_.insert(pending_.end(), f.begin(), f.end());
         pending_rows_ += chunk;
-        for (uint32_t i = 0; i < chunk && done + i + 1 < n; ++i) {
+        for (uint32_t i = 0; all_rows && i < chunk && done + i + 1 < n; ++i) {
             prompt_logprobs_.push_back(token_logprob(target_->logits(i), target_->n_vocab(), prompt[done + i + 1],
                                                      (uint32_t) params_.n_logprobs, id_scratch_));
         }
-        done += chunk;
-        if (done == n) return chunk - 1;
     }
-    return 0;  // not reached: the prompt is not empty
+    return all_rows ? chunk - 1 : 0;  // Target::logits(0) is the last row when only it has logits
 }
 
 void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {
