@@ -62,7 +62,7 @@ py::list logprob_list(const std::vector<dflash::TokenLogprob> & v) {
 std::function<void(const std::vector<int32_t> &, float *, uint32_t)> wrap_logits_processor(py::object fn) {
     if (fn.is_none()) return {};
     if (!PyCallable_Check(fn.ptr())) {
-        throw py::type_error("logits_processor must be callable (input_ids, scores) -> scores, got " +
+        throw py::value_error("logits_processor must be callable (input_ids, scores) -> scores, got " +
                              py::str(py::type::of(fn).attr("__name__")).cast<std::string>());
     }
     std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object * o) {

@@ -133,9 +133,6 @@ class Sampling:
             if any(math.isnan(v) for v in bias.values()):
                 raise ValueError(f"logit_bias values must not be NaN, got {self.logit_bias!r}")
             object.__setattr__(self, "logit_bias", bias)
-        if self.logits_processor is not None and not callable(self.logits_processor):
-            raise ValueError(f"logits_processor must be callable (input_ids, scores) -> scores, "
-                             f"got {self.logits_processor!r}")
 
     def start_kwargs(self) -> dict[str, Any]:
         """The sampling keywords of _core.Speculator.start."""
