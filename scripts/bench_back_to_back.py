@@ -16,18 +16,14 @@ unpenalized choice, the fewer drafts are accepted).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "examples" / "tinycode"
+from bench_common import TINY, pair_parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default=str(TINY / "target-f16.gguf"))
-    ap.add_argument("--draft", default=str(ROOT / "out" / "tinycode-dflash2-q4_0.gguf"))
+    ap = pair_parser(__doc__)
     ap.add_argument("--prompts", default=str(TINY / "prompts.jsonl"))
     ap.add_argument("--n-max", default="2,3,auto", help="comma list of ints and auto")
     ap.add_argument("--penalties", default="1.0", help="comma list of repeat_penalty values")

@@ -37,9 +37,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_common import TINY
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "examples" / "tinycode"
 GOAL = 0.25
 
 

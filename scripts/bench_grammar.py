@@ -16,20 +16,15 @@ whole vocabulary at every row (`grammar_full_pass`, same seeds, same tokens), an
 
 from __future__ import annotations
 
-import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-TINY = ROOT / "examples" / "tinycode"
+from bench_common import TINY, pair_parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", default=str(TINY / "target-f16.gguf"))
-    ap.add_argument("--draft", default=str(ROOT / "out" / "tinycode-dflash2-q4_0.gguf"))
+    ap = pair_parser(__doc__)
     ap.add_argument("--prompts", type=int, default=10, help="first N bench prompts")
     ap.add_argument("-n", "--n-predict", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
