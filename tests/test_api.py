@@ -131,6 +131,23 @@ def test_max_tokens_gives_length(spec: SpeculativeLlama) -> None:
     assert a["choices"][0]["finish_reason"] in ("length", "stop")
 
 
+def test_max_tokens_beyond_the_context_stops_where_llama_cpp_does(draft: str) -> None:
+    # a completion and its prompt fit the context (llama_cpp.Llama caps max_tokens so): one token more
+    # could be sampled from the last logits, but usage would then count more tokens than n_ctx holds
+    ours = SpeculativeLlama(str(TARGET), draft, n_ctx=256, n_threads=THREADS, n_max=7)
+    llm = llama_cpp.Llama(str(TARGET), n_ctx=256, n_threads=THREADS, verbose=False)
+    try:
+        for max_tokens in (500, None):
+            a = ours.create_completion("def add(a, b):\n", max_tokens=max_tokens, **GREEDY)
+            b = llm.create_completion("def add(a, b):\n", max_tokens=max_tokens, **GREEDY)
+            assert a["usage"] == b["usage"] and a["usage"]["total_tokens"] == 256
+            assert a["choices"][0]["text"] == b["choices"][0]["text"]
+            assert a["choices"][0]["finish_reason"] == "length"
+    finally:
+        ours.close()
+        llm.close()
+
+
 def _keys(d: dict[str, Any]) -> set[str]:
     return set(d)
 

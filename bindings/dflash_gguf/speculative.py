@@ -339,7 +339,8 @@ class SpeculativeLlama:
     def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
                          plain: bool, logprobs: int | None, stopping_criteria: StoppingCriteria | None,
                          prompt_logprobs: bool) -> Iterator[int]:
-        limit = self.n_ctx() - len(prompt) if max_tokens is None or max_tokens <= 0 else max_tokens
+        room = self.n_ctx() - len(prompt)  # as llama_cpp.Llama: the completion fits the context with its prompt
+        limit = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
