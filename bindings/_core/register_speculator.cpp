@@ -249,6 +249,27 @@ void register_speculator(py::module_ & m) {
                 live(p).keep_cached_prefix(held);
             },
             py::arg("held"))
+        .def("save_state",
+             [](PySpeculator & p) {
+                 Busy busy(p.mu, "this SpeculativeLlama");
+                 dflash::SpeculatorState st;
+                 {
+                     py::gil_scoped_release nogil;
+                     st = live(p).save_state();
+                 }
+                 return py::make_tuple(st.tokens, py::bytes((const char *) st.target.data(), st.target.size()),
+                                       py::bytes((const char *) st.draft.data(), st.draft.size()));
+             })
+        .def(
+            "load_state",
+            [](PySpeculator & p, std::vector<int32_t> tokens, const py::bytes & target, const py::bytes & draft) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                const std::string_view t = target, d = draft;
+                dflash::SpeculatorState st{std::move(tokens), {t.begin(), t.end()}, {d.begin(), d.end()}};
+                py::gil_scoped_release nogil;
+                live(p).load_state(st);
+            },
+            py::arg("tokens"), py::arg("target"), py::arg("draft"))
         .def_property_readonly("n_ctx", [](PySpeculator & p) { return live(p).target().n_ctx(); })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return live(p).target().n_vocab(); })
         .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(live(p).drafter().hparams()); })

@@ -8,6 +8,7 @@ strings, finish reasons and statistics.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import threading
@@ -29,6 +30,7 @@ from .llama_compat import (
     forced_tool,
     response_format_grammar,
 )
+from .state import SpeculativeState, cached_state_for
 from .text import TextStream
 
 if TYPE_CHECKING:
@@ -186,6 +188,7 @@ class SpeculativeLlama:
         self.draft_path = draft
         self._lock = threading.Lock()
         self._llama: Any = None  # an adopted llama_cpp.Llama, kept alive
+        self.cache: Any = None  # set_cache's
         # the generation under way (one at a time): its tokens and, when asked for, their logprobs as
         # (logprob, [(id, logprob) of the most likely]); with echo, the prompt's tokens first (the first
         # of them with None)
@@ -283,6 +286,50 @@ class SpeculativeLlama:
     def n_max(self, n: int | str) -> None:
         self._spec.set_n_max(*_parse_n_max(n))
 
+    # --- saved contexts --------------------------------------------------
+
+    def save_state(self) -> SpeculativeState:
+        """What the context holds now (the target's K/V and the drafter's, for `state.input_ids`): a
+        later generation whose prompt continues those tokens, after load_state, prefills only the rest."""
+        with self._idle():
+            self._take_context_from_llama()
+            try:
+                return self._save_state()
+            finally:
+                self._give_context_to_llama()
+
+    def load_state(self, state: SpeculativeState) -> None:
+        """Make the context hold what save_state saved (from this object, or another one over the same
+        target and drafter files and a context at least as long). A state that does not fit raises
+        DFlashError and leaves an empty context."""
+        if not isinstance(state, SpeculativeState):
+            raise TypeError(f"load_state takes a SpeculativeState (from save_state), got {type(state).__name__}")
+        with self._idle():
+            try:
+                self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
+            finally:
+                self._give_context_to_llama()
+
+    def set_cache(self, cache: Any) -> None:
+        """llama_cpp.Llama.set_cache: with a cache (`llama_cpp.LlamaRAMCache(capacity_bytes)`,
+        `LlamaDiskCache`, or None to stop), each generation starts from the saved state sharing the longest
+        prefix with its prompt when that beats what the context holds, and leaves its own state there
+        (keyed by the tokens it holds: a chat's next turn finds it). Saving copies the whole context."""
+        self.cache = cache
+
+    def _save_state(self) -> SpeculativeState:
+        tokens, target, draft = self._spec.save_state()
+        return SpeculativeState(np.asarray(tokens, dtype=np.intc), target, draft)
+
+    @contextlib.contextmanager
+    def _idle(self) -> Iterator[None]:
+        if not self._lock.acquire(blocking=False):
+            raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     # --- generation ------------------------------------------------------
 
     def generate_tokens(
@@ -328,13 +375,9 @@ class SpeculativeLlama:
                   prompt_logprobs: bool = False) -> Iterator[int]:
         if stopping_criteria is not None and not callable(stopping_criteria):
             raise ValueError(f"stopping_criteria must be callable (input_ids, logits) -> bool, got {stopping_criteria!r}")
-        if not self._lock.acquire(blocking=False):
-            raise RuntimeError("this SpeculativeLlama is already generating (one generation at a time per object)")
-        try:
+        with self._idle():
             yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria,
                                              prompt_logprobs)
-        finally:
-            self._lock.release()
 
     def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
                          plain: bool, logprobs: int | None, stopping_criteria: StoppingCriteria | None,
@@ -347,6 +390,10 @@ class SpeculativeLlama:
         t0 = time.perf_counter()
         self._take_context_from_llama()
         try:
+            if self.cache is not None and not prompt_logprobs:
+                state = cached_state_for(self.cache, prompt, self._spec.cached_tokens)
+                if state is not None:
+                    self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
             first = self._spec.start(prompt, seed=seed, logprobs=-1 if logprobs is None else logprobs,
                                      keep_logits=stopping_criteria is not None, prompt_logprobs=prompt_logprobs,
                                      **sampling.start_kwargs())
@@ -371,6 +418,7 @@ class SpeculativeLlama:
             ids = np.empty(len(prompt) + limit, dtype=np.intc)
             ids[: len(prompt)] = prompt
             logits = self._spec.last_logits
+        failed = False
         try:
             while True:
                 for i, tok in enumerate(pending):
@@ -398,12 +446,20 @@ class SpeculativeLlama:
                 if full:
                     self.finish_reason = "length"
                     return
+        except GeneratorExit:  # the caller closed the stream: what was generated stands
+            raise
+        except BaseException:
+            failed = True
+            raise
         finally:
             if not self._spec.closed:  # closed while a stream was open: nothing left to record
                 if self._llama is not None and self._llama.n_tokens:  # it decoded while we streamed
                     self._take_context_from_llama()
                 self._give_context_to_llama()
                 self._record_stats(n_out, time.perf_counter() - t_decode, t0)
+                if self.cache is not None and not failed:
+                    state = self._save_state()
+                    self.cache[state.input_ids.tolist()] = state
 
     # An adopted llama_cpp.Llama shares our target context and reuses whatever its record
     # (input_ids[:n_tokens]) says the context holds; so do we with ours. Each side's record is made

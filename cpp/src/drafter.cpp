@@ -619,6 +619,49 @@ void Drafter::truncate(uint32_t n) {
     m.pending.resize((size_t) m.n_pending * m.hp().n_target_features());
 }
 
+// K rows are contiguous per position ([width] each); V is stored transposed (positions innermost per
+// channel), so its rows are copied channel by channel. Layers in order, K then V.
+std::vector<uint8_t> Drafter::save_cache() {
+    Impl & m = *impl_;
+    m.flush_pending();
+    const size_t n = m.n_cached, width = (size_t) m.kv_width(), row_bytes = width * sizeof(float);
+    std::vector<uint8_t> bytes(2 * m.cache_k.size() * n * row_bytes);
+    uint8_t * out = bytes.data();
+    for (size_t il = 0; il < m.cache_k.size(); ++il) {
+        ggml_backend_tensor_get(m.cache_k[il], out, 0, n * row_bytes);
+        out += n * row_bytes;
+        for (size_t c = 0; c < width; ++c, out += n * sizeof(float)) {
+            ggml_backend_tensor_get(m.cache_v[il], out, c * m.cache_v[il]->nb[1], n * sizeof(float));
+        }
+    }
+    return bytes;
+}
+
+void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
+    Impl & m = *impl_;
+    const size_t width = (size_t) m.kv_width(), row_bytes = width * sizeof(float);
+    if ((uint64_t) n + m.hp().block_size > m.n_ctx) {
+        throw Error("the saved draft cache holds " + std::to_string(n) + " rows; this drafter's n_ctx = " +
+                    std::to_string(m.n_ctx) + " holds " + std::to_string(m.n_ctx - m.hp().block_size) + " and a block");
+    }
+    if (bytes.size() != 2 * m.cache_k.size() * n * row_bytes) {
+        throw Error("the saved draft cache has " + std::to_string(bytes.size()) + " bytes, not the " +
+                    std::to_string(2 * m.cache_k.size() * n * row_bytes) + " of " + std::to_string(n) +
+                    " rows of this drafter (saved with another drafter?)");
+    }
+    const uint8_t * in = bytes.data();
+    for (size_t il = 0; il < m.cache_k.size(); ++il) {
+        ggml_backend_tensor_set(m.cache_k[il], in, 0, n * row_bytes);
+        in += n * row_bytes;
+        for (size_t c = 0; c < width; ++c, in += n * sizeof(float)) {
+            ggml_backend_tensor_set(m.cache_v[il], in, c * m.cache_v[il]->nb[1], n * sizeof(float));
+        }
+    }
+    m.n_cached = n;
+    m.n_pending = 0;
+    m.pending.clear();
+}
+
 DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits, bool all_rows,
                            bool short_block) {
     Impl & m = *impl_;

@@ -117,17 +117,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     while (reuse < committed_.size() && reuse < prompt.size() && committed_[reuse] == prompt[reuse]) ++reuse;
     reuse = params.prompt_logprobs ? 0 : std::min(reuse, prompt.size() - 1);
     const auto t0 = std::chrono::steady_clock::now();
-    target_->truncate((int32_t) reuse);
-    committed_.resize(reuse);
-    const uint32_t cached = drafter_->n_cached();
-    if (reuse < cached) {
-        drafter_->truncate((uint32_t) reuse);
-        pending_.clear();
-        pending_rows_ = 0;
-    } else {
-        pending_rows_ = (uint32_t) reuse - cached;
-        pending_.resize((size_t) pending_rows_ * drafter_->hparams().n_target_features());
-    }
+    keep_prefix(reuse);
 
     const uint32_t last_row = prefill(prompt, (uint32_t) reuse);
     committed_ = prompt;
@@ -163,6 +153,54 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
         }
     }
     return all_rows ? chunk - 1 : 0;  // Target::logits(0) is the last row when only it has logits
+}
+
+void Speculator::keep_prefix(size_t n) {
+    target_->truncate((int32_t) n);
+    committed_.resize(n);
+    const uint32_t cached = drafter_->n_cached();
+    if (n < cached) {
+        drafter_->truncate((uint32_t) n);
+        pending_.clear();
+        pending_rows_ = 0;
+    } else {
+        pending_rows_ = (uint32_t) n - cached;
+        pending_.resize((size_t) pending_rows_ * drafter_->hparams().n_target_features());
+    }
+}
+
+SpeculatorState Speculator::save_state() {
+    anchor_ = -1;
+    keep_prefix(committed_.size());  // keep_cached_prefix may have shortened committed_ alone
+    flush_features();
+    return SpeculatorState{committed_, target_->save_seq(), drafter_->save_cache()};
+}
+
+void Speculator::load_state(const SpeculatorState & state) {
+    anchor_ = -1;
+    if (opts_.adaptive && !calibrated_) calibrate();  // it clears the context: before, not after the load
+    for (int32_t t : state.tokens) {
+        if (t < 0 || (uint32_t) t >= target_->n_vocab()) {
+            throw Error("saved state: token " + std::to_string(t) + " is outside the vocabulary (" +
+                        std::to_string(target_->n_vocab()) + ")");
+        }
+    }
+    committed_.clear();
+    pending_.clear();
+    pending_rows_ = 0;
+    drafter_->reset();
+    target_->load_seq(state.target);
+    try {
+        if (target_->seq_len() != state.tokens.size()) {
+            throw Error("saved state: the target state holds " + std::to_string(target_->seq_len()) +
+                        " positions, its token list " + std::to_string(state.tokens.size()));
+        }
+        drafter_->load_cache(state.draft, (uint32_t) state.tokens.size());
+    } catch (...) {
+        target_->clear();
+        throw;
+    }
+    committed_ = state.tokens;
 }
 
 void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {

@@ -162,4 +162,21 @@ void Target::truncate(int32_t p) {
 
 void Target::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
 
+uint32_t Target::seq_len() const { return (uint32_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), 0) + 1); }
+
+std::vector<uint8_t> Target::save_seq() const {
+    std::vector<uint8_t> bytes(llama_state_seq_get_size(ctx_, 0));
+    bytes.resize(llama_state_seq_get_data(ctx_, bytes.data(), bytes.size(), 0));
+    return bytes;
+}
+
+void Target::load_seq(const std::vector<uint8_t> & bytes) {
+    clear();
+    if (llama_state_seq_set_data(ctx_, bytes.data(), bytes.size(), 0) != bytes.size()) {
+        clear();
+        throw Error("the saved target state (" + std::to_string(bytes.size()) + " bytes) does not load into this "
+                    "context: saved from another model, or it holds more tokens than n_ctx = " + std::to_string(n_ctx()));
+    }
+}
+
 }  // namespace dflash

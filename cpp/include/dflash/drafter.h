@@ -77,6 +77,10 @@ class Drafter {
     // Rollback: keep the first n context rows.
     void truncate(uint32_t n);
     void reset() { truncate(0); }
+    // The K/V of every context row (pending rows written first), and back: load_cache replaces the cache
+    // with n rows of save_cache's bytes (throws when their size is not that of n rows of this drafter).
+    std::vector<uint8_t> save_cache();
+    void load_cache(const std::vector<uint8_t> & bytes, uint32_t n);
 
     // Drafts the block [anchor, MASK...] at positions position..position+B-1
     // over the cached context; keeps n <= B-1 tokens. The graph is kept per

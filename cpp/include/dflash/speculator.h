@@ -40,6 +40,14 @@ struct SpecStats {
     uint32_t prompt_tokens = 0, reused_tokens = 0;
 };
 
+// What the target and the draft cache hold for a token prefix: with it a later start() on a prompt
+// continuing `tokens` prefills only the rest (llama_cpp.Llama's save_state / LlamaState).
+struct SpeculatorState {
+    std::vector<int32_t> tokens;   // the tokens whose K/V both hold (positions 0..n-1)
+    std::vector<uint8_t> target;   // Target::save_seq
+    std::vector<uint8_t> draft;    // Drafter::save_cache, rows 0..n-1
+};
+
 struct StepOutput {
     std::vector<int32_t> tokens;    // emitted this step (>= 1 unless context_full)
     bool context_full = false;
@@ -81,6 +89,10 @@ class Speculator {
     // put there, keep only the prefix that `held` (what the context holds now) still agrees with;
     // the next start() prefills the rest. step() needs a start() first.
     void keep_cached_prefix(const std::vector<int32_t> & held);
+    // The context as it stands (cached_tokens()); load_state replaces it (a failed load leaves an empty
+    // one). Either way the next step() needs a start() first.
+    SpeculatorState save_state();
+    void load_state(const SpeculatorState & state);
 
   private:
     // auto mode: times a plain decode and a draft + verify of every draft length on a context of
@@ -91,6 +103,8 @@ class Speculator {
     // prompt_logprobs_ when asked for); returns the target row of the last prompt token's logits
     uint32_t prefill(const std::vector<int32_t> & prompt, uint32_t from);
     void flush_features();
+    // truncates the target, the draft cache and the pending features to committed_[0..n)
+    void keep_prefix(size_t n);
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
     // the target's logits as the sampler sees them after the window's tokens (valid until the next call)

@@ -48,6 +48,11 @@ class Target {
     // Drops every cached position >= p.
     void truncate(int32_t p);
     void clear();
+    // The sequence's K/V as libllama serialises it (llama_state_seq_get_data), and back into a cleared
+    // context; load_seq throws when libllama refuses the bytes (another model, a smaller context).
+    std::vector<uint8_t> save_seq() const;
+    void load_seq(const std::vector<uint8_t> & bytes);
+    uint32_t seq_len() const;  // positions the sequence holds (0..n-1)
 
     llama_model * model() const { return model_; }
     llama_context * ctx() const { return ctx_; }
