@@ -15,8 +15,7 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
-from dflash_gguf.state import SpeculativeState  # noqa: E402
+from dflash_gguf import DFlashError, SpeculativeLlama, SpeculativeState  # noqa: E402
 from tinycode import TARGET, THREADS, drafter_gguf, mismatched_drafter_gguf, prompts  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
@@ -53,6 +52,8 @@ def test_a_loaded_state_is_a_prefilled_context() -> None:
         b.load_state(state)
         _, _, _, reused = _run(b, longer, 8)
         assert reused >= n0 + 40
+        b.reset()  # as llama_cpp.Llama.reset: nothing reused after
+        assert b.save_state().n_tokens == 0 and _run(b, p0) == fresh
 
 
 def test_set_cache_takes_the_longest_cached_prefix() -> None:

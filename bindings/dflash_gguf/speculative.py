@@ -310,6 +310,12 @@ class SpeculativeLlama:
             finally:
                 self._give_context_to_llama()
 
+    def reset(self) -> None:
+        """llama_cpp.Llama.reset: forget what the context holds (the next prompt is prefilled whole)."""
+        with self._idle():
+            self._spec.keep_cached_prefix([])
+            self._give_context_to_llama()
+
     def set_cache(self, cache: Any) -> None:
         """llama_cpp.Llama.set_cache: with a cache (`llama_cpp.LlamaRAMCache(capacity_bytes)`,
         `LlamaDiskCache`, or None to stop), each generation starts from the saved state sharing the longest
