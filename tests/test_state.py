@@ -75,6 +75,12 @@ def test_set_cache_takes_the_longest_cached_prefix() -> None:
         cached.set_cache(None)
         _run(cached, p1)
         assert len(cache.cache_state) == 3  # no longer saved to
+        # an entry that does not fit (a disk cache from another build, say) is a miss, not an error
+        key = next(k for k in cache.cache_state if list(k[:5]) == cached.tokenize(p0, special=True)[:5])
+        cache.cache_state[key] = replace(cache.cache_state[key], draft=b"")
+        cached.set_cache(cache)
+        with pytest.warns(UserWarning, match="not usable.*draft cache has 0 bytes"):
+            assert _run(cached, p0) == (*first[:3], 0)
 
 
 def test_a_state_that_does_not_fit_is_refused_and_nothing_breaks() -> None:

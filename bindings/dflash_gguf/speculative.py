@@ -323,6 +323,17 @@ class SpeculativeLlama:
         (keyed by the tokens it holds: a chat's next turn finds it). Saving copies the whole context."""
         self.cache = cache
 
+    def _load_cached(self, prompt: list[int]) -> None:
+        state = cached_state_for(self.cache, prompt, self._spec.cached_tokens)
+        if state is None:
+            return
+        try:
+            self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
+        except DFlashError as e:  # a cache entry that does not fit is a miss: the prompt is prefilled whole
+            import warnings
+
+            warnings.warn(f"set_cache: a cached state was not usable ({e}); prefilling instead", stacklevel=4)
+
     def _save_state(self) -> SpeculativeState:
         tokens, target, draft = self._spec.save_state()
         return SpeculativeState(np.asarray(tokens, dtype=np.intc), target, draft)
@@ -397,9 +408,7 @@ class SpeculativeLlama:
         self._take_context_from_llama()
         try:
             if self.cache is not None and not prompt_logprobs:
-                state = cached_state_for(self.cache, prompt, self._spec.cached_tokens)
-                if state is not None:
-                    self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
+                self._load_cached(prompt)
             first = self._spec.start(prompt, seed=seed, logprobs=-1 if logprobs is None else logprobs,
                                      keep_logits=stopping_criteria is not None, prompt_logprobs=prompt_logprobs,
                                      **sampling.start_kwargs())
