@@ -289,7 +289,7 @@ struct Drafter::Impl {
             ggml_tensor * k_win = ggml_view_3d(ctx, kc, h.head_dim, window, h.n_head_kv, kc->nb[2], kc->nb[1], 0);  // [hd, W, nkv]
             ggml_tensor * v_win = ggml_view_3d(ctx, vc, window, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2], 0);  // [W, hd, nkv]
             ggml_tensor * kq = ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
-            ggml_mul_mat_set_prec(kq, GGML_PREC_F32);
+            ggml_prec_set_acc(kq, GGML_PREC_F32);
             kq = ggml_soft_max_ext(ctx, kq, bg.mask, kq_scale, 0.0f);
             ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, kq);                                                        // [hd, B, nh]
             ggml_tensor * att = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);            // [hd*nh, B]
