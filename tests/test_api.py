@@ -9,6 +9,7 @@ independent objects in parallel).
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -895,6 +896,43 @@ def test_two_objects_two_threads(draft: str, spec: SpeculativeLlama, baseline: d
         assert not isinstance(results[k], BaseException), results[k]
         for (i, mode, _), toks in results[k].items():
             assert toks == (baseline[i] if mode == "greedy" else want_sampled[i]), (k, i, mode)
+
+
+_POOL_PROBE = """
+import json, os, sys, threading
+import llama_cpp
+from dflash_gguf import SpeculativeLlama, _core
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+llm = SpeculativeLlama(sys.argv[1], sys.argv[2], n_ctx=256, n_threads=2, n_max=3)
+raw = llama_cpp.Llama(sys.argv[1], n_ctx=64, n_threads=2, verbose=False)
+out = {"has_openmp": _core.release_openmp_threads(), "before": tasks()}
+raw.create_completion("x", max_tokens=2)            # llama_cpp.Llama leaves this thread's pool behind
+out["after_llama_cpp"] = tasks()
+_core.release_openmp_threads()
+out["released"] = tasks()
+llm.create_completion("def f(x):", max_tokens=16, temperature=0)
+out["after_ours"] = tasks()
+print(json.dumps(out))
+"""
+
+
+def test_a_generation_leaves_no_openmp_pool_behind(draft: str) -> None:
+    """libgomp keeps a pool of workers per thread that ran a parallel region; with more of them than
+    CPUs, every ggml barrier sleeps in the kernel and decoding on another thread runs 5-8x slower
+    (llama_cpp.Llama after a main-thread warm-up: 1600 -> 160 tok/s here). Ours hand the calling
+    thread's pool back at the end of each generation: the thread count shows it."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", _POOL_PROBE, str(TARGET), draft], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if not out["has_openmp"]:
+        pytest.skip("this ggml has no OpenMP runtime")
+    assert out["after_llama_cpp"] == out["before"] + 1  # n_threads 2: one worker kept
+    assert out["released"] == out["after_ours"] == out["before"]
 
 
 def test_default_draft_device_follows_the_target() -> None:

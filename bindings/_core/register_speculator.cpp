@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "busy.h"
+#include "dflash/openmp_threads.h"
 #include "dflash/speculator.h"
 #include "register.h"
 
@@ -120,6 +121,8 @@ std::unique_ptr<PySpeculator> make_speculator(const std::function<std::unique_pt
 }  // namespace
 
 void register_speculator(py::module_ & m) {
+    m.def("release_openmp_threads", &dflash::release_openmp_threads,
+          "Hand back the calling thread's OpenMP worker pool (see dflash/openmp_threads.h); false without OpenMP");
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,

@@ -68,6 +68,8 @@ class DraftLengthController:
     @property
     def acceptance(self) -> list[float]: ...
 
+def release_openmp_threads() -> bool: ...
+
 class Speculator:
     def __init__(
         self,

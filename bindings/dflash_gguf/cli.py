@@ -1,16 +1,21 @@
-"""The `dflash` command line: info, generate and bench."""
+"""The `dflash` command line: info, generate, serve and bench."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from . import DFlashError, inspect_draft
 from .info import format_text, summarize
+
+if TYPE_CHECKING:
+    from .speculative import SpeculativeLlama
 
 
 def _fail(e: Exception) -> NoReturn:
@@ -45,9 +50,45 @@ def info(path: str, as_json: bool) -> None:
     click.echo(json.dumps(s, indent=2) if as_json else format_text(s))
 
 
+# the options that open a target + drafter pair (generate, serve)
+_MODEL_OPTIONS = [
+    click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
+    click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF."),
+    click.option("--n-max", default="auto", show_default=True,
+                 help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
+                      "(0 = block size - 1)."),
+    click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
+                 help="Which exact q the draft tokens are sampled from at temperature > 0."),
+    click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size."),
+    click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU."),
+    click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = all cores)."),
+    click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ..."),
+    click.option("--no-repack", is_flag=True,
+                 help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
+                      "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
+                      "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
+                      "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX)."),
+    click.option("--verbose", is_flag=True, help="Show libllama's log."),
+]
+
+
+def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_MODEL_OPTIONS):
+        f = option(f)
+    return f
+
+
+def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
+                device: str, no_repack: bool, verbose: bool, **kw: Any) -> SpeculativeLlama:
+    from .speculative import SpeculativeLlama
+
+    return SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
+                            n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
+                            repack=False if no_repack else None, verbose=verbose, **kw)
+
+
 @main.command()
-@click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF.")
-@click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF.")
+@model_options
 @click.option("--prompt", "-p", help="Prompt text (raw, no chat template).")
 @click.option("--file", "-f", "prompt_file", type=click.Path(exists=True, dir_okay=False),
               help="Read the prompt from this UTF-8 file, byte for byte (a shell's $(...) drops trailing newlines).")
@@ -62,35 +103,18 @@ def info(path: str, as_json: bool) -> None:
 @click.option("--presence-penalty", default=0.0, show_default=True, help="Presence penalty (0 = off).")
 @click.option("--frequency-penalty", default=0.0, show_default=True, help="Frequency penalty (0 = off).")
 @click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
-@click.option("--n-max", default="auto", show_default=True,
-              help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
-                   "(0 = block size - 1).")
-@click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
-              help="Which exact q the draft tokens are sampled from at temperature > 0.")
-@click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size.")
-@click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")
-@click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = all cores).")
-@click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ...")
-@click.option("--no-repack", is_flag=True,
-              help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
-                   "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
-                   "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
-                   "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).")
 @click.option("--grammar", help="GBNF grammar the output must follow (llama.cpp's --grammar).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="Read the GBNF grammar from this file.")
 @click.option("--json-schema", "-j", help="A JSON schema the output must follow (llama.cpp's --json-schema; {} = any "
                                           "JSON value).")
 @click.option("--json-schema-file", type=click.Path(dir_okay=False), help="Read the JSON schema from this file.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
-@click.option("--verbose", is_flag=True, help="Show libllama's log.")
 def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
              frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
              threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
              json_schema: str | None, json_schema_file: str | None, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
-    from .speculative import SpeculativeLlama
-
     if (prompt is None) == (prompt_file is None):
         _fail(ValueError("give the prompt with exactly one of --prompt / -p and --file / -f"))
     if prompt_file is not None:
@@ -117,10 +141,8 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
             _fail(e)
 
     try:
-        llm = SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                               n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
-                               repack=False if no_repack else None, last_n_tokens_size=repeat_last_n,
-                               verbose=verbose)
+        llm = _open_model(target, draft, n_max, draft_q, ctx_size, n_gpu_layers, threads, device, no_repack, verbose,
+                          last_n_tokens_size=repeat_last_n)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
                   repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, grammar=grammar)
@@ -136,6 +158,32 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
     except (ValueError, RuntimeError) as e:
         _fail(e)
     click.echo(f"[dflash] {llm.stats.line()}", err=True)
+
+
+@main.command()
+@model_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8080, show_default=True, help="Port (0 = any free one; the address is printed).")
+@click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")
+def serve(host: str, port: int, alias: str | None, **model: Any) -> None:
+    """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
+    from .server import make_server
+
+    try:
+        llm = _open_model(**model)
+        server = make_server(llm, host, port, alias or Path(model["target"]).stem)
+    except (ValueError, RuntimeError, OSError) as e:
+        _fail(e)
+    h, p = server.server_address[:2]
+    click.echo(f"[dflash] serving {Path(model['target']).name} + {Path(model['draft']).name} on http://{h}:{p}/v1 "
+               f"(Ctrl-C stops)", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        llm.close()
 
 
 @main.command()

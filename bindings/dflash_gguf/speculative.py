@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._core import DFlashError, Speculator
+from ._core import DFlashError, Speculator, release_openmp_threads
 from .llama_compat import (
     LogprobCursor,
     TokenLogprob,
@@ -475,6 +475,9 @@ class SpeculativeLlama:
                 if self.cache is not None and not failed:
                     state = self._save_state()
                     self.cache[state.input_ids.tolist()] = state
+                # a pool of OpenMP workers left on this thread would slow every other thread's decoding
+                # 5-8x (dflash/openmp_threads.h): the next generation, on any thread, starts its own
+                release_openmp_threads()
 
     # An adopted llama_cpp.Llama shares our target context and reuses whatever its record
     # (input_ids[:n_tokens]) says the context holds; so do we with ours. Each side's record is made

@@ -1,0 +1,157 @@
+"""An OpenAI-compatible HTTP server over one SpeculativeLlama (`dflash serve`), standard library only.
+
+/v1/completions and /v1/chat/completions take the request fields SpeculativeLlama's create_completion
+and create_chat_completion take (OpenAI's, plus llama.cpp's top_k, min_p, repeat_penalty, grammar)
+and return their results; `"stream": true` sends the chunks as server-sent events ending with
+`data: [DONE]`. /v1/models and /health answer at once. One generation runs at a time (requests wait
+their turn; the C++ loop releases the GIL, so the server stays responsive); a client that disconnects
+mid-stream ends its generation. Bad requests get a 400 with OpenAI's error shape, the server keeps
+serving.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from ._core import DFlashError
+from .speculative import SpeculativeLlama
+
+# request fields passed on (anything else an OpenAI client sends, e.g. "user" or "stream_options", is
+# ignored, as llama-server does); suffix .. mirostat_mode are checked at their 'off' values downstream
+_COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "stream", "repeat_penalty",
+           "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "grammar", "typical_p", "tfs_z",
+           "mirostat_mode"}
+_FIELDS = {
+    "/v1/completions": ("create_completion", "prompt", _COMMON | {"echo", "suffix"}),
+    "/v1/chat/completions": ("create_chat_completion", "messages",
+                             _COMMON | {"top_logprobs", "response_format", "tools", "tool_choice", "functions",
+                                        "function_call"}),
+}
+
+
+class BadRequest(ValueError):
+    pass
+
+
+def request_kwargs(path: str, body: Any) -> dict[str, Any]:
+    """The create_* keyword arguments of a request body; BadRequest names what is wrong."""
+    _, required, fields = _FIELDS[path]
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    if required not in body:
+        raise BadRequest(f"'{required}' is required")
+    if body.get("n", 1) != 1:
+        raise BadRequest("only n = 1 is supported")
+    kw = {k: v for k, v in body.items() if k in fields or k == required}
+    if "max_completion_tokens" in body and "max_tokens" not in body:  # OpenAI's newer name
+        kw["max_tokens"] = body["max_completion_tokens"]
+    bias = kw.get("logit_bias")
+    if bias is not None:  # JSON object keys are strings
+        try:
+            kw["logit_bias"] = {int(k): float(v) for k, v in bias.items()}
+        except (AttributeError, TypeError, ValueError):
+            raise BadRequest("logit_bias must map token ids to numbers") from None
+    return kw
+
+
+def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080,
+                model_name: str = "dflash") -> ThreadingHTTPServer:
+    """A server for `llm` (not started: call serve_forever(), shutdown() from another thread)."""
+    turn = threading.Lock()  # one generation at a time; the others wait
+    created = int(time.time())
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "dflash-gguf"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # quiet, as the rest of the CLI; errors reach the client
+
+        def _send_json(self, status: HTTPStatus, obj: Any) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self._send_json(HTTPStatus.OK, {"status": "ok"})
+            elif self.path == "/v1/models":
+                self._send_json(HTTPStatus.OK, {"object": "list", "data": [
+                    {"id": model_name, "object": "model", "created": created, "owned_by": "dflash-gguf"}]})
+            else:
+                self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}"))
+
+        def do_POST(self) -> None:
+            if self.path not in _FIELDS:
+                self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "0"))
+                kw = request_kwargs(self.path, json.loads(self.rfile.read(length) or b"null"))
+            except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
+                self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
+                return
+            method = getattr(llm, _FIELDS[self.path][0])
+            with turn:
+                # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
+                self._generate(method, kw, 2 if self.path == "/v1/chat/completions" else 1)
+
+        def _generate(self, method: Any, kw: dict[str, Any], n_before_prefill: int) -> None:
+            stream = bool(kw.get("stream"))
+            try:
+                # settings errors raise here; a stream's prefill (a grammar that does not parse, a prompt
+                # longer than the context) in its first chunks: both before any byte is sent
+                result = method(**kw, model=model_name)
+                first = list(itertools.islice(result, n_before_prefill)) if stream else []
+            except (ValueError, TypeError, DFlashError) as e:
+                self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, str(e)))
+                return
+            except Exception as e:  # noqa: BLE001 (the server outlives the request)
+                self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
+                return
+            if not stream:
+                self._send_json(HTTPStatus.OK, result)
+                return
+            self._send_events(first, result)
+
+        def _send_events(self, first: list[dict[str, Any]], rest: Iterator[dict[str, Any]]) -> None:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+            try:
+                try:
+                    for chunk in itertools.chain(first, rest):
+                        self._event(chunk)
+                except (BrokenPipeError, ConnectionResetError):
+                    raise
+                except Exception as e:  # noqa: BLE001 (mid-stream: the status is sent; say it in the stream)
+                    self._event(_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
+                self.wfile.write(b"data: [DONE]\n\n")
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client left: closing the generator below ends the generation
+            finally:
+                rest.close()  # type: ignore[attr-defined]
+
+        def _event(self, obj: Any) -> None:
+            self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            self.wfile.flush()
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    return server

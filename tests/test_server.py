@@ -1,0 +1,169 @@
+"""`dflash serve`: the OpenAI-compatible HTTP server over the bundled tinycode pair, spoken to over real
+sockets. Its answers must be what the Python API answers for the same request, streamed or not; bad
+requests get a 400 (before any byte of a stream) and the server keeps serving."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+
+from dflash_gguf import SpeculativeLlama  # noqa: E402
+from dflash_gguf.server import make_server  # noqa: E402
+from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
+
+GREEDY = {"temperature": 0.0}
+CHAT = [{"role": "user", "content": "def add(a, b):"}]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[SpeculativeLlama]:
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=7) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def port(llm: SpeculativeLlama) -> Iterator[int]:
+    server = make_server(llm, "127.0.0.1", 0, "tiny")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def request(port: int, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    payload = resp.read()
+    conn.close()
+    if resp.getheader("Content-Type") == "text/event-stream":
+        return resp.status, payload
+    return resp.status, json.loads(payload)
+
+
+def events(payload: bytes) -> list[Any]:
+    parts = [p[len(b"data: "):] for p in payload.split(b"\n\n") if p]
+    assert parts[-1] == b"[DONE]", parts[-1]
+    return [json.loads(p) for p in parts[:-1]]
+
+
+def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
+    assert request(port, "GET", "/health") == (200, {"status": "ok"})
+    status, models = request(port, "GET", "/v1/models")
+    assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"]
+    prompt = prompts()[0]["text"]
+    direct = llm.create_completion(prompt, max_tokens=40, **GREEDY)
+    status, out = request(port, "POST", "/v1/completions",
+                          {"prompt": prompt, "max_tokens": 40, "user": "someone", "stream_options": {}, **GREEDY})
+    assert status == 200 and out["model"] == "tiny" and out["object"] == "text_completion"
+    assert out["choices"] == direct["choices"] and out["usage"] == direct["usage"]
+    # streamed: the same text, chunk by chunk
+    status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
+                                                                 **GREEDY})
+    chunks = events(payload)
+    assert status == 200 and len(chunks) > 2
+    assert "".join(c["choices"][0]["text"] for c in chunks) == direct["choices"][0]["text"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # chat, streamed and not; max_completion_tokens is OpenAI's newer name for max_tokens
+    direct = llm.create_chat_completion(CHAT, max_tokens=24, **GREEDY)
+    status, out = request(port, "POST", "/v1/chat/completions",
+                          {"messages": CHAT, "max_completion_tokens": 24, **GREEDY})
+    assert status == 200 and out["choices"] == direct["choices"]
+    status, payload = request(port, "POST", "/v1/chat/completions",
+                              {"messages": CHAT, "max_tokens": 24, "stream": True, **GREEDY})
+    chunks = events(payload)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == direct["choices"][0]["message"]["content"]
+    # logit_bias arrives with string keys (JSON): banning the greedy first token changes it as it does directly
+    first = llm.tokenize(direct["choices"][0]["message"]["content"].encode(), add_bos=False)[0]
+    banned = llm.create_chat_completion(CHAT, max_tokens=8, logit_bias={first: -100.0}, **GREEDY)
+    status, out = request(port, "POST", "/v1/chat/completions",
+                          {"messages": CHAT, "max_tokens": 8, "logit_bias": {str(first): -100}, **GREEDY})
+    assert out["choices"] == banned["choices"] != direct["choices"]
+
+
+def test_bad_requests_get_a_400_and_the_server_keeps_serving(llm: SpeculativeLlama, port: int) -> None:
+    long_chat = [{"role": "user", "content": "x " * 600}]  # longer than n_ctx = 512
+    cases = [
+        ("POST", "/v1/completions", None, b"{not json", "bad request"),
+        ("POST", "/v1/completions", {"max_tokens": 4}, None, "'prompt' is required"),
+        ("POST", "/v1/completions", {"prompt": "x", "max_tokens": "many"}, None, "max_tokens"),
+        ("POST", "/v1/completions", {"prompt": "x", "n": 2}, None, "n = 1"),
+        ("POST", "/v1/completions", {"prompt": "x", "logit_bias": {"a": 1}}, None, "logit_bias"),
+        ("POST", "/v1/completions", {"prompt": "x", "stream": True, "grammar": "root ::= nope"}, None, "grammar"),
+        ("POST", "/v1/chat/completions", {"messages": long_chat, "stream": True}, None, "context"),
+        ("POST", "/v1/chat/completions", {"messages": CHAT, "mirostat_mode": 2}, None, "mirostat"),
+    ]
+    for method, path, body, raw, message in cases:
+        status, out = request(port, method, path, body, raw)
+        assert status == 400, (body, out)
+        assert out["error"]["type"] == "invalid_request_error" and message in out["error"]["message"], out
+    assert request(port, "GET", "/v2/nothing")[0] == 404
+    assert request(port, "POST", "/v1/embeddings", {"input": "x"})[0] == 404
+    direct = llm.create_completion("x = 1", max_tokens=8, **GREEDY)["choices"]
+    assert request(port, "POST", "/v1/completions", {"prompt": "x = 1", "max_tokens": 8, **GREEDY})[1]["choices"] == direct
+
+
+def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeLlama, port: int) -> None:
+    texts = {i: llm.create_completion(prompts()[i]["text"], max_tokens=32, **GREEDY)["choices"][0]["text"]
+             for i in (2, 3, 4)}
+    # a client reads one event of a long stream and leaves: its generation ends, the next requests are served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"prompt": prompts()[1]["text"], "max_tokens": 400, "stream": True, **GREEDY}
+    conn.request("POST", "/v1/completions", body=json.dumps(body))
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.fp.readline().startswith(b"data: ")
+    resp.close()
+    conn.close()
+    deadline = time.monotonic() + 60
+    while llm._lock.locked() and time.monotonic() < deadline:  # the abandoned generation is still under way
+        time.sleep(0.01)
+    assert llm.stats.completion_tokens < 200, llm.stats  # it stopped at a failed write, not at max_tokens
+    # concurrent requests wait for each other and each gets its own answer
+    got: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        got[i] = request(port, "POST", "/v1/completions",
+                         {"prompt": prompts()[i]["text"], "max_tokens": 32, **GREEDY})[1]["choices"][0]["text"]
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in texts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == texts
+
+
+def test_cli_serves_until_interrupted() -> None:
+    args = [sys.executable, "-m", "dflash_gguf.cli", "serve", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
+            "-c", "256", "-t", str(THREADS), "--alias", "tiny-cli", "--port"]
+    proc = subprocess.Popen([*args, "0"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        assert found, line
+        status, models = request(int(found.group(1)), "GET", "/v1/models")
+        assert status == 200 and models["data"][0]["id"] == "tiny-cli"
+        # a port that is taken: a one-line error naming why, exit 2
+        taken = subprocess.run([*args, found.group(1)], capture_output=True, text=True, timeout=120)
+        assert taken.returncode == 2 and taken.stderr.startswith("dflash: error:") and "in use" in taken.stderr
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
