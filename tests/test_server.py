@@ -78,6 +78,12 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     assert status == 200 and len(chunks) > 2
     assert "".join(c["choices"][0]["text"] for c in chunks) == direct["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # OpenAI's stream_options.include_usage: a last chunk with the usage and no choices
+    status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
+                                                                 "stream_options": {"include_usage": True}, **GREEDY})
+    with_usage = events(payload)
+    assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"] == direct["usage"]
+    assert with_usage[-1]["id"] == with_usage[0]["id"] and len(with_usage) == len(chunks) + 1
     # chat, streamed and not; max_completion_tokens is OpenAI's newer name for max_tokens
     direct = llm.create_chat_completion(CHAT, max_tokens=24, **GREEDY)
     status, out = request(port, "POST", "/v1/chat/completions",
@@ -114,6 +120,12 @@ def test_bad_requests_get_a_400_and_the_server_keeps_serving(llm: SpeculativeLla
         assert status == 400, (body, out)
         assert out["error"]["type"] == "invalid_request_error" and message in out["error"]["message"], out
     assert request(port, "GET", "/v2/nothing")[0] == 404
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # a browser's CORS preflight
+    conn.request("OPTIONS", "/v1/chat/completions")
+    resp = conn.getresponse()
+    assert resp.status == 204 and resp.getheader("Access-Control-Allow-Origin") == "*"
+    assert "POST" in resp.getheader("Access-Control-Allow-Methods", "")
+    conn.close()
     assert request(port, "POST", "/v1/embeddings", {"input": "x"})[0] == 404
     direct = llm.create_completion("x = 1", max_tokens=8, **GREEDY)["choices"]
     assert request(port, "POST", "/v1/completions", {"prompt": "x = 1", "max_tokens": 8, **GREEDY})[1]["choices"] == direct

@@ -78,6 +78,11 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet, as the rest of the CLI; errors reach the client
 
+        def end_headers(self) -> None:
+            # browser front ends on another origin (a chat UI page) may call us, as llama-server allows
+            self.send_header("Access-Control-Allow-Origin", "*")
+            super().end_headers()
+
         def _send_json(self, status: HTTPStatus, obj: Any) -> None:
             data = json.dumps(obj).encode()
             self.send_response(status)
@@ -85,6 +90,12 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+
+        def do_OPTIONS(self) -> None:  # a browser's CORS preflight
+            self.send_response(HTTPStatus.NO_CONTENT)
+            self.send_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS")
+            self.send_header("Access-Control-Allow-Headers", "Content-Type, Authorization")
+            self.end_headers()
 
         def do_GET(self) -> None:
             if self.path == "/health":
@@ -101,16 +112,20 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 return
             try:
                 length = int(self.headers.get("Content-Length", "0"))
-                kw = request_kwargs(self.path, json.loads(self.rfile.read(length) or b"null"))
+                body = json.loads(self.rfile.read(length) or b"null")
+                kw = request_kwargs(self.path, body)
             except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
                 self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
                 return
             method = getattr(llm, _FIELDS[self.path][0])
+            # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
+            options = body.get("stream_options")
+            usage = isinstance(options, dict) and bool(options.get("include_usage"))
             with turn:
                 # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
-                self._generate(method, kw, 2 if self.path == "/v1/chat/completions" else 1)
+                self._generate(method, kw, 2 if self.path == "/v1/chat/completions" else 1, usage)
 
-        def _generate(self, method: Any, kw: dict[str, Any], n_before_prefill: int) -> None:
+        def _generate(self, method: Any, kw: dict[str, Any], n_before_prefill: int, usage: bool) -> None:
             stream = bool(kw.get("stream"))
             try:
                 # settings errors raise here; a stream's prefill (a grammar that does not parse, a prompt
@@ -127,17 +142,24 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             if not stream:
                 self._send_json(HTTPStatus.OK, result)
                 return
-            self._send_events(first, result)
+            self._send_events(first, result, usage)
 
-        def _send_events(self, first: list[dict[str, Any]], rest: Iterator[dict[str, Any]]) -> None:
+        def _send_events(self, first: list[dict[str, Any]], rest: Iterator[dict[str, Any]], usage: bool) -> None:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
             try:
                 try:
-                    for chunk in itertools.chain(first, rest):
-                        self._event(chunk)
+                    last: dict[str, Any] = {}
+                    for last in itertools.chain(first, rest):
+                        self._event(last)
+                    if usage and last:
+                        s = llm.stats  # the finished generation's
+                        self._event({**{k: last[k] for k in ("id", "object", "created", "model")}, "choices": [],
+                                     "usage": {"prompt_tokens": s.prompt_tokens,
+                                               "completion_tokens": s.completion_tokens,
+                                               "total_tokens": s.prompt_tokens + s.completion_tokens}})
                 except (BrokenPipeError, ConnectionResetError):
                     raise
                 except Exception as e:  # noqa: BLE001 (mid-stream: the status is sent; say it in the stream)
