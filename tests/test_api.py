@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
@@ -235,7 +236,6 @@ def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
     """logprobs=n gives what llama_cpp.Llama (logits_all=True) gives for the same greedy completion:
     the token strings, text offsets, log-softmax of the raw logits and the n most likely; a stop
     string cuts tokens and text alike; chat gets OpenAI's shape."""
-    import numpy as np
 
     theirs_llm = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS,
                                  logits_all=True, verbose=False)
@@ -289,7 +289,6 @@ def test_echo_logprobs_cover_the_prompt(spec: SpeculativeLlama) -> None:
     first None, OpenAI's shape), then the completion's as without echo; streamed alike. llama_cpp.Llama
     reads each prompt token from the row after it and drops the last completion token, so its own
     logits (logits_all=True) are the reference here."""
-    import numpy as np
 
     prompt = _text(7)
     toks = _toks(spec, 7)
@@ -390,7 +389,6 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
     it, so greedy output and even the processor's calls are llama_cpp.Llama's (drafts accepted on the
     way); stopping_criteria(input_ids, logits) is asked before each token with the raw logits that chose
     it, and ends the completion before that token as llama_cpp.Llama does."""
-    import numpy as np
 
     def no_repeat(calls: list[list[int]]) -> Any:
         def proc(ids: Any, scores: Any) -> Any:  # depends on the ids: a wrong history changes the output
@@ -774,6 +772,13 @@ def test_bad_prompts(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> 
         list(spec.generate_tokens(list(range(10, 10 + N_CTX + 8)), max_tokens=4))
     with pytest.raises(ValueError, match="messages"):
         spec.create_chat_completion("hello")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="each needs a 'role' and a 'content'"):
+        spec.create_chat_completion([{"role": "user"}])
+    for bad in (["a", "b"], None, [1.5], 7):  # e.g. from JSON: a batch of prompts, a null
+        with pytest.raises(ValueError, match="prompt must be a string or a sequence of token ids"):
+            spec.create_completion(bad, max_tokens=2)  # type: ignore[arg-type]
+    assert spec.create_completion(np.array(_toks(spec, 4)), max_tokens=64, **GREEDY)["choices"][0]["text"] == \
+        spec.detokenize(baseline[4]).decode()
     _still_works(spec, baseline)
 
 

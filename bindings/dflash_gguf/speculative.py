@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import random
 import threading
 import time
@@ -531,7 +532,13 @@ class SpeculativeLlama:
                            ) -> Iterator[tuple[str, str | None, int, int]]:
         """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens go to
         self._completion_tokens as they come (after the prompt's, with prompt_logprobs)"""
-        tokens = self.tokenize(prompt, special=True) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):
+            tokens = self.tokenize(prompt, special=True)
+        else:
+            try:
+                tokens = [operator.index(t) for t in prompt]  # ints or numpy integers
+            except TypeError:
+                raise ValueError(f"prompt must be a string or a sequence of token ids, got {prompt!r:.80}") from None
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
         n = 0
@@ -727,19 +734,24 @@ class SpeculativeLlama:
 
     def _format_chat(self, messages: list[dict[str, Any]],
                      template_args: dict[str, Any] | None = None) -> tuple[str, list[str]]:
+        import jinja2
         from llama_cpp import llama_chat_format
 
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
         template = self._spec.chat_template
-        if template:
-            eos_id = self._spec.token_eos
-            eos = self._spec.token_to_piece(eos_id, True).decode("utf-8", "replace") if eos_id >= 0 else ""
-            # bos_token "": the prompt is tokenized with the model's own BOS rule, which would double one
-            fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
-            resp = fmt(messages=messages, **(template_args or {}))
-        else:
-            resp = llama_chat_format.format_chatml(messages=messages, **(template_args or {}))
+        try:
+            if template:
+                eos_id = self._spec.token_eos
+                eos = self._spec.token_to_piece(eos_id, True).decode("utf-8", "replace") if eos_id >= 0 else ""
+                # bos_token "": the prompt is tokenized with the model's own BOS rule, which would double one
+                fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
+                resp = fmt(messages=messages, **(template_args or {}))
+            else:
+                resp = llama_chat_format.format_chatml(messages=messages, **(template_args or {}))
+        except (KeyError, TypeError, AttributeError, jinja2.TemplateError) as e:  # a message the template rejects
+            raise ValueError(f"the messages do not fit the chat template ({type(e).__name__}: {e}); each "
+                             "needs a 'role' and a 'content'") from e
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
 
