@@ -72,7 +72,7 @@ _MODEL_OPTIONS = [
 ]
 
 
-def model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     for option in reversed(_MODEL_OPTIONS):
         f = option(f)
     return f
@@ -88,7 +88,7 @@ def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int
 
 
 @main.command()
-@model_options
+@_model_options
 @click.option("--prompt", "-p", help="Prompt text (raw, no chat template).")
 @click.option("--file", "-f", "prompt_file", type=click.Path(exists=True, dir_okay=False),
               help="Read the prompt from this UTF-8 file, byte for byte (a shell's $(...) drops trailing newlines).")
@@ -161,7 +161,7 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
 
 
 @main.command()
-@model_options
+@_model_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, help="Port (0 = any free one; the address is printed).")
 @click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")
