@@ -10,6 +10,7 @@ independent objects in parallel).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -938,6 +939,23 @@ def test_a_generation_leaves_no_openmp_pool_behind(draft: str) -> None:
         pytest.skip("this ggml has no OpenMP runtime")
     assert out["after_llama_cpp"] == out["before"] + 1  # n_threads 2: one worker kept
     assert out["released"] == out["after_ours"] == out["before"]
+
+
+def test_default_threads_are_the_cores_we_may_run_on() -> None:
+    """n_threads = 0: the physical cores in the affinity mask (taskset / cpuset), never more than it allows."""
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this OS")
+    probe = ("import os; from dflash_gguf import _core; n = _core.default_cpu_threads(); "
+             "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(n, _core.default_cpu_threads())")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    full, pinned = map(int, r.stdout.split())
+    cpus = sorted(os.sched_getaffinity(0))
+    cores = {Path(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list").read_text() for c in cpus}
+    assert pinned == 1 and full == len(cores) <= len(cpus)
 
 
 def test_default_draft_device_follows_the_target() -> None:

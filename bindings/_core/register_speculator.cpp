@@ -9,7 +9,7 @@
 #include <optional>
 
 #include "busy.h"
-#include "dflash/openmp_threads.h"
+#include "dflash/cpu_threads.h"
 #include "dflash/speculator.h"
 #include "register.h"
 
@@ -122,7 +122,9 @@ std::unique_ptr<PySpeculator> make_speculator(const std::function<std::unique_pt
 
 void register_speculator(py::module_ & m) {
     m.def("release_openmp_threads", &dflash::release_openmp_threads,
-          "Hand back the calling thread's OpenMP worker pool (see dflash/openmp_threads.h); false without OpenMP");
+          "Hand back the calling thread's OpenMP worker pool (see dflash/cpu_threads.h); false without OpenMP");
+    m.def("default_cpu_threads", &dflash::default_cpu_threads,
+          "The CPU threads n_threads = 0 means: the physical cores this process may run on");
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,

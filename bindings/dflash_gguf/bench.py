@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._core import default_cpu_threads
+
 LLAMA_SERVER_VERSION = "0.3.36"
 SYSTEMS = ("ar", "ours", "upstream", "upstream-ar")
 DEFAULT_SYSTEMS = ("ar", "ours", "upstream")
@@ -112,13 +114,6 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, s
     if not prompts:
         raise BenchError(f"{path}: no prompts")
     return prompts
-
-
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # --- upstream llama-server -----------------------------------------------
@@ -441,7 +436,7 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
     for what, path in (("--target", o.target), ("--draft", o.draft), ("--prompts", o.prompts)):
         if not Path(path).is_file():
             raise BenchError(f"{what}: {path} is not a file")
-    threads = o.threads if o.threads > 0 else default_threads()
+    threads = o.threads if o.threads > 0 else default_cpu_threads()  # what n_threads = 0 means to us
     prompts = load_prompts(o.prompts, o.limit)
 
     server_bin: Path | None = None

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from .bench import BenchError, default_threads, spread
+from ._core import default_cpu_threads
+from .bench import BenchError, spread
 from .scale_models import (
     SIZES,
     ScaleSize,
@@ -169,7 +170,7 @@ def run_scale(sizes: list[ScaleSize], *, folder: Path | None = None, context: in
     if context < 1:
         raise BenchError("--scale-context must be >= 1")
     folder = folder or default_scale_dir()
-    threads = threads if threads > 0 else default_threads()
+    threads = threads if threads > 0 else default_cpu_threads()
     result: dict[str, Any] = {
         "meta": {"kind": "scale", "context": context, "repeat": repeat, "warmup": warmup, "threads": threads,
                  "n_gpu_layers": n_gpu_layers, "device": device, "scale_dir": str(folder),

@@ -61,7 +61,7 @@ _MODEL_OPTIONS = [
                  help="Which exact q the draft tokens are sampled from at temperature > 0."),
     click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size."),
     click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU."),
-    click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = all cores)."),
+    click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = the physical cores this process may run on)."),
     click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ..."),
     click.option("--no-repack", is_flag=True,
                  help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
@@ -213,7 +213,7 @@ def serve(host: str, port: int, alias: str | None, **model: Any) -> None:
 @click.option("--limit", default=0, show_default=True, help="Use only the first N prompts (0 = all).")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all raw per-prompt figures here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), help="Write a PNG (acceptance, tok/s) here.")
-@click.option("--threads", "-t", default=0, show_default=True, help="CPU threads for every system (0 = all cores).")
+@click.option("--threads", "-t", default=0, show_default=True, help="CPU threads for every system (0 = the physical cores this process may run on).")
 @click.option("--seed", default=0, show_default=True, help="Base RNG seed (per prompt: seed + index + 1000*round).")
 @click.option("--ctx-size", "-c", default=2048, show_default=True, help="Context size for every system.")
 @click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")

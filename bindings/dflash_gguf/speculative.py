@@ -477,7 +477,7 @@ class SpeculativeLlama:
                     state = self._save_state()
                     self.cache[state.input_ids.tolist()] = state
                 # a pool of OpenMP workers left on this thread would slow every other thread's decoding
-                # 5-8x (dflash/openmp_threads.h): the next generation, on any thread, starts its own
+                # 5-8x (dflash/cpu_threads.h): the next generation, on any thread, starts its own
                 release_openmp_threads()
 
     # An adopted llama_cpp.Llama shares our target context and reuses whatever its record

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
-#include <thread>
 
+#include "dflash/cpu_threads.h"
 #include "dflash/error.h"
 #include "ggml-cpu.h"
 #include "op_profile.h"
@@ -494,7 +494,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.dev = pick_device(opts.device);
     m.backend.reset(ggml_backend_dev_init(m.dev, nullptr));
     if (!m.backend) throw Error(std::string("cannot initialise device ") + ggml_backend_dev_name(m.dev));
-    const int n_threads = opts.n_threads > 0 ? opts.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
+    const int n_threads = opts.n_threads > 0 ? opts.n_threads : default_cpu_threads();
     m.n_threads = n_threads;
     m.backends = {m.backend.get()};
     if (!m.on_cpu()) {

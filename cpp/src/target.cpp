@@ -4,8 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
+#include "dflash/cpu_threads.h"
 #include "dflash/error.h"
 #include "dflash/llama_ext.h"
 #include "ggml-cpu.h"
@@ -52,7 +52,7 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     cp.n_ctx = opts.n_ctx;
     cp.n_batch = opts.n_batch;
     cp.n_ubatch = opts.n_batch;
-    const int n_threads = opts.n_threads > 0 ? opts.n_threads : (int) std::max(1u, std::thread::hardware_concurrency());
+    const int n_threads = opts.n_threads > 0 ? opts.n_threads : default_cpu_threads();
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     cp.no_perf = true;

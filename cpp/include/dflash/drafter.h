@@ -14,7 +14,7 @@ namespace dflash {
 
 struct DrafterOptions {
     std::string device = "auto";  // "auto" (first GPU, else CPU), "cpu", or a ggml device name
-    int n_threads = 0;            // CPU threads; 0 = number of cores
+    int n_threads = 0;            // CPU threads; 0 = default_cpu_threads() (physical cores we may use)
     uint32_t n_ctx = 4096;        // draft cache capacity in context rows
     bool repack = true;           // on the CPU, quantized matmul weights in ggml's repacked layouts where one exists
 };

@@ -15,7 +15,7 @@ struct TargetOptions {
     uint32_t n_ctx = 4096;
     uint32_t n_batch = 512;
     int n_gpu_layers = 0;
-    int n_threads = 0;  // 0 = number of cores
+    int n_threads = 0;  // 0 = default_cpu_threads() (physical cores we may use)
     // libllama's extra CPU weight buffers (repacked layouts, AMX; llama-server's --no-repack turns them off):
     // 1 on, 0 off, -1 auto = off only where AMX would take the weights (an AMX CPU, weights of a type its
     // kernels take), as libllama 0.3.36 can segfault in ggml_backend_amx_mul_mat on the first decode
