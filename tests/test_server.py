@@ -43,10 +43,11 @@ def port(llm: SpeculativeLlama) -> Iterator[int]:
     server.server_close()
 
 
-def request(port: int, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+def request(port: int, method: str, path: str, body: Any = None, raw: bytes | None = None,
+            headers: dict[str, str] | None = None) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
     resp = conn.getresponse()
     payload = resp.read()
     conn.close()
@@ -159,6 +160,26 @@ def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeL
     for t in threads:
         t.join(120)
     assert got == texts
+
+
+def test_an_api_key_guards_the_v1_routes(llm: SpeculativeLlama) -> None:
+    server = make_server(llm, "127.0.0.1", 0, "tiny", api_key="s3cret")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert request(port, "GET", "/health")[0] == 200  # a liveness probe needs no key
+        body = {"prompt": "x = 1", "max_tokens": 4, **GREEDY}
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            status, out = request(port, "POST", "/v1/completions", body, headers=headers)
+            assert status == 401 and "API key" in out["error"]["message"], (headers, out)
+        assert request(port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+        ok = {"Authorization": "Bearer s3cret"}
+        assert request(port, "GET", "/v1/models", headers=ok)[0] == 200
+        status, out = request(port, "POST", "/v1/completions", body, headers=ok)
+        assert status == 200 and out["choices"] == llm.create_completion("x = 1", max_tokens=4, **GREEDY)["choices"]
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_cli_serves_until_interrupted() -> None:

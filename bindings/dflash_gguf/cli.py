@@ -165,13 +165,15 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, help="Port (0 = any free one; the address is printed).")
 @click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")
-def serve(host: str, port: int, alias: str | None, **model: Any) -> None:
+@click.option("--api-key", envvar="DFLASH_API_KEY",
+              help="Require `Authorization: Bearer KEY` on /v1/ requests (or set DFLASH_API_KEY).")
+def serve(host: str, port: int, alias: str | None, api_key: str | None, **model: Any) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
     from .server import make_server
 
     try:
         llm = _open_model(**model)
-        server = make_server(llm, host, port, alias or Path(model["target"]).stem)
+        server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key)
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]

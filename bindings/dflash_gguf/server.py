@@ -11,6 +11,7 @@ serving.
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import json
 import threading
@@ -66,9 +67,10 @@ def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080,
-                model_name: str = "dflash") -> ThreadingHTTPServer:
-    """A server for `llm` (not started: call serve_forever(), shutdown() from another thread)."""
+def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080, model_name: str = "dflash",
+                api_key: str | None = None) -> ThreadingHTTPServer:
+    """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
+    `api_key`, /v1/ requests need `Authorization: Bearer <api_key>` (llama-server's --api-key)."""
     turn = threading.Lock()  # one generation at a time; the others wait
     created = int(time.time())
 
@@ -97,7 +99,18 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             self.send_header("Access-Control-Allow-Headers", "Content-Type, Authorization")
             self.end_headers()
 
+        def _authorized(self) -> bool:
+            given = self.headers.get("Authorization", "")
+            if api_key is None or not self.path.startswith("/v1/") or \
+                    hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+                return True
+            self._send_json(HTTPStatus.UNAUTHORIZED, _error(HTTPStatus.UNAUTHORIZED, "invalid or missing API key "
+                                                            "(Authorization: Bearer ...)"))
+            return False
+
         def do_GET(self) -> None:
+            if not self._authorized():
+                return
             if self.path == "/health":
                 self._send_json(HTTPStatus.OK, {"status": "ok"})
             elif self.path == "/v1/models":
@@ -107,6 +120,8 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}"))
 
         def do_POST(self) -> None:
+            if not self._authorized():
+                return
             if self.path not in _FIELDS:
                 self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
                 return
