@@ -72,13 +72,18 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
                           {"prompt": prompt, "max_tokens": 40, "user": "someone", "stream_options": {}, **GREEDY})
     assert status == 200 and out["model"] == "tiny" and out["object"] == "text_completion"
     assert out["choices"] == direct["choices"] and out["usage"] == direct["usage"]
+    t = out["timings"]  # llama-server's names, from the generation's statistics
+    assert t["predicted_n"] == 40 and t["cache_n"] + t["prompt_n"] == out["usage"]["prompt_tokens"]
+    assert t["cache_n"] == out["usage"]["prompt_tokens"] - 1  # the same prompt as the direct call's
+    assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_per_second"] > 0
     # streamed: the same text, chunk by chunk
     status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
                                                                  **GREEDY})
     chunks = events(payload)
     assert status == 200 and len(chunks) > 2
     assert "".join(c["choices"][0]["text"] for c in chunks) == direct["choices"][0]["text"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["timings"]["predicted_n"] == 40
+    assert not any("timings" in c for c in chunks[:-1])
     # OpenAI's stream_options.include_usage: a last chunk with the usage and no choices
     status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
                                                                  "stream_options": {"include_usage": True}, **GREEDY})
@@ -184,14 +189,25 @@ def test_an_api_key_guards_the_v1_routes(llm: SpeculativeLlama) -> None:
 
 def test_cli_serves_until_interrupted() -> None:
     args = [sys.executable, "-m", "dflash_gguf.cli", "serve", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
-            "-c", "256", "-t", str(THREADS), "--alias", "tiny-cli", "--port"]
+            "-c", "256", "-t", str(THREADS), "--alias", "tiny-cli", "--cache-ram", "16", "--port"]
     proc = subprocess.Popen([*args, "0"], stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         found = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
         assert found, line
-        status, models = request(int(found.group(1)), "GET", "/v1/models")
+        port = int(found.group(1))
+        status, models = request(port, "GET", "/v1/models")
         assert status == 200 and models["data"][0]["id"] == "tiny-cli"
+        # with --cache-ram a conversation that comes back starts from its saved context: same answer
+        def ask(prompt: str) -> str:
+            out = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 24, **GREEDY})[1]
+            return str(out["choices"][0]["text"])
+
+        first = ask(prompts()[0]["text"])
+        assert ask(prompts()[1]["text"]) != first
+        again = request(port, "POST", "/v1/completions", {"prompt": prompts()[0]["text"], "max_tokens": 24, **GREEDY})[1]
+        assert again["choices"][0]["text"] == first
+        assert again["timings"]["prompt_n"] == 1  # the rest of the prompt came from the cache
         # a port that is taken: a one-line error naming why, exit 2
         taken = subprocess.run([*args, found.group(1)], capture_output=True, text=True, timeout=120)
         assert taken.returncode == 2 and taken.stderr.startswith("dflash: error:") and "in use" in taken.stderr

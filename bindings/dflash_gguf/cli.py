@@ -167,12 +167,19 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
 @click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")
 @click.option("--api-key", envvar="DFLASH_API_KEY",
               help="Require `Authorization: Bearer KEY` on /v1/ requests (or set DFLASH_API_KEY).")
-def serve(host: str, port: int, alias: str | None, api_key: str | None, **model: Any) -> None:
+@click.option("--cache-ram", type=click.IntRange(min=0), default=0, show_default=True,
+              help="MiB of saved contexts kept in RAM (llama_cpp.LlamaRAMCache): a conversation that comes back "
+                   "is not prefilled again. 0 = off.")
+def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ram: int, **model: Any) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
     from .server import make_server
 
     try:
         llm = _open_model(**model)
+        if cache_ram:
+            from llama_cpp import LlamaRAMCache
+
+            llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
         server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key)
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)

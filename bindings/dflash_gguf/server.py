@@ -22,7 +22,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from ._core import DFlashError
-from .speculative import SpeculativeLlama
+from .speculative import GenerationStats, SpeculativeLlama
 
 # request fields passed on (anything else an OpenAI client sends, e.g. "user" or "stream_options", is
 # ignored, as llama-server does); suffix .. mirostat_mode are checked at their 'off' values downstream
@@ -60,6 +60,16 @@ def request_kwargs(path: str, body: Any) -> dict[str, Any]:
         except (AttributeError, TypeError, ValueError):
             raise BadRequest("logit_bias must map token ids to numbers") from None
     return kw
+
+
+def timings(s: GenerationStats) -> dict[str, Any]:
+    """llama-server's `timings` of a response (its names), from the generation's statistics: cache_n prompt
+    tokens came from the context already (or a saved state), prompt_n were decoded; draft_n tokens drafted,
+    draft_n_accepted of them accepted."""
+    return {"cache_n": s.reused_prompt_tokens, "prompt_n": s.prompt_tokens - s.reused_prompt_tokens,
+            "prompt_ms": s.prefill_ms, "predicted_n": s.completion_tokens, "predicted_ms": s.decode_ms,
+            "predicted_per_second": s.tokens_per_second, "draft_n": s.drafted, "draft_n_accepted": s.accepted,
+            "mean_accepted_length": s.mean_accepted_length}
 
 
 def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
@@ -155,7 +165,7 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                                 _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
                 return
             if not stream:
-                self._send_json(HTTPStatus.OK, result)
+                self._send_json(HTTPStatus.OK, {**result, "timings": timings(llm.stats)})
                 return
             self._send_events(first, result, usage)
 
@@ -166,9 +176,14 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
             try:
                 try:
+                    # each chunk goes out when the next one exists, so that the last can carry the timings
                     last: dict[str, Any] = {}
-                    for last in itertools.chain(first, rest):
-                        self._event(last)
+                    for i, chunk in enumerate(itertools.chain(first, rest)):
+                        if i:
+                            self._event(last)
+                        last = chunk
+                    if last:
+                        self._event({**last, "timings": timings(llm.stats)})
                     if usage and last:
                         s = llm.stats  # the finished generation's
                         self._event({**{k: last[k] for k in ("id", "object", "created", "model")}, "choices": [],
