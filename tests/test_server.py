@@ -167,6 +167,34 @@ def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeL
     assert got == texts
 
 
+def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> None:
+    """Once a stream's 200 is sent, an error can only be an event: the chunks before it all arrive."""
+    class FailsAfterThreeChunks:  # the real model, whose stream breaks down after three chunks
+        def __getattr__(self, name: str) -> Any:
+            return getattr(llm, name)
+
+        def create_completion(self, *args: Any, **kw: Any) -> Iterator[dict[str, Any]]:
+            chunks = llm.create_completion(*args, **kw)
+            for i, chunk in enumerate(chunks):
+                if i == 3:
+                    chunks.close()
+                    raise RuntimeError("the disk is on fire")
+                yield chunk
+
+    server = make_server(FailsAfterThreeChunks(), "127.0.0.1", 0, "tiny")  # type: ignore[arg-type]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        body = {"prompt": prompts()[2]["text"], "max_tokens": 40, "stream": True, **GREEDY}
+        status, payload = request(server.server_address[1], "POST", "/v1/completions", body)
+        *chunks, failure = events(payload)
+        assert status == 200 and len(chunks) == 3 and "the disk is on fire" in failure["error"]["message"]
+        direct = llm.create_completion(prompts()[2]["text"], max_tokens=40, **GREEDY)["choices"][0]["text"]
+        assert direct.startswith("".join(c["choices"][0]["text"] for c in chunks))
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_api_key_guards_the_v1_routes(llm: SpeculativeLlama) -> None:
     server = make_server(llm, "127.0.0.1", 0, "tiny", api_key="s3cret")
     threading.Thread(target=server.serve_forever, daemon=True).start()

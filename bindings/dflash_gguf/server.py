@@ -174,26 +174,29 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+            held: dict[str, Any] | None = None  # each chunk goes out when the next exists: the last gets timings
             try:
                 try:
-                    # each chunk goes out when the next one exists, so that the last can carry the timings
-                    last: dict[str, Any] = {}
-                    for i, chunk in enumerate(itertools.chain(first, rest)):
-                        if i:
-                            self._event(last)
-                        last = chunk
-                    if last:
-                        self._event({**last, "timings": timings(llm.stats)})
-                    if usage and last:
-                        s = llm.stats  # the finished generation's
-                        self._event({**{k: last[k] for k in ("id", "object", "created", "model")}, "choices": [],
-                                     "usage": {"prompt_tokens": s.prompt_tokens,
-                                               "completion_tokens": s.completion_tokens,
-                                               "total_tokens": s.prompt_tokens + s.completion_tokens}})
+                    for chunk in itertools.chain(first, rest):
+                        if held is not None:
+                            self._event(held)
+                        held = chunk
                 except (BrokenPipeError, ConnectionResetError):
                     raise
                 except Exception as e:  # noqa: BLE001 (mid-stream: the status is sent; say it in the stream)
+                    if held is not None:
+                        self._event(held)
                     self._event(_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
+                else:
+                    if held is not None:
+                        self._event({**held, "timings": timings(llm.stats)})
+                        if usage:
+                            s = llm.stats  # the finished generation's
+                            self._event({**{k: held[k] for k in ("id", "object", "created", "model")},
+                                         "choices": [], "usage": {"prompt_tokens": s.prompt_tokens,
+                                                                  "completion_tokens": s.completion_tokens,
+                                                                  "total_tokens": s.prompt_tokens +
+                                                                  s.completion_tokens}})
                 self.wfile.write(b"data: [DONE]\n\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client left: closing the generator below ends the generation
