@@ -269,10 +269,10 @@ const float * Speculator::shaped(const float * logits, const TokenWindow & windo
     if (k > 0 && k < V && !params_.grammar_full_pass) {
         const std::vector<int32_t> top = top_allowed(lg, k);
         if (top.size() == k) {
-            std::vector<float> kept(k);
-            for (uint32_t i = 0; i < k; ++i) kept[i] = lg[top[i]];
-            shaped_.assign(V, -INFINITY);  // lg may be shaped_ itself: read above
-            for (uint32_t i = 0; i < k; ++i) shaped_[(size_t) top[i]] = kept[i];
+            grammar_rows_.clear();  // (id, logit) of the kept tokens: lg may be shaped_ itself
+            for (int32_t id : top) grammar_rows_.push_back({id, lg[id], 0.0f});
+            shaped_.assign(V, -INFINITY);
+            for (const llama_token_data & t : grammar_rows_) shaped_[(size_t) t.id] = t.logit;
             return shaped_.data();
         }
     }
