@@ -15,6 +15,7 @@ import random
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -198,8 +199,6 @@ class SpeculativeLlama:
         self.stats = GenerationStats()
         block = self._spec.draft_hparams["block_size"]
         if isinstance(n_max, int) and n_max > block - 1:
-            import warnings
-
             warnings.warn(f"n_max {n_max} clamped to block_size - 1 = {block - 1}", stacklevel=2)
 
     @classmethod
@@ -307,7 +306,7 @@ class SpeculativeLlama:
             raise TypeError(f"load_state takes a SpeculativeState (from save_state), got {type(state).__name__}")
         with self._idle():
             try:
-                self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
+                self._load_state(state)
             finally:
                 self._give_context_to_llama()
 
@@ -329,15 +328,16 @@ class SpeculativeLlama:
         if state is None:
             return
         try:
-            self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
+            self._load_state(state)
         except DFlashError as e:  # a cache entry that does not fit is a miss: the prompt is prefilled whole
-            import warnings
-
             warnings.warn(f"set_cache: a cached state was not usable ({e}); prefilling instead", stacklevel=4)
 
     def _save_state(self) -> SpeculativeState:
         tokens, target, draft = self._spec.save_state()
         return SpeculativeState(np.asarray(tokens, dtype=np.intc), target, draft)
+
+    def _load_state(self, state: SpeculativeState) -> None:
+        self._spec.load_state(state.input_ids.tolist(), state.target, state.draft)
 
     @contextlib.contextmanager
     def _idle(self) -> Iterator[None]:
