@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import llama_cpp
 import numpy as np
 
 
@@ -31,15 +32,6 @@ class SpeculativeState:
         return len(self.target) + len(self.draft) + self.input_ids.nbytes
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def cached_state_for(cache: Any, prompt: list[int], held: Sequence[int]) -> SpeculativeState | None:
     """The cache's state sharing the longest prefix with the prompt, when it shares more than what the
     context holds already (llama_cpp.Llama's rule); None otherwise."""
@@ -50,4 +42,5 @@ def cached_state_for(cache: Any, prompt: list[int], held: Sequence[int]) -> Spec
     if not isinstance(state, SpeculativeState):
         raise TypeError(f"the cache holds a {type(state).__name__}, not a SpeculativeState (a cache shared with "
                         "a llama_cpp.Llama?); give each its own")
-    return state if common_prefix(state.input_ids.tolist(), prompt) > common_prefix(held, prompt) else None
+    shared = llama_cpp.Llama.longest_token_prefix  # the measure llama_cpp's caches use
+    return state if shared(state.input_ids.tolist(), prompt) > shared(held, prompt) else None
