@@ -198,17 +198,28 @@ WRAPPER_DEFAULTS = {"suffix": None, "logprobs": None, "typical_p": 1.0, "tfs_z":
                     "logits_processor": None}
 
 
-def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: SpeculativeLlama, llm: Any) -> None:
-    """llama_cpp.Llama's options this class does not implement are accepted at their 'off' values (so a
-    framework passing all of them works) and refused with the option's name otherwise; echo and model
-    work as in llama_cpp.Llama."""
+def test_llama_cpp_options_are_taken(spec: SpeculativeLlama, llm: Any) -> None:
+    """Every option llama_cpp.Llama's completions take is taken (a framework passing all of them works):
+    typical_p and Mirostat sample (tests/test_sampling.py checks their distributions), tfs_z is ignored as
+    llama_cpp.Llama 0.3.36 ignores it, suffix (whose token ids llama_cpp.Llama 0.3.36 leaves at 0) is
+    refused unless None; echo and model work as in llama_cpp.Llama."""
     prompt = _text(0)
     plain = spec(prompt, max_tokens=8, **GREEDY)["choices"][0]["text"]
     wrapped = spec(prompt, max_tokens=8, echo=False, model=None, **WRAPPER_DEFAULTS, **GREEDY)
     assert wrapped["choices"][0]["text"] == plain
-    for key, value in (("typical_p", 0.9), ("mirostat_mode", 2), ("tfs_z", 0.5), ("suffix", "x")):
-        with pytest.raises(ValueError, match=key):
-            spec(prompt, max_tokens=8, **{key: value})
+    sampled = dict(max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    texts = {}
+    for name, opts in (("plain", {}), ("tfs_z", {"tfs_z": 0.5}), ("typical", {"typical_p": 0.3}),
+                       ("mirostat1", {"mirostat_mode": 1, "mirostat_tau": 1.0}),
+                       ("mirostat2", {"mirostat_mode": 2, "mirostat_tau": 1.0})):
+        texts[name] = [spec(prompt, seed=s, **sampled, **opts)["choices"][0]["text"] for s in range(4)]
+        assert texts[name] == [spec(prompt, seed=s, **sampled, **opts)["choices"][0]["text"] for s in range(4)]
+    assert texts["tfs_z"] == texts["plain"]
+    assert all(texts[k] != texts["plain"] for k in ("typical", "mirostat1", "mirostat2"))
+    # greedy stays greedy, as in llama_cpp.Llama (temperature 0 comes before Mirostat in its chain)
+    assert spec(prompt, max_tokens=8, mirostat_mode=2, **GREEDY)["choices"][0]["text"] == plain
+    with pytest.raises(ValueError, match="suffix"):
+        spec(prompt, max_tokens=8, suffix="x")
     with pytest.raises(TypeError, match="tools"):
         spec(prompt, max_tokens=8, tools=None)  # a chat option
     with pytest.raises(TypeError, match="bogus"):
@@ -229,8 +240,8 @@ def test_llama_cpp_options_we_lack_are_taken_off_and_refused_on(spec: Speculativ
            "logprobs": False, "top_logprobs": None, "typical_p": 1.0, "grammar": None}
     again = spec.create_chat_completion(msgs, max_tokens=4, model="named", **off, **GREEDY)
     assert again["choices"] == chat["choices"] and again["model"] == "named"
-    with pytest.raises(ValueError, match="typical_p"):
-        spec.create_chat_completion(msgs, max_tokens=4, typical_p=0.5)
+    with pytest.raises(TypeError, match="suffix"):
+        spec.create_chat_completion(msgs, max_tokens=4, suffix=None)  # a completion option, as in llama_cpp
 
 
 def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
@@ -751,6 +762,11 @@ def test_closing_either_side_of_an_adoption(draft: str) -> None:
     ({"top_p": 1.5}, "top_p"),
     ({"top_k": -1}, "top_k"),
     ({"min_p": 2.0}, "min_p"),
+    ({"typical_p": 0.0}, "typical_p"),
+    ({"mirostat_mode": 3}, "mirostat_mode"),
+    ({"mirostat_mode": True}, "mirostat_mode"),
+    ({"mirostat_mode": 2, "mirostat_eta": -0.1}, "mirostat_eta"),
+    ({"mirostat_mode": 1, "mirostat_tau": float("nan")}, "mirostat_tau"),
 ])
 def test_bad_sampling_arguments(spec: SpeculativeLlama, baseline: dict[int, list[int]], kwargs: dict[str, Any],
                                 match: str) -> None:

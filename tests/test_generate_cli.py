@@ -94,3 +94,23 @@ def test_json_schema_options(tmp_path: Path) -> None:
                       (clash, "at most one of --grammar, --json-schema")):
         assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
         assert "Traceback" not in r.stderr
+
+
+def test_sampling_options_are_the_api_s() -> None:
+    """llama.cpp's --typical / --mirostat / --mirostat-lr / --mirostat-ent reach the sampler: the text is
+    the Python API's for the same settings and seed; a bad value is a usage error naming the option."""
+    from dflash_gguf import SpeculativeLlama
+
+    text = prompts()[0]["text"]
+    r = run_generate("-p", text, "--temp", "1", "--seed", "5", "--mirostat", "2", "--mirostat-ent", "2.0",
+                     "--mirostat-lr", "0.5")
+    assert r.returncode == 0, r.stderr
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, n_max=3) as llm:
+        kw = {"max_tokens": 24, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 5}
+        direct = llm.create_completion(text, mirostat_mode=2, mirostat_tau=2.0, mirostat_eta=0.5, **kw)
+        assert r.stdout == text + direct["choices"][0]["text"] + "\n"
+        typical = run_generate("-p", text, "--temp", "1", "--seed", "5", "--typical", "0.5")
+        assert typical.stdout == text + llm.create_completion(text, typical_p=0.5, **kw)["choices"][0]["text"] + "\n"
+        assert typical.stdout != r.stdout
+    bad = run_generate("-p", text, "--mirostat", "3")
+    assert bad.returncode == 2 and "--mirostat" in bad.stderr

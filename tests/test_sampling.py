@@ -5,16 +5,19 @@
    and total variation against p on small vocabularies, with numpy-simulated
    wrong samplers as negative controls (the same bounds must reject them), and
    the accept rate against sum(min(p, q)).
-2. `_core.target_distribution`: temperature / top-k / top-p / min-p against a
+2. `_core.target_distribution`: temperature / top-k / typical / top-p / min-p against a
    numpy implementation, and against libllama's own sampler chain built the way
    llama-cpp-python builds it (top_k, typical, top_p, min_p, temp);
+   `_core.mirostat_step` against libllama's Mirostat v1 / v2 samplers row after row;
    `_core.shape_logits` (logit bias, repeat / frequency / presence penalties)
    against libllama's logit-bias and penalties samplers.
 3. End to end on the bundled pair at T = 1: the 2nd and 3rd generated tokens
    (produced by verification / the bonus draw) of many seeded speculative runs
    against plain decoding (two-sample chi-square) and against the exact marginal
    computed from the target's logits (one-sample), for draft_q "logits" and "selector";
-   with penalties, the 2nd token against the penalized marginal.
+   with penalties, the 2nd token against the penalized marginal; likewise with typical_p
+   and Mirostat (whose mu is also replayed over the emitted tokens, and whose 1st token
+   is checked against llama_cpp.Llama's own draws).
 
 scipy is not needed: chi-square critical values come from the Wilson-Hilferty
 approximation (conservative for small df).
@@ -425,6 +428,84 @@ def test_shaped_logits_match_llama_samplers(params: tuple) -> None:
             assert not np.array_equal(ours, lg)  # the case shapes something
 
 
+# (temperature, top_k, top_p, min_p, typical_p): typical alone over a whole vocabulary (its quickselect),
+# after top-k, before top-p (which then orders what typical left), with llama-cpp-python's defaults
+TYPICAL = [(1.0, 0, 1.0, 0.0, 0.9), (1.0, 0, 1.0, 0.0, 0.3), (0.8, 40, 0.95, 0.05, 0.5), (1.0, 0, 0.9, 0.0, 0.7),
+           (1.3, 100, 1.0, 0.0, 0.2), (1.0, 0, 0.5, 0.1, 0.95), (0.7, 0, 1.0, 0.0, 1e-6)]
+
+
+@pytest.mark.parametrize("params", TYPICAL, ids=str)
+def test_typical_p_is_libllama_s(params: tuple[float, int, float, float, float]) -> None:
+    """Locally typical sampling in llama-cpp-python's chain (top-k, typical, top-p, min-p, temperature):
+    the tokens whose surprise is nearest the entropy, not the most likely ones."""
+    from llama_cpp import llama_cpp as llc
+
+    T, k, top_p, min_p, typical = params
+    rng = np.random.default_rng(3)
+    moved = 0.0
+    for trial in range(6):
+        V = int(rng.integers(30, 5000))
+        lg = (rng.uniform(0.3, 3.0) * rng.standard_normal(V)).astype(np.float32)
+        ours = np.asarray(_core.target_distribution(lg, T, k, top_p, min_p, typical), np.float64)
+        ids, kept = run_libllama_chain(lg, [
+            llc.llama_sampler_init_top_k(k), llc.llama_sampler_init_typical(typical, 1),
+            llc.llama_sampler_init_top_p(top_p, 1), llc.llama_sampler_init_min_p(min_p, 1),
+            llc.llama_sampler_init_temp(T)])
+        theirs = np.zeros(V)
+        theirs[ids] = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
+        # libllama sums the typical mass in float: a token at the boundary may fall either way
+        assert len(set(np.nonzero(ours)[0]) ^ set(ids.tolist())) <= 1, (trial, V)
+        assert tv(ours, theirs) < 1e-4, (trial, V, tv(ours, theirs))
+        moved = max(moved, tv(ours, np.asarray(_core.target_distribution(lg, T, k, top_p, min_p), np.float64)))
+    assert moved > 1e-3  # the cut changes something
+
+
+def libllama_mirostat_steps(rows: list[np.ndarray], mode: int, tau: float, eta: float,
+                            seed: int) -> list[tuple[set[int], int]]:
+    """llama.cpp's Mirostat sampler applied to `rows` in turn (its mu moving with each token it draws):
+    per row, the tokens it kept and the one it drew."""
+    from llama_cpp import llama_cpp as llc
+
+    V = len(rows[0])
+    smpl = (llc.llama_sampler_init_mirostat(V, seed, tau, eta, 100) if mode == 1
+            else llc.llama_sampler_init_mirostat_v2(seed, tau, eta))
+    out = []
+    try:
+        for lg in rows:
+            arr = (llc.llama_token_data * V)()
+            for i in range(V):
+                arr[i].id, arr[i].logit, arr[i].p = i, float(lg[i]), 0.0
+            cur = llc.llama_token_data_array(data=arr, size=V, selected=-1, sorted=False)
+            llc.llama_sampler_apply(smpl, ctypes.byref(cur))
+            out.append(({cur.data[i].id for i in range(cur.size)}, cur.data[cur.selected].id))
+    finally:
+        llc.llama_sampler_free(smpl)
+    return out
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_mirostat_is_libllama_s(mode: int) -> None:
+    """Mirostat v1 / v2 as libllama's samplers: at each of 8 rows in turn the same tokens kept (our mu
+    following the tokens libllama drew) and the softmax of their logits; mu moves (the kept sets change
+    size from row to row with the same logits), so a wrong update would show from the second row on."""
+    rng = np.random.default_rng(mode)
+    sizes = []
+    for trial in range(6):
+        V = int(rng.integers(200, 4000))
+        base = (rng.uniform(0.5, 3.0) * rng.standard_normal(V)).astype(np.float32)
+        rows = [base] * 4 + [(base + rng.standard_normal(V)).astype(np.float32) for _ in range(4)]
+        tau, eta = float(rng.uniform(1.0, 6.0)), float(rng.uniform(0.3, 1.5))
+        mu = 2.0 * tau
+        for r, (kept, drawn) in enumerate(libllama_mirostat_steps(rows, mode, tau, eta, seed=trial)):
+            ours, mu = _core.mirostat_step(rows[r], mode, tau, eta, mu, drawn)
+            ours = np.asarray(ours, np.float64)
+            assert set(np.nonzero(ours)[0]) == kept, (trial, r, len(kept), int((ours > 0).sum()))
+            lk = rows[r][sorted(kept)].astype(np.float64)
+            np.testing.assert_allclose(ours[sorted(kept)], np.exp(lk - lk.max()) / np.exp(lk - lk.max()).sum(),
+                                       rtol=1e-4, atol=1e-7)
+            sizes.append(len(kept))
+    assert len(set(sizes[:4])) > 1 or len(set(sizes)) > 4  # mu moved the cut
+
 # --------------------------------------------------------------------------- #
 # 3. end to end on the bundled pair
 # --------------------------------------------------------------------------- #
@@ -449,13 +530,14 @@ def e2e() -> dict:
     return {"specs": specs, "ref": ref, "toks": toks, "cache": {}}
 
 
-def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int, **penalties: float) -> dict:
+def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int, temperature: float = 1.0,
+                **options: float) -> dict:
     pos = {1: collections.Counter(), 2: collections.Counter()}
     acc = steps = 0
     t0 = time.perf_counter()
     for s in range(runs):
-        out = list(spec.generate_tokens(toks, max_tokens=3, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                                        seed=seed0 + s, plain=plain, **penalties)) + [STOP] * 3
+        out = list(spec.generate_tokens(toks, max_tokens=3, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
+                                        seed=seed0 + s, plain=plain, **options)) + [STOP] * 3
         pos[1][out[1]] += 1
         pos[2][out[2]] += 1
         acc += spec.stats.accepted
@@ -463,14 +545,15 @@ def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int, **pen
     return {"pos": pos, "accepted_per_step": acc / max(steps, 1), "seconds": time.perf_counter() - t0}
 
 
-def _exact_second_token(ref, toks: list[int], temperatures: tuple[float, ...], vocab: int,
+def _exact_second_token(ref, toks: list[int], temperatures: tuple[float, ...], vocab: int, typical_p: float = 1.0,
                         **penalties: float) -> list[np.ndarray]:
     """P(2nd generated token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), per temperature, the
     penalties (if any) seeing t1 at the second; index vocab = STOP (the first token was the end of generation)."""
     from tinycode import EOS
 
     def dist(lg: np.ndarray, T: float, generated: list[int]) -> np.ndarray:
-        return np.asarray(_core.target_distribution(_core.shape_logits(lg, generated, **penalties), T), np.float64)
+        shaped = _core.shape_logits(lg, generated, **penalties)
+        return np.asarray(_core.target_distribution(shaped, T, typical_p=typical_p), np.float64)
 
     lg1 = ref.logits_after(toks)
     p1_hot = np.maximum.reduce([dist(lg1, T, []) for T in temperatures])
@@ -555,6 +638,112 @@ def test_penalized_sampling_follows_the_penalized_target(e2e: dict) -> None:
     assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
     record("sampling_e2e_penalties", {"penalties": pen, "runs": E2E_RUNS, "chi2": stat, "df": df,
                                       "chi2_vs_unpenalized": stat_w, "accepted_per_step": ours["accepted_per_step"]})
+
+
+def _exact_mirostat(ref, toks: list[int], vocab: int, mode: int, tau: float, eta: float) -> tuple[np.ndarray, ...]:
+    """Mirostat's exact distributions of the 1st generated token and (mu moved by the 1st) of the 2nd; index
+    vocab of the 2nd = STOP."""
+    from tinycode import EOS
+
+    lg1, mu0 = ref.logits_after(toks), 2.0 * tau
+    p1 = np.asarray(_core.mirostat_step(lg1, mode, tau, eta, mu0, 0)[0], np.float64)
+    cands = [int(t) for t in np.nonzero(p1)[0] if t != EOS]
+    p2 = np.zeros(vocab + 1)
+    p2[vocab] = p1[EOS]
+    for t1, lg in zip(cands, ref.next_logits(toks, cands)):
+        mu1 = _core.mirostat_step(lg1, mode, tau, eta, mu0, t1)[1]
+        p2[:vocab] += p1[t1] * np.asarray(_core.mirostat_step(lg, mode, tau, eta, mu1, 0)[0], np.float64)
+    return p1, p2
+
+
+# a tau and eta per version that keep 5-8 tokens for the 1st token and move mu enough to tell
+MIROSTAT = {1: {"mirostat_mode": 1, "mirostat_tau": 3.5, "mirostat_eta": 2.0},
+            2: {"mirostat_mode": 2, "mirostat_tau": 4.0, "mirostat_eta": 2.0}}
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_mirostat_sampling_follows_the_target(e2e: dict, mode: int) -> None:
+    """Mirostat through the speculative loop: the 2nd token (verified, or drawn after a rejection, with mu
+    moved by the 1st) follows the exact Mirostat marginal, and this histogram rejects the marginal of a mu
+    that does not move. At temperature 0.5, which llama_cpp.Llama's Mirostat chain ignores: the 1st tokens
+    llama_cpp.Llama itself samples follow the same exact distribution (and reject the one at T = 0.5)."""
+    from tinycode import record
+
+    opts = MIROSTAT[mode]
+    spec, ref, toks = e2e["specs"]["logits"], e2e["ref"], e2e["toks"]
+    vocab = spec._spec.n_vocab
+    ours = _histograms(spec, toks, False, E2E_RUNS, 40_000_000 + mode, temperature=0.5, **opts)
+    assert 0.2 < ours["accepted_per_step"] < 5.0, ours["accepted_per_step"]
+    tau, eta = opts["mirostat_tau"], opts["mirostat_eta"]
+    p1, p2 = _exact_mirostat(ref, toks, vocab, mode, tau, eta)
+    a = _counts(ours["pos"][1], vocab)
+    stat, df = chi2_one_sample(a, p2)
+    assert stat < chi2_crit(df, E2E_ALPHA), (stat, df)
+    _, frozen = _exact_mirostat(ref, toks, vocab, mode, tau, 0.0)
+    stat_w, df_w = chi2_one_sample(a, frozen)
+    assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
+
+    runs = 1500  # llama_cpp.Llama.sample: the chain create_completion builds, a fresh one (mu = 2 tau) per call
+    lg1 = ref.logits_after(toks)
+    theirs = np.zeros(vocab)
+    for s in range(runs):
+        ref.llm.set_seed(50_000 + s)
+        theirs[ref.llm.sample(temp=0.5, top_k=0, top_p=1.0, min_p=0.0, **opts)] += 1
+    stat_l, df_l = chi2_one_sample(theirs, p1)
+    assert stat_l < chi2_crit(df_l, E2E_ALPHA), (stat_l, df_l)
+    cooled = np.asarray(_core.mirostat_step(lg1 / 0.5, mode, tau, eta, 2 * tau, 0)[0], np.float64)
+    outside = int(theirs[cooled == 0].sum())  # draws that T = 0.5 (as llama.cpp's own tools chain it) rules out
+    stat_c, df_c = chi2_one_sample(theirs, cooled)
+    assert outside > 0 or stat_c > chi2_crit(df_c, E2E_ALPHA), (outside, stat_c, df_c)
+    record(f"sampling_e2e_mirostat{mode}", {"options": opts, "runs": E2E_RUNS, "chi2": stat, "df": df,
+                                            "chi2_vs_frozen_mu": stat_w, "llama_cpp_runs": runs,
+                                            "llama_cpp_chi2": stat_l, "llama_cpp_chi2_vs_T0.5": stat_c,
+                                            "llama_cpp_draws_outside_T0.5": outside,
+                                            "accepted_per_step": ours["accepted_per_step"],
+                                            "seconds": ours["seconds"]})
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_mirostat_mu_follows_every_emitted_token(e2e: dict, mode: int) -> None:
+    """After 12 speculative steps (drafts accepted and rejected), the loop's mu is the one Mirostat reaches
+    over the tokens it emitted, replayed one by one on the target's logits (a mu that skipped the verified
+    tokens, or moved on a rejected draft instead of the emitted token, ends elsewhere)."""
+    opts = MIROSTAT[mode]
+    spec, ref, toks = e2e["specs"]["logits"], e2e["ref"], e2e["toks"]
+    core = spec._spec
+    tau, eta = opts["mirostat_tau"], opts["mirostat_eta"]
+    n_max, adaptive = core.n_max, core.adaptive
+    core.set_n_max(3, False)
+    try:
+        emitted = [core.start(toks, temperature=1.0, seed=7, **opts)]
+        for _ in range(12):
+            emitted += core.step()[0]
+        st = core.stats
+    finally:
+        core.set_n_max(n_max, adaptive)
+    assert 0 < st["accepted"] < st["drafted"], st
+    mu = 2.0 * tau
+    for i, t in enumerate(emitted):
+        _, mu = _core.mirostat_step(ref.logits_after(toks + emitted[:i]), mode, tau, eta, mu, t)
+    # libllama's batched verify and one-token decodes round the logits differently: mu by ~1e-4 per token
+    assert abs(core.mirostat_mu - mu) < 0.02, (core.mirostat_mu, mu, len(emitted))
+    assert abs(mu - 2.0 * tau) > 0.5  # mu moved
+
+
+def test_typical_sampling_follows_the_target(e2e: dict) -> None:
+    """typical_p through the speculative loop: the 2nd token follows the exact marginal with the typical cut
+    and rejects the uncut one."""
+    spec = e2e["specs"]["logits"]
+    vocab = spec._spec.n_vocab
+    ours = _histograms(spec, e2e["toks"], False, E2E_RUNS, 60_000_000, typical_p=0.5)
+    assert 0.2 < ours["accepted_per_step"] < 5.0, ours["accepted_per_step"]
+    a = _counts(ours["pos"][1], vocab)
+    (exact,) = _exact_second_token(e2e["ref"], e2e["toks"], (1.0,), vocab, typical_p=0.5)
+    stat, df = chi2_one_sample(a, exact)
+    assert stat < chi2_crit(df, E2E_ALPHA), (stat, df)
+    (uncut,) = _exact_second_token(e2e["ref"], e2e["toks"], (1.0,), vocab)
+    stat_w, df_w = chi2_one_sample(a, uncut)
+    assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
 
 
 def test_default_completion_params_sample_what_llama_cpp_samples(e2e: dict) -> None:

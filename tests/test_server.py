@@ -90,6 +90,12 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     with_usage = events(payload)
     assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"] == direct["usage"]
     assert with_usage[-1]["id"] == with_usage[0]["id"] and len(with_usage) == len(chunks) + 1
+    # sampling options by llama-server's names ("mirostat") and llama_cpp.server's ("mirostat_mode")
+    sampled = {"temperature": 1.0, "seed": 3, "mirostat_tau": 2.0, "mirostat_eta": 0.5, "typical_p": 0.9}
+    direct = llm.create_completion(prompt, max_tokens=16, mirostat_mode=2, **sampled)
+    for name in ("mirostat", "mirostat_mode"):
+        status, out = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 16, name: 2, **sampled})
+        assert status == 200 and out["choices"] == direct["choices"]
     # chat, streamed and not; max_completion_tokens is OpenAI's newer name for max_tokens
     direct = llm.create_chat_completion(CHAT, max_tokens=24, **GREEDY)
     status, out = request(port, "POST", "/v1/chat/completions",
@@ -119,7 +125,8 @@ def test_bad_requests_get_a_400_and_the_server_keeps_serving(llm: SpeculativeLla
         ("POST", "/v1/completions", {"prompt": "x", "logit_bias": {"a": 1}}, None, "logit_bias"),
         ("POST", "/v1/completions", {"prompt": "x", "stream": True, "grammar": "root ::= nope"}, None, "grammar"),
         ("POST", "/v1/chat/completions", {"messages": long_chat, "stream": True}, None, "context"),
-        ("POST", "/v1/chat/completions", {"messages": CHAT, "mirostat_mode": 2}, None, "mirostat"),
+        ("POST", "/v1/chat/completions", {"messages": CHAT, "mirostat": 3}, None, "mirostat_mode"),
+        ("POST", "/v1/completions", {"prompt": "x", "suffix": "y"}, None, "suffix"),
     ]
     for method, path, body, raw, message in cases:
         status, out = request(port, method, path, body, raw)

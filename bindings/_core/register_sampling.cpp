@@ -21,6 +21,13 @@ dflash::SparseDist dense_to_sparse(const py::array_t<float, py::array::c_style |
     return d;
 }
 
+py::array_t<float> dense(const dflash::SparseDist & d, py::ssize_t n) {
+    py::array_t<float> out(n);
+    std::fill(out.mutable_data(), out.mutable_data() + n, 0.0f);
+    for (size_t i = 0; i < d.ids.size(); ++i) out.mutable_data()[d.ids[i]] = d.probs[i];
+    return out;
+}
+
 }  // namespace
 
 void register_sampling(py::module_ & m) {
@@ -54,16 +61,27 @@ void register_sampling(py::module_ & m) {
     m.def(
         "target_distribution",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature, int32_t top_k,
-           float top_p, float min_p) {
-            dflash::SamplingParams sp{temperature, top_k, top_p, min_p};
+           float top_p, float min_p, float typical_p) {
+            dflash::SamplingParams sp{temperature, top_k, top_p, min_p, typical_p};
             if (sp.greedy()) throw dflash::Error("temperature must be > 0 for a distribution");
-            const auto d = dflash::target_distribution(logits.data(), (uint32_t) logits.shape(0), sp);
-            py::array_t<float> out(logits.shape(0));
-            std::fill(out.mutable_data(), out.mutable_data() + logits.shape(0), 0.0f);
-            for (size_t i = 0; i < d.ids.size(); ++i) out.mutable_data()[d.ids[i]] = d.probs[i];
-            return out;
+            return dense(dflash::target_distribution(logits.data(), (uint32_t) logits.shape(0), sp), logits.shape(0));
         },
-        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f);
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f,
+        py::arg("typical_p") = 1.0f);
+    m.def(
+        "mirostat_step",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int32_t mode, float tau, float eta,
+           float mu, int32_t token) {
+            dflash::SamplingParams sp;
+            sp.mirostat = mode;
+            sp.mirostat_tau = tau;
+            sp.mirostat_eta = eta;
+            const auto d = dflash::mirostat_distribution(logits.data(), (uint32_t) logits.shape(0), sp, mu);
+            const float next_mu = dflash::mirostat_update(d, token, sp, mu);
+            return py::make_tuple(dense(d, logits.shape(0)), next_mu);
+        },
+        py::arg("logits"), py::arg("mode"), py::arg("tau"), py::arg("eta"), py::arg("mu"), py::arg("token"),
+        "Mirostat's distribution at mu, and mu after `token` was drawn from it.");
     m.def(
         "shape_logits",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, const std::vector<int32_t> & generated,

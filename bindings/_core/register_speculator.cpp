@@ -167,13 +167,18 @@ void register_speculator(py::module_ & m) {
                float min_p, uint64_t seed, float repeat_penalty, float frequency_penalty, float presence_penalty,
                int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
                const std::string & grammar, const std::string & grammar_root, py::object logits_processor,
-               bool keep_logits, bool prompt_logprobs, bool grammar_full_pass) {
+               bool keep_logits, bool prompt_logprobs, bool grammar_full_pass, float typical_p, int32_t mirostat_mode,
+               float mirostat_tau, float mirostat_eta) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
                 sp.top_k = top_k;
                 sp.top_p = top_p;
                 sp.min_p = min_p;
+                sp.typical_p = typical_p;
+                sp.mirostat = mirostat_mode;
+                sp.mirostat_tau = mirostat_tau;
+                sp.mirostat_eta = mirostat_eta;
                 sp.repeat_penalty = repeat_penalty;
                 sp.frequency_penalty = frequency_penalty;
                 sp.presence_penalty = presence_penalty;
@@ -200,7 +205,9 @@ void register_speculator(py::module_ & m) {
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
             py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1,
             py::arg("grammar") = "", py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(),
-            py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false)
+            py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false,
+            py::arg("typical_p") = 1.0f, py::arg("mirostat_mode") = 0, py::arg("mirostat_tau") = 5.0f,
+            py::arg("mirostat_eta") = 0.1f)
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");
@@ -242,6 +249,7 @@ void register_speculator(py::module_ & m) {
                                    return d;
                                })
         .def_property_readonly("n_past", [](PySpeculator & p) { return live(p).n_past(); })
+        .def_property_readonly("mirostat_mu", [](PySpeculator & p) { return live(p).mirostat_mu(); })
         .def_property_readonly("cached_tokens",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");

@@ -48,8 +48,12 @@ def speculative_sample_histogram(
     p: npt.ArrayLike, q: npt.ArrayLike, n_draws: int, seed: int = 0
 ) -> tuple[npt.NDArray[np.int64], int]: ...
 def target_distribution(
-    logits: npt.ArrayLike, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0
+    logits: npt.ArrayLike, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+    typical_p: float = 1.0,
 ) -> npt.NDArray[np.float32]: ...
+def mirostat_step(
+    logits: npt.ArrayLike, mode: int, tau: float, eta: float, mu: float, token: int
+) -> tuple[npt.NDArray[np.float32], float]: ...
 def shape_logits(
     logits: npt.ArrayLike, generated: list[int], repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
     presence_penalty: float = 0.0, penalty_last_n: int = 64, logit_bias: dict[int, float] = ...,
@@ -107,6 +111,7 @@ class Speculator:
         grammar_root: str = "root",
         logits_processor: Callable[[npt.NDArray[np.int32], npt.NDArray[np.float32]], npt.ArrayLike] | None = None,
         keep_logits: bool = False, prompt_logprobs: bool = False, grammar_full_pass: bool = False,
+        typical_p: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...
@@ -125,6 +130,8 @@ class Speculator:
     def controller(self) -> dict[str, list[float]]: ...
     @property
     def n_past(self) -> int: ...
+    @property
+    def mirostat_mu(self) -> float: ...  # after every token emitted so far
     @property
     def cached_tokens(self) -> list[int]: ...
     def keep_cached_prefix(self, held: list[int]) -> None: ...

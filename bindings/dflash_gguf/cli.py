@@ -97,6 +97,11 @@ def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int
 @click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off).")
 @click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off).")
+@click.option("--typical", "typical_p", default=1.0, show_default=True, help="Locally typical sampling, p (1 = off).")
+@click.option("--mirostat", "mirostat_mode", type=click.IntRange(0, 2), default=0, show_default=True,
+              help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.")
+@click.option("--mirostat-lr", "mirostat_eta", default=0.1, show_default=True, help="Mirostat learning rate, eta.")
+@click.option("--mirostat-ent", "mirostat_tau", default=5.0, show_default=True, help="Mirostat target entropy, tau.")
 @click.option("--repeat-penalty", default=1.0, show_default=True,
               help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).")
 @click.option("--repeat-last-n", default=64, show_default=True, help="Generated tokens the penalties look at.")
@@ -110,7 +115,8 @@ def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int
 @click.option("--json-schema-file", type=click.Path(dir_okay=False), help="Read the JSON schema from this file.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
-             min_p: float, repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
+             min_p: float, typical_p: float, mirostat_mode: int, mirostat_eta: float, mirostat_tau: float,
+             repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
              frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
              threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
              json_schema: str | None, json_schema_file: str | None, no_stream: bool, verbose: bool) -> None:
@@ -143,7 +149,8 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
     try:
         llm = _open_model(target, draft, n_max, draft_q, ctx_size, n_gpu_layers, threads, device, no_repack, verbose,
                           last_n_tokens_size=repeat_last_n)
-        kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+        kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
+                  mirostat_mode=mirostat_mode, mirostat_eta=mirostat_eta, mirostat_tau=mirostat_tau,
                   repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
                   frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, grammar=grammar)
         if no_stream:

@@ -12,18 +12,14 @@ from typing import Any
 
 # llama_cpp.Llama options SpeculativeLlama does not implement, each with the values that mean "off": taken
 # at those values (frameworks such as LangChain's LlamaCpp pass them all on every call), a ValueError
-# naming the option otherwise, rather than output that silently ignores it
-OFF_VALUES: dict[str, tuple[Any, ...]] = {
-    "suffix": (None,), "typical_p": (1.0,), "tfs_z": (1.0,), "mirostat_mode": (0,),
-}
-_READ_ONLY_WITH_MIROSTAT = ("mirostat_tau", "mirostat_eta")
+# naming the option otherwise, rather than output that silently ignores it. (llama_cpp.Llama 0.3.36's
+# suffix puts token 0 where the fill-in-the-middle tokens belong: nothing to be compatible with.)
+OFF_VALUES: dict[str, tuple[Any, ...]] = {"suffix": (None,)}
 _COMPLETION_ONLY = ("suffix",)
 
 
 def check_off(method: str, options: dict[str, Any]) -> None:
     for key, value in options.items():
-        if key in _READ_ONLY_WITH_MIROSTAT:
-            continue
         if key not in OFF_VALUES or (key in _COMPLETION_ONLY and method != "create_completion"):
             raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
         off = OFF_VALUES[key]

@@ -25,10 +25,10 @@ from ._core import DFlashError
 from .speculative import GenerationStats, SpeculativeLlama
 
 # request fields passed on (anything else an OpenAI client sends, e.g. "user" or "stream_options", is
-# ignored, as llama-server does); suffix .. mirostat_mode are checked at their 'off' values downstream
+# ignored, as llama-server does); suffix is checked at its 'off' value downstream
 _COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "stream", "repeat_penalty",
            "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "grammar", "typical_p", "tfs_z",
-           "mirostat_mode"}
+           "mirostat_mode", "mirostat_tau", "mirostat_eta"}
 _FIELDS = {
     "/v1/completions": ("create_completion", "prompt", _COMMON | {"echo", "suffix"}),
     "/v1/chat/completions": ("create_chat_completion", "messages",
@@ -51,8 +51,10 @@ def request_kwargs(path: str, body: Any) -> dict[str, Any]:
     if body.get("n", 1) != 1:
         raise BadRequest("only n = 1 is supported")
     kw = {k: v for k, v in body.items() if k in fields or k == required}
-    if "max_completion_tokens" in body and "max_tokens" not in body:  # OpenAI's newer name
-        kw["max_tokens"] = body["max_completion_tokens"]
+    # OpenAI's newer name, and llama-server's
+    for theirs, ours in (("max_completion_tokens", "max_tokens"), ("mirostat", "mirostat_mode")):
+        if theirs in body and ours not in body:
+            kw[ours] = body[theirs]
     bias = kw.get("logit_bias")
     if bias is not None:  # JSON object keys are strings
         try:

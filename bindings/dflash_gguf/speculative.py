@@ -93,7 +93,9 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
 class Sampling:
     """How the next token is chosen, with llama_cpp.Llama's meanings: logit_bias is added to the raw logits,
     then llama.cpp's repeat / frequency / presence penalties over the last penalty_last_n generated tokens
-    (the prompt not counted, in greedy decoding too), then top-k, top-p, min-p and the temperature.
+    (the prompt not counted, in greedy decoding too), then top-k, typical-p, top-p, min-p and the
+    temperature; or, with mirostat_mode 1 or 2, llama.cpp's Mirostat sampler instead of those (as in
+    llama_cpp.Llama, the temperature then only tells greedy (0) from sampled).
     A logits_processor (llama_cpp.Llama's: `(input_ids, scores) -> scores`) rewrites the raw logits first,
     once per generated token, with the prompt and output before it."""
 
@@ -109,6 +111,10 @@ class Sampling:
     grammar: str = ""  # GBNF, applied after the penalties (as llama-cpp-python's sampler chain does)
     grammar_root: str = "root"
     logits_processor: Callable[[Any, Any], Any] | None = None
+    typical_p: float = 1.0
+    mirostat_mode: int = 0
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -119,6 +125,14 @@ class Sampling:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0.0 < self.typical_p <= 1.0:
+            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
+        if self.mirostat_mode not in (0, 1, 2) or isinstance(self.mirostat_mode, bool):
+            raise ValueError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode!r}")
+        if not math.isfinite(self.mirostat_tau):
+            raise ValueError(f"mirostat_tau must be finite, got {self.mirostat_tau}")
+        if not (math.isfinite(self.mirostat_eta) and self.mirostat_eta >= 0):
+            raise ValueError(f"mirostat_eta must be >= 0, got {self.mirostat_eta}")
         if not (math.isfinite(self.repeat_penalty) and self.repeat_penalty > 0):
             raise ValueError(f"repeat_penalty must be > 0 (1 = off), got {self.repeat_penalty}")
         for name in ("frequency_penalty", "presence_penalty"):
@@ -368,25 +382,31 @@ class SpeculativeLlama:
         grammar: Any = None,
         logits_processor: Callable[[Any, Any], Any] | None = None,
         stopping_criteria: StoppingCriteria | None = None,
+        typical_p: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
     ) -> Iterator[int]:
         """Token ids as the loop emits them; stops at an end-of-generation token or when
         stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
         context ("length")."""
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar, logits_processor)
+                                  presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
+                                  mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain,
                               stopping_criteria=stopping_criteria)
 
     def _sampling(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
                   repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
                   logit_bias: dict[int, float] | None, grammar: Any = None,
-                  logits_processor: Callable[[Any, Any], Any] | None = None) -> Sampling:
+                  logits_processor: Callable[[Any, Any], Any] | None = None, **more: Any) -> Sampling:
+        """`more`: typical_p and the mirostat_* options."""
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
         # a llama_cpp.LlamaGrammar (its GBNF text and root rule) or GBNF text
         text, root = (grammar._grammar, grammar._root) if hasattr(grammar, "_grammar") else (grammar or "", "root")
         return Sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty, presence_penalty,
-                        self.last_n_tokens_size, logit_bias, text, root, logits_processor)
+                        self.last_n_tokens_size, logit_bias, text, root, logits_processor, **more)
 
     def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
                   plain: bool, logprobs: int | None = None, stopping_criteria: StoppingCriteria | None = None,
@@ -578,11 +598,16 @@ class SpeculativeLlama:
         grammar: Any = None,
         logits_processor: Callable[[Any, Any], Any] | None = None,
         stopping_criteria: StoppingCriteria | None = None,
+        typical_p: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        tfs_z: float = 1.0,  # noqa: ARG002 - llama_cpp.Llama 0.3.36 takes it and ignores it (no tail-free sampler)
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """llama_cpp.Llama.create_completion's arguments and result shapes. Of its options this class
-        does not implement (suffix, typical_p, tfs_z, mirostat) each is accepted at its 'off' value
-        only. `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
+        """llama_cpp.Llama.create_completion's arguments and result shapes. `suffix`, which this class
+        does not implement, is accepted at its 'off' value (None) only; `tfs_z` is ignored, as
+        llama_cpp.Llama 0.3.36 ignores it. `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
         log-probabilities under the target's raw logits and the n most likely at each; with echo the
         prompt's too (the first None, as in OpenAI's API; the whole prompt is decoded again for them).
         `logits_processor(input_ids, scores) -> scores` and `stopping_criteria(input_ids, logits) -> bool`
@@ -594,7 +619,8 @@ class SpeculativeLlama:
         check_logprobs(logprobs)
         echo_logprobs = echo and logprobs is not None
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar, logits_processor)
+                                  presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
+                                  mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs, stopping_criteria,
                                          echo_logprobs)
@@ -660,6 +686,11 @@ class SpeculativeLlama:
         tool_choice: str | dict[str, Any] | None = None,
         functions: list[dict[str, Any]] | None = None,
         function_call: str | dict[str, Any] | None = None,
+        typical_p: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        tfs_z: float = 1.0,  # noqa: ARG002 - as in create_completion
         **options: Any,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
@@ -672,8 +703,7 @@ class SpeculativeLlama:
         `tool_choice="required"` forces a call to one of them (named by the model; streamed as one
         delta at the end).
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
-        llama_cpp.Llama's options not implemented here (typical_p, tfs_z, mirostat) are accepted at
-        their 'off' values only."""
+        Sampling options as in create_completion."""
         check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs)
@@ -689,7 +719,9 @@ class SpeculativeLlama:
         prompt, template_stops = self._format_chat(messages, template_args)
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammars[given[0]] if given else None, logits_processor)
+                                  presence_penalty, logit_bias, grammars[given[0]] if given else None, logits_processor,
+                                  typical_p=typical_p, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
+                                  mirostat_eta=mirostat_eta)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
         cursor = None

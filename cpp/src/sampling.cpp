@@ -136,20 +136,26 @@ std::vector<float> logits_of(const float * logits, const std::vector<int32_t> & 
 }
 }  // namespace
 
-// Top-p over the whole vocabulary: the first n ids in the `before` order (most likely first, ties by id)
-// whose probability mass reaches top_p, moved to ids[0..n) in no particular order. Quickselect on that
-// order, O(n_vocab) expected: sorting even a head of 256 costs a 152k vocabulary milliseconds per verified
-// row, and a flat distribution's nucleus (tens of thousands of tokens) tens of milliseconds.
+// exp(logit - max) of the given ids, indexed by id (other entries are left as they were)
+void weights_of(const float * logits, const std::vector<int32_t> & ids, std::vector<float> & w, uint32_t n_vocab) {
+    float mx = -INFINITY;
+    for (int32_t id : ids) mx = std::max(mx, logits[id]);
+    w.resize(n_vocab);
+    for (int32_t id : ids) w[(size_t) id] = std::exp(logits[id] - mx);
+}
+
+// The shortest head of ids in the `before` order whose weight reaches `fraction` of the ids' total weight
+// (exceeds it, when strict), moved to ids[0..n) in no particular order; returns n >= 1. Quickselect on that
+// order, O(n) expected: sorting even a head of 256 costs a 152k vocabulary milliseconds per verified row,
+// and a flat distribution's nucleus (tens of thousands of tokens) tens of milliseconds.
 template <typename Before>
-size_t nucleus(const float * logits, std::vector<int32_t> & ids, float top_p, Before before) {
-    const size_t V = ids.size();
-    const float mx = *std::max_element(logits, logits + V);
-    std::vector<float> p(V);
-    for (size_t i = 0; i < V; ++i) p[i] = std::exp(logits[i] - mx);
+size_t head_with_mass(const std::vector<float> & w, std::vector<int32_t> & ids, double fraction, bool strict,
+                      Before before) {
     double z = 0.0;
-    for (size_t i = 0; i < V; ++i) z += p[i];
-    double need = (double) top_p * z;  // mass still to take, from ids[lo..hi)
-    size_t lo = 0, hi = V;
+    for (int32_t id : ids) z += w[(size_t) id];
+    auto reached = [strict](double mass, double need) { return strict ? mass > need : mass >= need; };
+    double need = fraction * z;  // mass still to take, from ids[lo..hi)
+    size_t lo = 0, hi = ids.size();
     uint64_t state = 0x9E3779B97F4A7C15ull;  // pivots: fixed pseudo-random, so the result does not depend on luck
     while (hi - lo > 32) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
@@ -160,32 +166,52 @@ size_t nucleus(const float * logits, std::vector<int32_t> & ids, float top_p, Be
         const size_t mid = (size_t) (mid_it - ids.begin());
         std::iter_swap(mid_it, std::find(mid_it, ids.begin() + (ptrdiff_t) hi, pivot));
         double mass = 0.0;
-        for (size_t i = lo; i < mid; ++i) mass += p[(size_t) ids[i]];
-        if (mass >= need) {
-            hi = mid;  // the nucleus ends before the pivot
-        } else if (mass + p[(size_t) pivot] >= need) {
+        for (size_t i = lo; i < mid; ++i) mass += w[(size_t) ids[i]];
+        if (reached(mass, need)) {
+            hi = mid;  // the head ends before the pivot
+        } else if (reached(mass + w[(size_t) pivot], need)) {
             return mid + 1;  // ... at the pivot
         } else {
-            need -= mass + p[(size_t) pivot];
+            need -= mass + w[(size_t) pivot];
             lo = mid + 1;
         }
     }
     std::sort(ids.begin() + (ptrdiff_t) lo, ids.begin() + (ptrdiff_t) hi, before);
+    double mass = 0.0;
     for (size_t i = lo; i < hi; ++i) {
-        need -= p[(size_t) ids[i]];
-        if (need <= 0.0) return i + 1;
+        mass += w[(size_t) ids[i]];
+        if (reached(mass, need)) return i + 1;
     }
     return std::max<size_t>(1, hi);  // rounding: the whole rest
 }
 
+// llama.cpp's locally typical sampling: the tokens whose surprise -ln p is closest to the entropy H of p
+// (p over ids), the fewest whose mass exceeds typical_p; kept in ids[0..n), returns n
+size_t typical_set(const float * logits, std::vector<int32_t> & ids, float typical_p, uint32_t n_vocab) {
+    std::vector<float> w;
+    weights_of(logits, ids, w, n_vocab);
+    double z = 0.0;
+    for (int32_t id : ids) z += w[(size_t) id];
+    double entropy = 0.0;
+    for (int32_t id : ids) {
+        const double p = w[(size_t) id] / z;
+        if (p > 0.0) entropy -= p * std::log(p);  // p ln p -> 0 (libllama's float gives NaN at p = 0)
+    }
+    std::vector<float> score(n_vocab);
+    for (int32_t id : ids) score[(size_t) id] = (float) std::fabs(-std::log(w[(size_t) id] / z) - entropy);
+    auto more_typical = [&](int32_t a, int32_t b) { return score[a] != score[b] ? score[a] < score[b] : a < b; };
+    return head_with_mass(w, ids, typical_p, /*strict=*/true, more_typical);
+}
+
 SparseDist target_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params) {
-    // llama-cpp-python's chain: top-k, top-p, min-p on the raw logits, then the
+    // llama-cpp-python's chain: top-k, typical, top-p, min-p on the raw logits, then the
     // temperature on what survives, then the softmax that is sampled
     const bool cut_k = params.top_k > 0 && (uint32_t) params.top_k < n_vocab;
+    const bool cut_typical = params.typical_p < 1.0f;
     const bool cut_p = params.top_p < 1.0f;
     std::vector<int32_t> ids;
     std::vector<float> vals;
-    if (!cut_k && !cut_p) {
+    if (!cut_k && !cut_typical && !cut_p) {
         // no ordering needed (a real vocabulary has 150k entries: no sort per verified row);
         // min-p keeps p_i >= min_p * p_max  <=>  l_i >= l_max + ln(min_p)
         const float mx = *std::max_element(logits, logits + n_vocab);
@@ -203,22 +229,28 @@ SparseDist target_distribution(const float * logits, uint32_t n_vocab, const Sam
     ids.resize(n_vocab);
     std::iota(ids.begin(), ids.end(), 0);
     auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
-    size_t n = 0;
+    bool sorted = false;  // ids in by_logit order
     if (cut_k) {
-        n = (size_t) params.top_k;
-        std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by_logit);
-        ids.resize(n);
-        if (cut_p) {
-            const SparseDist raw = softmax_on(ids.data(), logits_of(logits, ids).data(), (uint32_t) n, 1.0f);
-            double cum = 0.0;
-            size_t i = 0;
-            while (i < n && cum < params.top_p) cum += raw.probs[i++];
-            n = std::max<size_t>(1, i);
-        }
-    } else {
-        n = nucleus(logits, ids, params.top_p, by_logit);
+        std::partial_sort(ids.begin(), ids.begin() + params.top_k, ids.end(), by_logit);
+        ids.resize((size_t) params.top_k);
+        sorted = true;
     }
-    ids.resize(n);
+    if (cut_typical) {
+        ids.resize(typical_set(logits, ids, params.typical_p, n_vocab));
+        sorted = false;
+    }
+    if (cut_p && sorted) {
+        const SparseDist raw = softmax_on(ids.data(), logits_of(logits, ids).data(), (uint32_t) ids.size(), 1.0f);
+        double cum = 0.0;
+        size_t i = 0;
+        while (i < ids.size() && cum < params.top_p) cum += raw.probs[i++];
+        ids.resize(std::max<size_t>(1, i));
+    } else if (cut_p) {
+        std::vector<float> w;
+        weights_of(logits, ids, w, n_vocab);
+        ids.resize(head_with_mass(w, ids, params.top_p, /*strict=*/false, by_logit));
+    }
+    size_t n = ids.size();
     vals = logits_of(logits, ids);
     if (params.min_p > 0.0f) {  // p_i >= min_p * p_max among the survivors (the most likely always survives)
         const double thr = (double) *std::max_element(vals.begin(), vals.end()) + std::log((double) params.min_p);
@@ -232,6 +264,53 @@ SparseDist target_distribution(const float * logits, uint32_t n_vocab, const Sam
         n = kept;
     }
     return softmax_on(ids.data(), vals.data(), (uint32_t) n, params.temperature);
+}
+
+SparseDist mirostat_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params, float mu) {
+    const float mx = *std::max_element(logits, logits + n_vocab);
+    double z = 0.0;
+    for (uint32_t i = 0; i < n_vocab; ++i) z += std::exp((double) logits[i] - mx);
+    std::vector<int32_t> ids;
+    if (params.mirostat == 2) {
+        // v2: the tokens whose surprise -log2 p is at most mu (the most likely one at least):
+        // p_i >= 2^-mu  <=>  l_i >= l_max + ln z - mu ln 2
+        const double thr = (double) mx + std::log(z) - (double) mu * std::log(2.0);
+        for (uint32_t i = 0; i < n_vocab; ++i) {
+            if ((double) logits[i] >= thr) ids.push_back((int32_t) i);
+        }
+        if (ids.empty()) ids.push_back(argmax(logits, n_vocab));
+    } else {
+        // v1: the Zipf exponent s of the 100 most likely tokens' probabilities (least squares of
+        // ln(p_i / p_i+1) on ln((i + 2) / (i + 1))), then the top k that makes the expected surprise mu
+        constexpr uint32_t kZipfTokens = 100;
+        const uint32_t m = std::min(kZipfTokens, n_vocab);
+        ids.resize(n_vocab);
+        std::iota(ids.begin(), ids.end(), 0);
+        auto by_logit = [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; };
+        std::partial_sort(ids.begin(), ids.begin() + m, ids.end(), by_logit);
+        float sum_tb = 0.0f, sum_tt = 0.0f;
+        for (uint32_t i = 0; i + 1 < m; ++i) {
+            const float t = std::log((float) (i + 2) / (float) (i + 1));
+            const float b = logits[ids[i]] - logits[ids[i + 1]];  // ln(p_i / p_i+1)
+            sum_tb += t * b;
+            sum_tt += t * t;
+        }
+        const float s = sum_tb / sum_tt, eps = s - 1.0f;
+        const float k = std::pow(eps * std::pow(2.0f, mu) / (1.0f - std::pow((float) n_vocab, -eps)), 1.0f / s);
+        // libllama takes int(k); a k that does not fit (inf, NaN: a flat or degenerate head) converts to
+        // INT_MIN on x86, which its max(k, 1) turns into greedy decoding: the same here on every CPU
+        const bool fits = std::isfinite(k) && k < 2147483648.0f && k > -2147483649.0f;
+        const uint32_t keep = std::min<uint32_t>(n_vocab, (uint32_t) std::max(fits ? (int64_t) k : 0, (int64_t) 1));
+        if (keep > m) std::partial_sort(ids.begin() + m, ids.begin() + keep, ids.end(), by_logit);
+        ids.resize(keep);
+    }
+    const std::vector<float> vals = logits_of(logits, ids);
+    return softmax_on(ids.data(), vals.data(), (uint32_t) ids.size(), 1.0f);
+}
+
+float mirostat_update(const SparseDist & d, int32_t token, const SamplingParams & params, float mu) {
+    const float surprise = -std::log2(d.prob_of(token));
+    return mu - params.mirostat_eta * (surprise - params.mirostat_tau);
 }
 
 int32_t sample(const SparseDist & d, Rng & rng) {

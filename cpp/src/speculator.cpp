@@ -93,6 +93,9 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
     if (params.n_logprobs < -1) throw Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(params.n_logprobs));
     if (params.prompt_logprobs && params.n_logprobs < 0) throw Error("prompt logprobs need logprobs >= 0");
+    if (params.mirostat < 0 || params.mirostat > 2) {
+        throw Error("mirostat must be 0 (off), 1 or 2, got " + std::to_string(params.mirostat));
+    }
     grammar_.reset();
     if (!params.grammar.empty()) {
         check_grammar_text(params.grammar);
@@ -105,6 +108,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     params_ = params;
     // a fresh window per generation, as llama-cpp-python makes a fresh sampler per call
     generated_ = TokenWindow(params.penalizes() ? params.penalty_last_n : 0);
+    mu_ = 2.0f * params.mirostat_tau;
     rng_.seed(seed);
     stats_ = SpecStats{};
     if (opts_.adaptive && !calibrated_) calibrate();
@@ -264,8 +268,9 @@ const float * Speculator::shaped(const float * logits, const TokenWindow & windo
     const uint32_t V = target_->n_vocab();
     const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);
     if (!grammar_) return lg;
-    // with top-k, the distribution is that of the k most likely tokens the grammar allows
-    const uint32_t k = (uint32_t) std::max(params_.top_k, 0);
+    // with top-k, the distribution is that of the k most likely tokens the grammar allows (Mirostat cuts
+    // instead of top-k)
+    const uint32_t k = params_.mirostat == 0 ? (uint32_t) std::max(params_.top_k, 0) : 0;
     if (k > 0 && k < V && !params_.grammar_full_pass) {
         const std::vector<int32_t> top = top_allowed(lg, k);
         if (top.size() == k) {
@@ -349,11 +354,23 @@ void Speculator::describe(StepOutput & out, uint32_t first_row) {
 
 int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
     if (params_.greedy()) return greedy_token(logits, window);
-    return sample(target_distribution(shaped(logits, window), target_->n_vocab(), params_), rng_);
+    const SparseDist p = sampling_distribution(shaped(logits, window));
+    const int32_t token = sample(p, rng_);
+    sampled(p, token);
+    return token;
+}
+
+SparseDist Speculator::sampling_distribution(const float * lg) const {
+    const uint32_t V = target_->n_vocab();
+    return params_.mirostat != 0 ? mirostat_distribution(lg, V, params_, mu_) : target_distribution(lg, V, params_);
+}
+
+void Speculator::sampled(const SparseDist & p, int32_t token) {
+    if (params_.mirostat != 0) mu_ = mirostat_update(p, token, params_, mu_);
 }
 
 SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const {
-    const float T = params_.temperature;
+    const float T = params_.mirostat != 0 ? 1.0f : params_.temperature;  // Mirostat samples at temperature 1
     if (r.top_k > 0 && opts_.draft_q == DraftQ::Selector) {
         const uint32_t k = r.top_k;
         return softmax_on(&r.candidates[(size_t) row * k], &r.scores[((size_t) row * k + (uint32_t) pred_index) * k], k, T);
@@ -421,7 +438,6 @@ StepOutput Speculator::step() {
 
     // accept
     t0 = std::chrono::steady_clock::now();
-    const uint32_t V = target_->n_vocab();
     // row j's penalties see the drafted tokens before it: each is pushed once accepted, which also
     // leaves the window right for the next step
     uint32_t j = 0;
@@ -431,8 +447,9 @@ StepOutput Speculator::step() {
             const int32_t best = greedy_token(target_->logits(j), generated_);
             if (best != seq[j + 1]) { next = best; break; }
         } else {
-            const float * lg = shaped(target_->logits(j), generated_);
-            const RejectionOutcome o = verify_draft_token(target_distribution(lg, V, params_), q[j], seq[j + 1], rng_);
+            const SparseDist p = sampling_distribution(shaped(target_->logits(j), generated_));
+            const RejectionOutcome o = verify_draft_token(p, q[j], seq[j + 1], rng_);
+            sampled(p, o.token);
             if (!o.accepted) { next = o.token; break; }
         }
         commit_token(seq[j + 1]);

@@ -18,6 +18,13 @@ struct SamplingParams {
     int32_t top_k = 0;         // 0 = off
     float top_p = 1.0f;        // 1 = off
     float min_p = 0.0f;        // 0 = off
+    float typical_p = 1.0f;    // 1 = off; locally typical sampling, between top-k and top-p
+    // llama.cpp's Mirostat samplers (1 = v1, 2 = v2; 0 = off) as llama-cpp-python chains them: instead of
+    // top-k .. temperature (the temperature only decides greedy vs sampled), with mu starting at 2 tau
+    // and moved by eta per token towards a surprise of tau bits
+    int32_t mirostat = 0;
+    float mirostat_tau = 5.0f;
+    float mirostat_eta = 0.1f;
     // llama.cpp's penalties sampler over the last penalty_last_n generated tokens (the prompt is not
     // counted, as in llama-cpp-python), applied in greedy decoding too
     float repeat_penalty = 1.0f;     // 1 = off
@@ -97,8 +104,13 @@ struct TokenLogprob {
 TokenLogprob token_logprob(const float * logits, uint32_t n_vocab, int32_t token, uint32_t n_top,
                            std::vector<int32_t> & scratch);
 
-// p = the target's sampling distribution for these logits (params.temperature > 0).
+// p = the target's sampling distribution for these logits (params.temperature > 0, no Mirostat).
 SparseDist target_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params);
+
+// Mirostat (params.mirostat 1 or 2): the distribution the next token is drawn from at this mu, and mu
+// after `token` was drawn from it (d from mirostat_distribution).
+SparseDist mirostat_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params, float mu);
+float mirostat_update(const SparseDist & d, int32_t token, const SamplingParams & params, float mu);
 
 // softmax(values / temperature) on the given ids
 SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, float temperature);

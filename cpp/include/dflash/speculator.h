@@ -83,6 +83,8 @@ class Speculator {
     Target & target() { return *target_; }
     Drafter & drafter() { return *drafter_; }
     uint32_t n_past() const { return (uint32_t) committed_.size(); }
+    // Mirostat's mu after every token emitted so far (tests replay it from the tokens)
+    float mirostat_mu() const { return mu_; }
     // the tokens whose K/V the target context holds (positions 0..n_past-1)
     const std::vector<int32_t> & cached_tokens() const { return committed_; }
     // Someone else decoded in the target context (an adopted llama_cpp.Llama): of what this object
@@ -122,6 +124,10 @@ class Speculator {
     int32_t greedy_token(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     int32_t choose_token(const float * logits, const TokenWindow & window);
+    // what a sampled token is drawn from, given the shaped row and the output so far (Mirostat's mu)
+    SparseDist sampling_distribution(const float * shaped_logits) const;
+    // a token drawn from p (directly or by the rejection step) is part of the output: Mirostat moves mu
+    void sampled(const SparseDist & p, int32_t token);
     // the logprobs and logits rows of out.tokens that SamplingParams asks for, token i predicted by the
     // target's row first_row + i
     void describe(StepOutput & out, uint32_t first_row = 0);
@@ -139,6 +145,7 @@ class Speculator {
     std::vector<int32_t> committed_;     // tokens whose K/V the target holds (positions 0..n-1)
     int32_t anchor_ = -1;                // newest token, not yet decoded
     TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
+    float mu_ = 0.0f;                    // Mirostat's surprise bound after the output up to anchor_
     std::vector<float> shaped_;          // scratch for shaped logits
     std::vector<int32_t> id_scratch_;    // scratch token ids: token_logprob's top, top_allowed's order
     struct SamplerFree {
