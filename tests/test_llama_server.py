@@ -191,3 +191,66 @@ def test_llama_server_drafts_with_converted_drafter(
         assert "draft_n" not in a.get("timings", {})
     assert drafted_total > 0, f"llama-server drafted nothing: {[b.get('timings') for b in drafted]}"
     assert accepted > 0, f"no draft token accepted: {[b.get('timings') for b in drafted]}"
+
+
+def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """llama-server's /infill and ours (`dflash serve`), the same FIM-capable target, context and batch: the
+    same prompt (llama-server echoes it as text), token count and greedy middle, with the repository
+    context of input_extra, and with a prefix and a suffix longer than the batch lets either keep."""
+    import threading
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import make_server
+    from tinycode import drafter_gguf, fim_target_gguf
+
+    texts = prompts(tinycode) + [json.loads(line)["text"] for line in
+                                 (tinycode / "prompts.jsonl").read_text().splitlines()[N_PROMPTS:N_PROMPTS + 3]]
+    bodies = [
+        {"input_prefix": "import os\n\n\ndef read_config(path):\n    ", "input_suffix": "\n    return config\n",
+         "prompt": "with", "input_extra": [{"filename": "util.py", "text": texts[0]}, {"text": texts[1]}]},
+        {"input_prefix": "".join(texts[:4]), "input_suffix": "".join(texts[4:])},  # > 3/4 and > 1/4 of 256
+    ]
+    target = fim_target_gguf()
+    with running_server(llama_server, target, tmp_path / "infill.log", extra_args=["-b", "256", "-ub", "256"]) as base, \
+            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_batch=256, n_threads=2,
+                             n_max=3) as llm:
+        server = make_server(llm, "127.0.0.1", 0, "ours")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            ours_base = f"http://127.0.0.1:{server.server_address[1]}"
+            for body in bodies:
+                req = {**body, "n_predict": N_PREDICT, "temperature": 0.0, "top_k": 1, "cache_prompt": False}
+                status, theirs = http_json(base + "/infill", req)
+                assert status == 200, theirs
+                status, ours = http_json(ours_base + "/infill", req)
+                assert status == 200, ours
+                assert ours["tokens_evaluated"] == theirs["tokens_evaluated"]
+                tokens = llm.infill_tokens(body["input_prefix"], body["input_suffix"], body.get("prompt", ""),
+                                           body.get("input_extra", ()))
+                assert len(tokens) == ours["tokens_evaluated"]
+                # llama-server echoes its prompt through llama_detokenize (which cleans spaces: " 'm" -> "'m")
+                assert libllama_text(target, tokens) == theirs["prompt"]
+                assert ours["content"] == theirs["content"]
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert bodies[1]["input_prefix"] not in ours["prompt"]  # the long one was cut, as llama-server cuts it
+
+
+def libllama_text(model: Path, tokens: list[int]) -> str:
+    """llama-server's text of a prompt: llama_detokenize of the whole list, special tokens rendered."""
+    import ctypes
+
+    import llama_cpp
+    from llama_cpp import llama_cpp as llc
+
+    vocab_model = llama_cpp.Llama(str(model), vocab_only=True, verbose=False)
+    try:
+        vocab = llc.llama_model_get_vocab(vocab_model._model.model)
+        arr = (llc.llama_token * len(tokens))(*tokens)
+        buf = ctypes.create_string_buffer(64 * len(tokens) + 64)
+        n = llc.llama_detokenize(vocab, arr, len(tokens), buf, len(buf), False, True)
+    finally:
+        vocab_model.close()
+    assert n >= 0
+    return buf.raw[:n].decode("utf-8")

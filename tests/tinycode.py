@@ -86,6 +86,30 @@ def convert(draft_dir: Path, target: Path, outfile: Path, outtype: str = "f32") 
     return outfile
 
 
+# fill-in-the-middle token ids given to ordinary tokens of the tinycode vocabulary (it has none of its own)
+FIM_IDS = {"pre": 2043, "suf": 2044, "mid": 2045, "rep": 2046, "sep": 2047}
+
+
+@functools.lru_cache(maxsize=None)
+def fim_target_gguf() -> Path:
+    """The tinycode target with FIM_IDS as its fill-in-the-middle tokens (tokenizer.ggml.fim_*_token_id).
+    The model was not trained for FIM: its middles are no good, but prompt layouts and losslessness do not
+    need them to be."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    out = _workdir() / "target-f16-fim.gguf"
+    if not out.exists():
+        reader = gguf.GGUFReader(TARGET, "r")
+        tmp = out.with_suffix(".tmp")
+        writer = gguf.GGUFWriter(tmp, "qwen3", endianess=reader.endianess)
+        new = {f"tokenizer.ggml.fim_{k}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, v)
+               for k, v in FIM_IDS.items()}
+        copy_with_new_metadata(reader, writer, new, [])
+        tmp.replace(out)
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def drafter_gguf(outtype: str = "f32") -> Path:
     """The bundled trained drafter as a GGUF of the given type."""

@@ -344,6 +344,18 @@ void register_speculator(py::module_ & m) {
         .def("is_eog", [](PySpeculator & p, int32_t tok) { return live(p).target().is_eog(tok); })
         .def_property_readonly("token_eos", [](PySpeculator & p) { return llama_vocab_eos(live(p).target().vocab()); })
         .def_property_readonly("token_bos", [](PySpeculator & p) { return llama_vocab_bos(live(p).target().vocab()); })
+        .def_property_readonly("add_bos", [](PySpeculator & p) { return llama_vocab_get_add_bos(live(p).target().vocab()); })
+        .def_property_readonly("fim_tokens",
+                               [](PySpeculator & p) {
+                                   const llama_vocab * v = live(p).target().vocab();
+                                   py::dict d;  // -1 where the vocabulary has none
+                                   d["pre"] = llama_vocab_fim_pre(v);
+                                   d["suf"] = llama_vocab_fim_suf(v);
+                                   d["mid"] = llama_vocab_fim_mid(v);
+                                   d["rep"] = llama_vocab_fim_rep(v);
+                                   d["sep"] = llama_vocab_fim_sep(v);
+                                   return d;
+                               })
         .def(
             "close",
             [](PySpeculator & p) {

@@ -161,3 +161,7 @@ class Speculator:
     def token_eos(self) -> int: ...
     @property
     def token_bos(self) -> int: ...
+    @property
+    def add_bos(self) -> bool: ...  # the vocabulary asks for a BOS before a prompt
+    @property
+    def fim_tokens(self) -> dict[str, int]: ...  # pre, suf, mid, rep, sep: fill-in-the-middle token ids (-1: none)

@@ -1,6 +1,6 @@
-"""What SpeculativeLlama mirrors of llama_cpp.Llama's API beyond sampling: the options it accepts only
-at their "off" values, the shapes of `logprobs` in completions and chats, and what its chat handlers make
-of `response_format` and `tools` (grammars, and a forced call's shape)."""
+"""What SpeculativeLlama mirrors of llama_cpp.Llama's API beyond sampling: the shapes of `logprobs` in
+completions and chats, and what its chat handlers make of `response_format` and `tools` (grammars, and
+a forced call's shape)."""
 
 from __future__ import annotations
 
@@ -9,24 +9,6 @@ import json
 import uuid
 from collections.abc import Callable
 from typing import Any
-
-# llama_cpp.Llama options SpeculativeLlama does not implement, each with the values that mean "off": taken
-# at those values (frameworks such as LangChain's LlamaCpp pass them all on every call), a ValueError
-# naming the option otherwise, rather than output that silently ignores it. (llama_cpp.Llama 0.3.36's
-# suffix puts token 0 where the fill-in-the-middle tokens belong: nothing to be compatible with.)
-OFF_VALUES: dict[str, tuple[Any, ...]] = {"suffix": (None,)}
-_COMPLETION_ONLY = ("suffix",)
-
-
-def check_off(method: str, options: dict[str, Any]) -> None:
-    for key, value in options.items():
-        if key not in OFF_VALUES or (key in _COMPLETION_ONLY and method != "create_completion"):
-            raise TypeError(f"{method}() got an unexpected keyword argument {key!r}")
-        off = OFF_VALUES[key]
-        numeric = type(value) in (int, float)
-        if not any(value is v or (numeric and type(v) in (int, float) and value == v) for v in off):
-            raise ValueError(f"{method}: {key}={value!r} is not supported by SpeculativeLlama "
-                             f"(only {' or '.join(map(repr, off))}, llama_cpp.Llama's 'off')")
 
 
 def check_logprobs(n: int | None) -> None:

@@ -3,7 +3,8 @@
 /v1/completions and /v1/chat/completions take the request fields SpeculativeLlama's create_completion
 and create_chat_completion take (OpenAI's, plus llama.cpp's top_k, min_p, repeat_penalty, grammar)
 and return their results; `"stream": true` sends the chunks as server-sent events ending with
-`data: [DONE]`. /v1/models and /health answer at once. One generation runs at a time (requests wait
+`data: [DONE]`. /infill is llama-server's fill-in-the-middle endpoint for code editors (its request
+fields and native response shape). /v1/models and /health answer at once. One generation runs at a time (requests wait
 their turn; the C++ loop releases the GIL, so the server stays responsive); a client that disconnects
 mid-stream ends its generation. Bad requests get a 400 with OpenAI's error shape, the server keeps
 serving.
@@ -16,7 +17,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -25,7 +26,7 @@ from ._core import DFlashError
 from .speculative import GenerationStats, SpeculativeLlama
 
 # request fields passed on (anything else an OpenAI client sends, e.g. "user" or "stream_options", is
-# ignored, as llama-server does); suffix is checked at its 'off' value downstream
+# ignored, as llama-server does)
 _COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "stream", "repeat_penalty",
            "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "grammar", "typical_p", "tfs_z",
            "mirostat_mode", "mirostat_tau", "mirostat_eta"}
@@ -62,6 +63,48 @@ def request_kwargs(path: str, body: Any) -> dict[str, Any]:
         except (AttributeError, TypeError, ValueError):
             raise BadRequest("logit_bias must map token ids to numbers") from None
     return kw
+
+
+# llama-server's /infill (its native completion format, which editor plugins such as llama.vim and
+# llama.vscode speak): its field names for the sampling options create_completion takes
+_INFILL_FIELDS = {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", "repeat_penalty",
+                  "frequency_penalty", "presence_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "grammar",
+                  "stream"}
+
+
+def infill_request(llm: SpeculativeLlama, body: Any) -> tuple[list[int], dict[str, Any]]:
+    """The prompt tokens and create_completion keyword arguments of an /infill request body (llama-server's
+    fields: input_prefix, input_suffix, input_extra, prompt, n_predict, ...); BadRequest names what is wrong."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    for required in ("input_prefix", "input_suffix"):
+        if required not in body:
+            raise BadRequest(f'"{required}" is required')
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list):
+        raise BadRequest('"input_extra" must be an array of {"filename": string, "text": string}')
+    n_predict = body.get("n_predict", -1)
+    if isinstance(n_predict, bool) or not isinstance(n_predict, int):
+        raise BadRequest(f'"n_predict" must be an integer (-1: until the end of the text), got {n_predict!r}')
+    # llama-server's prompt layout takes ITS -n, not the request's: a server started without one has -1
+    tokens = llm.infill_tokens(body["input_prefix"], body["input_suffix"], body.get("prompt", ""), extra)
+    kw = {k: v for k, v in body.items() if k in _INFILL_FIELDS}
+    if "mirostat" in kw:
+        kw["mirostat_mode"] = kw.pop("mirostat")
+    kw["max_tokens"] = None if n_predict < 0 else n_predict
+    return tokens, kw
+
+
+def infill_response(text: str, model: str, last: tuple[str, GenerationStats] | None) -> dict[str, Any]:
+    """One /infill answer or stream chunk in llama-server's native shape; the last (`last`: the prompt as
+    text and the generation's figures) with stop true and the figures."""
+    out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
+    if last is not None:
+        prompt, s = last
+        out.update(prompt=prompt, tokens_predicted=s.completion_tokens, tokens_evaluated=s.prompt_tokens,
+                   tokens_cached=s.prompt_tokens + max(s.completion_tokens - 1, 0),  # what the context holds
+                   truncated=False, timings=timings(s))
+    return out
 
 
 def timings(s: GenerationStats) -> dict[str, Any]:
@@ -113,7 +156,7 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
 
         def _authorized(self) -> bool:
             given = self.headers.get("Authorization", "")
-            if api_key is None or not self.path.startswith("/v1/") or \
+            if api_key is None or not (self.path.startswith("/v1/") or self.path == "/infill") or \
                     hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return True
             self._send_json(HTTPStatus.UNAUTHORIZED, _error(HTTPStatus.UNAUTHORIZED, "invalid or missing API key "
@@ -134,30 +177,72 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
         def do_POST(self) -> None:
             if not self._authorized():
                 return
-            if self.path not in _FIELDS:
+            if self.path not in _FIELDS and self.path != "/infill":
                 self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
                 return
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"null")
-                kw = request_kwargs(self.path, body)
+                kw = request_kwargs(self.path, body) if self.path in _FIELDS else {}
             except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
                 self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
                 return
-            method = getattr(llm, _FIELDS[self.path][0])
-            # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
-            options = body.get("stream_options")
-            usage = isinstance(options, dict) and bool(options.get("include_usage"))
             with turn:
-                # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
-                self._generate(method, kw, 2 if self.path == "/v1/chat/completions" else 1, usage)
+                if self.path == "/infill":
+                    self._infill(body)
+                    return
+                # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
+                options = body.get("stream_options")
+                usage = isinstance(options, dict) and bool(options.get("include_usage"))
 
-        def _generate(self, method: Any, kw: dict[str, Any], n_before_prefill: int, usage: bool) -> None:
-            stream = bool(kw.get("stream"))
+                def last(held: dict[str, Any]) -> list[dict[str, Any]]:
+                    events = [{**held, "timings": timings(llm.stats)}]
+                    if usage:
+                        s = llm.stats  # the finished generation's
+                        events.append({**{k: held[k] for k in ("id", "object", "created", "model")}, "choices": [],
+                                       "usage": {"prompt_tokens": s.prompt_tokens,
+                                                 "completion_tokens": s.completion_tokens,
+                                                 "total_tokens": s.prompt_tokens + s.completion_tokens}})
+                    return events
+
+                method = getattr(llm, _FIELDS[self.path][0])
+                # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
+                n_before_prefill = 2 if self.path == "/v1/chat/completions" else 1
+                self._generate(lambda: method(**kw, model=model_name), bool(kw.get("stream")), n_before_prefill,
+                               lambda out: {**out, "timings": timings(llm.stats)}, last, done=True)
+
+        def _infill(self, body: Any) -> None:
+            """llama-server's /infill, answered in its native shape (no [DONE] after a stream)."""
+            stream = isinstance(body, dict) and bool(body.get("stream"))
+            prompt: list[str] = []  # the prompt as text, once made
+
+            def start() -> Any:
+                tokens, kw = infill_request(llm, body)
+                prompt.append(llm.detokenize(tokens, special=True).decode("utf-8", "replace"))
+                out = llm.create_completion(tokens, **kw, model=model_name)
+                return native(out) if stream else out
+
+            def native(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+                try:
+                    for c in chunks:
+                        yield infill_response(c["choices"][0]["text"], model_name, None)
+                finally:
+                    chunks.close()  # type: ignore[attr-defined]
+
+            self._generate(start, stream, 1,
+                           lambda out: infill_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
+                           lambda held: [infill_response(held["content"], model_name, (prompt[0], llm.stats))],
+                           done=False)
+
+        def _generate(self, start: Callable[[], Any], stream: bool, n_before_prefill: int,
+                      reply: Callable[[dict[str, Any]], dict[str, Any]],
+                      last: Callable[[dict[str, Any]], list[dict[str, Any]]], done: bool) -> None:
+            """start() -> a result, or a stream of chunks of which `last` makes the final events; `reply`
+            makes the response of a result; `done`: a stream ends with OpenAI's [DONE]."""
             try:
                 # settings errors raise here; a stream's prefill (a grammar that does not parse, a prompt
                 # longer than the context) in its first chunks: both before any byte is sent
-                result = method(**kw, model=model_name)
+                result = start()
                 first = list(itertools.islice(result, n_before_prefill)) if stream else []
             except (ValueError, TypeError, DFlashError) as e:
                 self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, str(e)))
@@ -167,11 +252,12 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                                 _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
                 return
             if not stream:
-                self._send_json(HTTPStatus.OK, {**result, "timings": timings(llm.stats)})
+                self._send_json(HTTPStatus.OK, reply(result))
                 return
-            self._send_events(first, result, usage)
+            self._send_events(first, result, last, done)
 
-        def _send_events(self, first: list[dict[str, Any]], rest: Iterator[dict[str, Any]], usage: bool) -> None:
+        def _send_events(self, first: list[dict[str, Any]], rest: Iterator[dict[str, Any]],
+                         last: Callable[[dict[str, Any]], list[dict[str, Any]]], done: bool) -> None:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -190,16 +276,10 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                         self._event(held)
                     self._event(_error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
                 else:
-                    if held is not None:
-                        self._event({**held, "timings": timings(llm.stats)})
-                        if usage:
-                            s = llm.stats  # the finished generation's
-                            self._event({**{k: held[k] for k in ("id", "object", "created", "model")},
-                                         "choices": [], "usage": {"prompt_tokens": s.prompt_tokens,
-                                                                  "completion_tokens": s.completion_tokens,
-                                                                  "total_tokens": s.prompt_tokens +
-                                                                  s.completion_tokens}})
-                self.wfile.write(b"data: [DONE]\n\n")
+                    for event in last(held) if held is not None else []:
+                        self._event(event)
+                if done:
+                    self.wfile.write(b"data: [DONE]\n\n")
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client left: closing the generator below ends the generation
             finally:

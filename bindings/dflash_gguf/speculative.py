@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._core import DFlashError, Speculator, release_openmp_threads
+from .infill import fim_prompt, require_fim, server_infill_prompt
 from .llama_compat import (
     LogprobCursor,
     TokenLogprob,
     chat_logprobs,
     check_logprobs,
-    check_off,
     forced_tool,
     response_format_grammar,
 )
@@ -202,6 +202,7 @@ class SpeculativeLlama:
         self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as llama_cpp.Llama's
         self.model_path = target
         self.draft_path = draft
+        self.n_batch = n_batch
         self._lock = threading.Lock()
         self._llama: Any = None  # an adopted llama_cpp.Llama, kept alive
         self.cache: Any = None  # set_cache's
@@ -233,6 +234,7 @@ class SpeculativeLlama:
                                 draft_q=draft_q, fallback=fallback)
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, _core=core)
+        obj.n_batch = int(getattr(llm, "n_batch", obj.n_batch))
         obj._llama = llm
         # Whatever frees the Llama's context (its close(), or the garbage collector finalizing its
         # LlamaContext, in any order with us), let go of the context first: the context's own exit
@@ -290,6 +292,35 @@ class SpeculativeLlama:
 
     def token_bos(self) -> int:
         return self._spec.token_bos
+
+    def infill_tokens(self, input_prefix: str, input_suffix: str, prompt: str = "",
+                      input_extra: Sequence[dict[str, Any]] = (), n_predict: int = -1) -> list[int]:
+        """The prompt llama-server's /infill makes of these fields (its names) with this object's n_batch
+        and n_ctx: pass it to create_completion. `input_extra`: [{"filename": ..., "text": ...}], other
+        files of the project, kept as far as the context allows after n_predict tokens. ValueError when
+        the target has no fill-in-the-middle tokens."""
+        fim = self._fim()
+        for chunk in input_extra:
+            if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str) or \
+                    not isinstance(chunk.get("filename", ""), str):
+                raise ValueError(f'input_extra chunks must be {{"filename": string, "text": string}}, got {chunk!r:.80}')
+        for name, value in (("input_prefix", input_prefix), ("input_suffix", input_suffix), ("prompt", prompt)):
+            if not isinstance(value, str):
+                raise ValueError(f"{name} must be a string, got {value!r:.80}")
+
+        def tokenize(text: str, special: bool) -> list[int]:
+            return self.tokenize(text.encode(), add_bos=False, special=special)
+
+        return server_infill_prompt(fim, self._bos(), tokenize, input_prefix, input_suffix, prompt, input_extra,
+                                    self.n_batch, self.n_ctx(), n_predict)
+
+    def _fim(self) -> dict[str, int]:
+        fim = self._spec.fim_tokens
+        require_fim(fim, self.model_path)
+        return fim
+
+    def _bos(self) -> list[int]:
+        return [self._spec.token_bos] if self._spec.add_bos else []
 
     @property
     def n_max(self) -> int | str:
@@ -602,12 +633,13 @@ class SpeculativeLlama:
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
-        tfs_z: float = 1.0,  # noqa: ARG002 - llama_cpp.Llama 0.3.36 takes it and ignores it (no tail-free sampler)
-        **options: Any,
+        tfs_z: float = 1.0,  # llama_cpp.Llama 0.3.36 takes it and ignores it (no tail-free sampler)
+        suffix: str | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
-        """llama_cpp.Llama.create_completion's arguments and result shapes. `suffix`, which this class
-        does not implement, is accepted at its 'off' value (None) only; `tfs_z` is ignored, as
-        llama_cpp.Llama 0.3.36 ignores it. `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
+        """llama_cpp.Llama.create_completion's arguments and result shapes. `tfs_z` is ignored, as
+        llama_cpp.Llama 0.3.36 ignores it. `suffix`: fill in the middle, the prompt being the text before
+        the cursor and the suffix the text after it, in the target's FIM tokens ([BOS] <FIM_PRE> prompt
+        <FIM_SUF> suffix <FIM_MID>; ValueError for a target without them). `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
         log-probabilities under the target's raw logits and the n most likely at each; with echo the
         prompt's too (the first None, as in OpenAI's API; the whole prompt is decoded again for them).
         `logits_processor(input_ids, scores) -> scores` and `stopping_criteria(input_ids, logits) -> bool`
@@ -615,14 +647,22 @@ class SpeculativeLlama:
         llama_cpp.Llama calls them: once per generated token, with the prompt and output before it;
         stopping_criteria gets the raw logits that chose the token and, when true, the completion ends
         before that token with finish_reason "stop"."""
-        check_off("create_completion", options)
         check_logprobs(logprobs)
         echo_logprobs = echo and logprobs is not None
+        tokens: str | Sequence[int] = prompt
+        if suffix is not None:
+            if not isinstance(suffix, str):
+                raise ValueError(f"suffix must be a string or None, got {suffix!r:.80}")
+            if echo_logprobs:
+                raise ValueError("echo with logprobs lists the prompt's tokens: not with a suffix (FIM tokens)")
+            fim = self._fim()
+            prefix = self.tokenize(prompt.encode(), add_bos=False) if isinstance(prompt, str) else prompt
+            tokens = fim_prompt(fim, self._bos(), prefix, self.tokenize(suffix.encode(), add_bos=False))
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, sampling, stop, seed, logprobs, stopping_criteria,
+        chunks = self._completion_chunks(tokens, max_tokens, sampling, stop, seed, logprobs, stopping_criteria,
                                          echo_logprobs)
         model_name = model if model is not None else self.model_path
         prompt_text = ""
@@ -690,8 +730,7 @@ class SpeculativeLlama:
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
-        tfs_z: float = 1.0,  # noqa: ARG002 - as in create_completion
-        **options: Any,
+        tfs_z: float = 1.0,  # ignored, as in create_completion
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
         template-based chat handlers do. `grammar` and `logits_processor` as in create_completion.
@@ -704,7 +743,6 @@ class SpeculativeLlama:
         delta at the end).
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
         Sampling options as in create_completion."""
-        check_off("create_chat_completion", options)
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs)
         template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
