@@ -4,10 +4,10 @@
 and create_chat_completion take (OpenAI's, plus llama.cpp's top_k, min_p, repeat_penalty, grammar)
 and return their results; `"stream": true` sends the chunks as server-sent events ending with
 `data: [DONE]`. /infill is llama-server's fill-in-the-middle endpoint for code editors (its request
-fields and native response shape). /v1/models and /health answer at once. One generation runs at a time (requests wait
-their turn; the C++ loop releases the GIL, so the server stays responsive); a client that disconnects
-mid-stream ends its generation. Bad requests get a 400 with OpenAI's error shape, the server keeps
-serving.
+fields and native response shape). /v1/models and /health answer at once. One generation runs at a
+time (requests wait their turn; the C++ loop releases the GIL, so the server stays responsive); a
+client that disconnects mid-stream ends its generation. Bad requests get a 400 with OpenAI's error
+shape, the server keeps serving.
 """
 
 from __future__ import annotations
@@ -117,6 +117,17 @@ def timings(s: GenerationStats) -> dict[str, Any]:
             "mean_accepted_length": s.mean_accepted_length}
 
 
+def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: bool) -> list[dict[str, Any]]:
+    """A stream's last chunk with the generation's timings, then (stream_options.include_usage) OpenAI's
+    usage chunk."""
+    events = [{**held, "timings": timings(s)}]
+    if usage:
+        events.append({**{k: held[k] for k in ("id", "object", "created", "model")}, "choices": [],
+                       "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                                 "total_tokens": s.prompt_tokens + s.completion_tokens}})
+    return events
+
+
 def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
@@ -194,22 +205,12 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
                 options = body.get("stream_options")
                 usage = isinstance(options, dict) and bool(options.get("include_usage"))
-
-                def last(held: dict[str, Any]) -> list[dict[str, Any]]:
-                    events = [{**held, "timings": timings(llm.stats)}]
-                    if usage:
-                        s = llm.stats  # the finished generation's
-                        events.append({**{k: held[k] for k in ("id", "object", "created", "model")}, "choices": [],
-                                       "usage": {"prompt_tokens": s.prompt_tokens,
-                                                 "completion_tokens": s.completion_tokens,
-                                                 "total_tokens": s.prompt_tokens + s.completion_tokens}})
-                    return events
-
                 method = getattr(llm, _FIELDS[self.path][0])
                 # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
                 n_before_prefill = 2 if self.path == "/v1/chat/completions" else 1
                 self._generate(lambda: method(**kw, model=model_name), bool(kw.get("stream")), n_before_prefill,
-                               lambda out: {**out, "timings": timings(llm.stats)}, last, done=True)
+                               lambda out: {**out, "timings": timings(llm.stats)},
+                               lambda held: openai_last_events(held, llm.stats, usage), done=True)
 
         def _infill(self, body: Any) -> None:
             """llama-server's /infill, answered in its native shape (no [DONE] after a stream)."""

@@ -303,7 +303,8 @@ class SpeculativeLlama:
         for chunk in input_extra:
             if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str) or \
                     not isinstance(chunk.get("filename", ""), str):
-                raise ValueError(f'input_extra chunks must be {{"filename": string, "text": string}}, got {chunk!r:.80}')
+                msg = f'input_extra chunks must be {{"filename": string, "text": string}}, got {chunk!r:.80}'
+                raise ValueError(msg)
         for name, value in (("input_prefix", input_prefix), ("input_suffix", input_suffix), ("prompt", prompt)):
             if not isinstance(value, str):
                 raise ValueError(f"{name} must be a string, got {value!r:.80}")
@@ -639,9 +640,10 @@ class SpeculativeLlama:
         """llama_cpp.Llama.create_completion's arguments and result shapes. `tfs_z` is ignored, as
         llama_cpp.Llama 0.3.36 ignores it. `suffix`: fill in the middle, the prompt being the text before
         the cursor and the suffix the text after it, in the target's FIM tokens ([BOS] <FIM_PRE> prompt
-        <FIM_SUF> suffix <FIM_MID>; ValueError for a target without them). `grammar`: a llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens'
-        log-probabilities under the target's raw logits and the n most likely at each; with echo the
-        prompt's too (the first None, as in OpenAI's API; the whole prompt is decoded again for them).
+        <FIM_SUF> suffix <FIM_MID>; ValueError for a target without them). `grammar`: a
+        llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens' log-probabilities under
+        the target's raw logits and the n most likely at each; with echo the prompt's too (the first
+        None, as in OpenAI's API; the whole prompt is decoded again for them).
         `logits_processor(input_ids, scores) -> scores` and `stopping_criteria(input_ids, logits) -> bool`
         (llama_cpp.LogitsProcessorList / StoppingCriteriaList, or any callable) are called as
         llama_cpp.Llama calls them: once per generated token, with the prompt and output before it;
