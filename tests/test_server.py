@@ -225,7 +225,9 @@ def test_an_api_key_guards_the_v1_routes(llm: SpeculativeLlama) -> None:
 def test_cli_serves_until_interrupted() -> None:
     args = [sys.executable, "-m", "dflash_gguf.cli", "serve", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
             "-c", "256", "-t", str(THREADS), "--alias", "tiny-cli", "--cache-ram", "16", "--port"]
-    proc = subprocess.Popen([*args, "0"], stderr=subprocess.PIPE, text=True)
+    # SIGINT at its default: a suite started in the background (CI) passes it on ignored
+    proc = subprocess.Popen([*args, "0"], stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         found = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
