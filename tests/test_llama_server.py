@@ -254,3 +254,38 @@ def libllama_text(model: Path, tokens: list[int]) -> str:
         vocab_model.close()
     assert n >= 0
     return buf.raw[:n].decode("utf-8")
+
+
+def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """llama-server's /completion, /tokenize and /detokenize and ours on the same target: the same tokens,
+    pieces and text, and the same greedy completion and token counts."""
+    import threading
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import make_server
+    from tinycode import drafter_gguf
+
+    target = tinycode / "target-f16.gguf"
+    with running_server(llama_server, target, tmp_path / "native.log") as base, \
+            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm:
+        server = make_server(llm, "127.0.0.1", 0, "ours")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            ours_base = f"http://127.0.0.1:{server.server_address[1]}"
+            for text in prompts(tinycode):
+                for path, body in (("/tokenize", {"content": text}),
+                                   ("/tokenize", {"content": text + "<|endoftext|>", "with_pieces": True}),
+                                   ("/tokenize", {"content": "<|endoftext|>x", "parse_special": False})):
+                    assert http_json(ours_base + path, body) == http_json(base + path, body), (path, body)
+                ids = http_json(base + "/tokenize", {"content": text})[1]["tokens"]
+                body = {"tokens": ids + [0]}
+                assert http_json(ours_base + "/detokenize", body) == http_json(base + "/detokenize", body)
+                req = {"prompt": text, "n_predict": N_PREDICT, "temperature": 0.0, "cache_prompt": False}
+                _, theirs = http_json(base + "/completion", req)
+                _, ours = http_json(ours_base + "/completion", req)
+                assert ours["content"] == theirs["content"]
+                for key in ("tokens_predicted", "tokens_evaluated", "stop"):
+                    assert ours[key] == theirs[key], key
+        finally:
+            server.shutdown()
+            server.server_close()

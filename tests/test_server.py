@@ -115,6 +115,37 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     assert out["choices"] == banned["choices"] != direct["choices"]
 
 
+def test_llama_server_native_routes(llm: SpeculativeLlama, port: int) -> None:
+    """/completion (and /completions), /tokenize, /detokenize in llama-server's shapes: the text is the
+    Python API's, streamed as native events ending with stop true (no [DONE]); bad bodies get a 400.
+    (test_llama_server.py compares them with llama-server's own answers.)"""
+    prompt = prompts()[2]["text"]
+    direct = llm.create_completion(prompt, max_tokens=24, **GREEDY)["choices"][0]["text"]
+    for path in ("/completion", "/completions"):
+        status, out = request(port, "POST", path, {"prompt": prompt, "n_predict": 24, **GREEDY})
+        assert status == 200 and out["content"] == direct and out["stop"] is True, out
+        assert out["tokens_predicted"] == 24 and out["timings"]["predicted_n"] == 24
+    ids = llm.tokenize(prompt.encode())
+    assert request(port, "POST", "/completion", {"prompt": ids, "n_predict": 24, **GREEDY})[1]["content"] == direct
+    status, payload = request(port, "POST", "/completion", {"prompt": prompt, "n_predict": 24, "stream": True,
+                                                            **GREEDY})
+    parts = [json.loads(p[len(b"data: "):]) for p in payload.split(b"\n\n") if p]
+    assert "".join(p["content"] for p in parts) == direct
+    assert parts[-1]["stop"] is True and not any(p["stop"] for p in parts[:-1])
+
+    assert request(port, "POST", "/tokenize", {"content": prompt}) == (200, {"tokens": ids})
+    status, pieces = request(port, "POST", "/tokenize", {"content": "def f(x):", "with_pieces": True})
+    assert "".join(p["piece"] for p in pieces["tokens"]) == "def f(x):"
+    assert request(port, "POST", "/detokenize", {"tokens": ids}) == (200, {"content": prompt})
+    for path, bad, message in (("/completion", {"n_predict": 4}, "prompt"),
+                               ("/completion", {"prompt": [1.5]}, "prompt"),
+                               ("/completion", {"prompt": "x", "n_predict": "many"}, "n_predict"),
+                               ("/tokenize", {"content": 5}, "content"),
+                               ("/detokenize", {"tokens": [10**9]}, "tokens")):
+        status, out = request(port, "POST", path, bad)
+        assert status == 400 and message in out["error"]["message"], (path, bad, out)
+
+
 def test_bad_requests_get_a_400_and_the_server_keeps_serving(llm: SpeculativeLlama, port: int) -> None:
     long_chat = [{"role": "user", "content": "x " * 600}]  # longer than n_ctx = 512
     cases = [
@@ -202,7 +233,7 @@ def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> No
         server.server_close()
 
 
-def test_an_api_key_guards_the_v1_routes(llm: SpeculativeLlama) -> None:
+def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None:
     server = make_server(llm, "127.0.0.1", 0, "tiny", api_key="s3cret")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
@@ -213,6 +244,9 @@ def test_an_api_key_guards_the_v1_routes(llm: SpeculativeLlama) -> None:
             status, out = request(port, "POST", "/v1/completions", body, headers=headers)
             assert status == 401 and "API key" in out["error"]["message"], (headers, out)
         assert request(port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+        for path, native in (("/completion", {"prompt": "x = 1", "n_predict": 4}), ("/tokenize", {"content": "x"}),
+                             ("/detokenize", {"tokens": [5]})):
+            assert request(port, "POST", path, native)[0] == 401, path
         ok = {"Authorization": "Bearer s3cret"}
         assert request(port, "GET", "/v1/models", headers=ok)[0] == 200
         status, out = request(port, "POST", "/v1/completions", body, headers=ok)

@@ -3,8 +3,8 @@
 /v1/completions and /v1/chat/completions take the request fields SpeculativeLlama's create_completion
 and create_chat_completion take (OpenAI's, plus llama.cpp's top_k, min_p, repeat_penalty, grammar)
 and return their results; `"stream": true` sends the chunks as server-sent events ending with
-`data: [DONE]`. /infill is llama-server's fill-in-the-middle endpoint for code editors (its request
-fields and native response shape). /v1/models and /health answer at once. One generation runs at a
+`data: [DONE]`. llama-server's native /completion, /infill (fill in the middle, for code editors),
+/tokenize and /detokenize take its request fields and answer in its shapes. /v1/models and /health answer at once. One generation runs at a
 time (requests wait their turn; the C++ loop releases the GIL, so the server stays responsive); a
 client that disconnects mid-stream ends its generation. Bad requests get a 400 with OpenAI's error
 shape, the server keeps serving.
@@ -65,38 +65,87 @@ def request_kwargs(path: str, body: Any) -> dict[str, Any]:
     return kw
 
 
-# llama-server's /infill (its native completion format, which editor plugins such as llama.vim and
+# llama-server's native routes (/completion, /infill: the format editor plugins such as llama.vim and
 # llama.vscode speak): its field names for the sampling options create_completion takes
-_INFILL_FIELDS = {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", "repeat_penalty",
+_NATIVE_FIELDS = {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", "repeat_penalty",
                   "frequency_penalty", "presence_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "grammar",
                   "stream"}
 
 
-def infill_request(llm: SpeculativeLlama, body: Any) -> tuple[list[int], dict[str, Any]]:
-    """The prompt tokens and create_completion keyword arguments of an /infill request body (llama-server's
-    fields: input_prefix, input_suffix, input_extra, prompt, n_predict, ...); BadRequest names what is wrong."""
+def native_kwargs(body: Any, required: tuple[str, ...]) -> dict[str, Any]:
+    """create_completion's keyword arguments of a native request body (llama-server's names: n_predict,
+    mirostat, ...); BadRequest names what is wrong."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
-    for required in ("input_prefix", "input_suffix"):
-        if required not in body:
-            raise BadRequest(f'"{required}" is required')
-    extra = body.get("input_extra", [])
-    if not isinstance(extra, list):
-        raise BadRequest('"input_extra" must be an array of {"filename": string, "text": string}')
+    for name in required:
+        if name not in body:
+            raise BadRequest(f'"{name}" is required')
     n_predict = body.get("n_predict", -1)
     if isinstance(n_predict, bool) or not isinstance(n_predict, int):
         raise BadRequest(f'"n_predict" must be an integer (-1: until the end of the text), got {n_predict!r}')
-    # llama-server's prompt layout takes ITS -n, not the request's: a server started without one has -1
-    tokens = llm.infill_tokens(body["input_prefix"], body["input_suffix"], body.get("prompt", ""), extra)
-    kw = {k: v for k, v in body.items() if k in _INFILL_FIELDS}
+    kw = {k: v for k, v in body.items() if k in _NATIVE_FIELDS}
     if "mirostat" in kw:
         kw["mirostat_mode"] = kw.pop("mirostat")
     kw["max_tokens"] = None if n_predict < 0 else n_predict
-    return tokens, kw
+    return kw
 
 
-def infill_response(text: str, model: str, last: tuple[str, GenerationStats] | None) -> dict[str, Any]:
-    """One /infill answer or stream chunk in llama-server's native shape; the last (`last`: the prompt as
+def completion_request(llm: SpeculativeLlama, body: Any) -> tuple[list[int], dict[str, Any]]:
+    """The prompt tokens and create_completion keyword arguments of a /completion request body: its
+    `prompt` text (BOS added where the vocabulary asks, special tokens parsed, as llama-server) or ids."""
+    kw = native_kwargs(body, ("prompt",))
+    prompt = body["prompt"]
+    if isinstance(prompt, str):
+        return llm.tokenize(prompt.encode(), add_bos=True, special=True), kw
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return prompt, kw
+    raise BadRequest('"prompt" must be a string or a non-empty array of token ids')
+
+
+def infill_request(llm: SpeculativeLlama, body: Any) -> tuple[list[int], dict[str, Any]]:
+    """The prompt tokens and create_completion keyword arguments of an /infill request body (llama-server's
+    fields: input_prefix, input_suffix, input_extra, prompt, n_predict, ...)."""
+    kw = native_kwargs(body, ("input_prefix", "input_suffix"))
+    extra = body.get("input_extra", [])
+    if not isinstance(extra, list):
+        raise BadRequest('"input_extra" must be an array of {"filename": string, "text": string}')
+    # llama-server's prompt layout takes ITS -n, not the request's: a server started without one has -1
+    return llm.infill_tokens(body["input_prefix"], body["input_suffix"], body.get("prompt", ""), extra), kw
+
+
+# llama-server's native generation routes: how each makes its prompt
+_NATIVE = {"/completion": completion_request, "/completions": completion_request, "/infill": infill_request}
+
+
+def tokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
+    """llama-server's /tokenize: {"tokens": ids}, or with with_pieces [{"id", "piece"}] (a piece that is
+    not UTF-8 as its byte values)."""
+    if not isinstance(body, dict) or not isinstance(body.get("content", ""), str):
+        raise BadRequest('"content" must be a string')
+    tokens = llm.tokenize(body.get("content", "").encode(), add_bos=bool(body.get("add_special", False)),
+                          special=bool(body.get("parse_special", True)))
+    if not body.get("with_pieces", False):
+        return {"tokens": tokens}
+    out = []
+    for t in tokens:
+        piece = llm.detokenize([t], special=True)
+        try:
+            out.append({"id": t, "piece": piece.decode("utf-8")})
+        except UnicodeDecodeError:
+            out.append({"id": t, "piece": list(piece)})
+    return {"tokens": out}
+
+
+def detokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
+    """llama-server's /detokenize: the tokens' pieces (special tokens' text included) joined."""
+    tokens = body.get("tokens", []) if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < llm.n_vocab() for t in tokens):
+        raise BadRequest(f'"tokens" must be an array of token ids below {llm.n_vocab()}')
+    return {"content": b"".join(llm.detokenize([t], special=True) for t in tokens).decode("utf-8", "replace")}
+
+
+def native_response(text: str, model: str, last: tuple[str, GenerationStats] | None) -> dict[str, Any]:
+    """One /completion or /infill answer or stream chunk in llama-server's native shape; the last (`last`: the prompt as
     text and the generation's figures) with stop true and the figures."""
     out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
     if last is not None:
@@ -136,7 +185,7 @@ def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
 def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080, model_name: str = "dflash",
                 api_key: str | None = None) -> ThreadingHTTPServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
-    `api_key`, /v1/ requests need `Authorization: Bearer <api_key>` (llama-server's --api-key)."""
+    `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key)."""
     turn = threading.Lock()  # one generation at a time; the others wait
     created = int(time.time())
 
@@ -167,7 +216,7 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
 
         def _authorized(self) -> bool:
             given = self.headers.get("Authorization", "")
-            if api_key is None or not (self.path.startswith("/v1/") or self.path == "/infill") or \
+            if api_key is None or self.path == "/health" or \
                     hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
                 return True
             self._send_json(HTTPStatus.UNAUTHORIZED, _error(HTTPStatus.UNAUTHORIZED, "invalid or missing API key "
@@ -188,19 +237,23 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
         def do_POST(self) -> None:
             if not self._authorized():
                 return
-            if self.path not in _FIELDS and self.path != "/infill":
+            tokens = {"/tokenize": tokenize_response, "/detokenize": detokenize_response}.get(self.path)
+            if self.path not in _FIELDS and self.path not in _NATIVE and tokens is None:
                 self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
                 return
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"null")
                 kw = request_kwargs(self.path, body) if self.path in _FIELDS else {}
+                if tokens is not None:  # no generation: no turn to wait for
+                    self._send_json(HTTPStatus.OK, tokens(llm, body))
+                    return
             except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
                 self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
                 return
             with turn:
-                if self.path == "/infill":
-                    self._infill(body)
+                if self.path in _NATIVE:
+                    self._native(body, _NATIVE[self.path])
                     return
                 # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
                 options = body.get("stream_options")
@@ -212,13 +265,13 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                                lambda out: {**out, "timings": timings(llm.stats)},
                                lambda held: openai_last_events(held, llm.stats, usage), done=True)
 
-        def _infill(self, body: Any) -> None:
-            """llama-server's /infill, answered in its native shape (no [DONE] after a stream)."""
+        def _native(self, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
+            """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""
             stream = isinstance(body, dict) and bool(body.get("stream"))
             prompt: list[str] = []  # the prompt as text, once made
 
             def start() -> Any:
-                tokens, kw = infill_request(llm, body)
+                tokens, kw = make_request(llm, body)
                 prompt.append(llm.detokenize(tokens, special=True).decode("utf-8", "replace"))
                 out = llm.create_completion(tokens, **kw, model=model_name)
                 return native(out) if stream else out
@@ -226,13 +279,13 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             def native(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                 try:
                     for c in chunks:
-                        yield infill_response(c["choices"][0]["text"], model_name, None)
+                        yield native_response(c["choices"][0]["text"], model_name, None)
                 finally:
                     chunks.close()  # type: ignore[attr-defined]
 
             self._generate(start, stream, 1,
-                           lambda out: infill_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
-                           lambda held: [infill_response(held["content"], model_name, (prompt[0], llm.stats))],
+                           lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
+                           lambda held: [native_response(held["content"], model_name, (prompt[0], llm.stats))],
                            done=False)
 
         def _generate(self, start: Callable[[], Any], stream: bool, n_before_prefill: int,
