@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,9 @@ def test_sampling_options_are_the_api_s() -> None:
         assert typical.stdout != r.stdout
     bad = run_generate("-p", text, "--mirostat", "3")
     assert bad.returncode == 2 and "--mirostat" in bad.stderr
+
+
+def test_batch_size_reaches_libllama() -> None:
+    r = run_generate("-p", "def f(x):", "-b", "64", "--verbose")
+    assert r.returncode == 0, r.stderr
+    assert re.search(r"n_batch\s+= 64\b", r.stderr) and re.search(r"n_ubatch\s+= 64\b", r.stderr), r.stderr[-2000:]

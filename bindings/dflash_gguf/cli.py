@@ -60,6 +60,9 @@ _MODEL_OPTIONS = [
     click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
                  help="Which exact q the draft tokens are sampled from at temperature > 0."),
     click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size."),
+    click.option("--batch-size", "-b", default=512, show_default=True,
+                 help="Prompt tokens per decode; also where /infill cuts the prefix and suffix, as llama-server "
+                      "(whose default is 2048)."),
     click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU."),
     click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = the physical cores this process may run on)."),
     click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ..."),
@@ -78,11 +81,11 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int, threads: int,
-                device: str, no_repack: bool, verbose: bool, **kw: Any) -> SpeculativeLlama:
+def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int, batch_size: int, n_gpu_layers: int,
+                threads: int, device: str, no_repack: bool, verbose: bool, **kw: Any) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
 
-    return SpeculativeLlama(target, draft, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
+    return SpeculativeLlama(target, draft, n_ctx=ctx_size, n_batch=batch_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
                             n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
                             repack=False if no_repack else None, verbose=verbose, **kw)
 
@@ -117,8 +120,8 @@ def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int
 def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, typical_p: float, mirostat_mode: int, mirostat_eta: float, mirostat_tau: float,
              repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
-             frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, n_gpu_layers: int,
-             threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
+             frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, batch_size: int,
+             n_gpu_layers: int, threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
              json_schema: str | None, json_schema_file: str | None, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     if (prompt is None) == (prompt_file is None):
@@ -147,8 +150,8 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
             _fail(e)
 
     try:
-        llm = _open_model(target, draft, n_max, draft_q, ctx_size, n_gpu_layers, threads, device, no_repack, verbose,
-                          last_n_tokens_size=repeat_last_n)
+        llm = _open_model(target, draft, n_max, draft_q, ctx_size, batch_size, n_gpu_layers, threads, device,
+                          no_repack, verbose, last_n_tokens_size=repeat_last_n)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                   mirostat_mode=mirostat_mode, mirostat_eta=mirostat_eta, mirostat_tau=mirostat_tau,
                   repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
