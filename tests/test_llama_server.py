@@ -211,7 +211,8 @@ def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
         {"input_prefix": "".join(texts[:4]), "input_suffix": "".join(texts[4:])},  # > 3/4 and > 1/4 of 256
     ]
     target = fim_target_gguf()
-    with running_server(llama_server, target, tmp_path / "infill.log", extra_args=["-b", "256", "-ub", "256"]) as base, \
+    batch = ["-b", "256", "-ub", "256"]
+    with running_server(llama_server, target, tmp_path / "infill.log", extra_args=batch) as base, \
             SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_batch=256, n_threads=2,
                              n_max=3) as llm:
         server = make_server(llm, "127.0.0.1", 0, "ours")
@@ -280,12 +281,21 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
                 ids = http_json(base + "/tokenize", {"content": text})[1]["tokens"]
                 body = {"tokens": ids + [0]}
                 assert http_json(ours_base + "/detokenize", body) == http_json(base + "/detokenize", body)
-                req = {"prompt": text, "n_predict": N_PREDICT, "temperature": 0.0, "cache_prompt": False}
-                _, theirs = http_json(base + "/completion", req)
-                _, ours = http_json(ours_base + "/completion", req)
-                assert ours["content"] == theirs["content"]
-                for key in ("tokens_predicted", "tokens_evaluated", "stop"):
-                    assert ours[key] == theirs[key], key
+                for ignore_eos in (False, True):
+                    req = {"prompt": text, "n_predict": N_PREDICT, "temperature": 0.0, "cache_prompt": False,
+                           "ignore_eos": ignore_eos}
+                    _, theirs = http_json(base + "/completion", req)
+                    _, ours = http_json(ours_base + "/completion", req)
+                    assert ours["content"] == theirs["content"]
+                    for key in ("tokens_predicted", "tokens_evaluated", "stop"):
+                        assert ours[key] == theirs[key], key
+            # a prompt whose greedy continuation ends the text early: ignore_eos goes on past it
+            short = {"prompt": 'if __name__ == "__main__":\n    main()\n', "n_predict": 200, "temperature": 0.0}
+            ended = http_json(ours_base + "/completion", short)[1]
+            assert ended["tokens_predicted"] < 200, ended
+            for server_base in (base, ours_base):
+                _, out = http_json(server_base + "/completion", {**short, "ignore_eos": True})
+                assert out["tokens_predicted"] == 200, server_base
         finally:
             server.shutdown()
             server.server_close()

@@ -4,9 +4,9 @@
 and create_chat_completion take (OpenAI's, plus llama.cpp's top_k, min_p, repeat_penalty, grammar)
 and return their results; `"stream": true` sends the chunks as server-sent events ending with
 `data: [DONE]`. llama-server's native /completion, /infill (fill in the middle, for code editors),
-/tokenize and /detokenize take its request fields and answer in its shapes. /v1/models and /health answer at once. One generation runs at a
-time (requests wait their turn; the C++ loop releases the GIL, so the server stays responsive); a
-client that disconnects mid-stream ends its generation. Bad requests get a 400 with OpenAI's error
+/tokenize and /detokenize take its request fields and answer in its shapes. /v1/models and /health
+answer at once. One generation runs at a time (requests wait their turn; the C++ loop releases the
+GIL, so the server stays responsive); a client that disconnects mid-stream ends its generation. Bad requests get a 400 with OpenAI's error
 shape, the server keeps serving.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hmac
 import itertools
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -90,10 +91,19 @@ def native_kwargs(body: Any, required: tuple[str, ...]) -> dict[str, Any]:
     return kw
 
 
+def no_end_of_text(llm: SpeculativeLlama) -> dict[int, float]:
+    """llama-server's ignore_eos: every end-of-generation token's logit at -inf."""
+    n = llm.n_vocab()
+    return {t: -math.inf for t in range(n) if llm._spec.is_eog(t)}
+
+
 def completion_request(llm: SpeculativeLlama, body: Any) -> tuple[list[int], dict[str, Any]]:
     """The prompt tokens and create_completion keyword arguments of a /completion request body: its
-    `prompt` text (BOS added where the vocabulary asks, special tokens parsed, as llama-server) or ids."""
+    `prompt` text (BOS added where the vocabulary asks, special tokens parsed, as llama-server) or ids;
+    `ignore_eos` as llama-server's."""
     kw = native_kwargs(body, ("prompt",))
+    if body.get("ignore_eos"):
+        kw["logit_bias"] = no_end_of_text(llm)
     prompt = body["prompt"]
     if isinstance(prompt, str):
         return llm.tokenize(prompt.encode(), add_bos=True, special=True), kw
