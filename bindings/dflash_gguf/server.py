@@ -6,8 +6,8 @@ and return their results; `"stream": true` sends the chunks as server-sent event
 `data: [DONE]`. llama-server's native /completion, /infill (fill in the middle, for code editors),
 /tokenize and /detokenize take its request fields and answer in its shapes. /v1/models and /health
 answer at once. One generation runs at a time (requests wait their turn; the C++ loop releases the
-GIL, so the server stays responsive); a client that disconnects mid-stream ends its generation. Bad requests get a 400 with OpenAI's error
-shape, the server keeps serving.
+GIL, so the server stays responsive); a client that disconnects mid-stream ends its generation. Bad
+requests get a 400 with OpenAI's error shape, the server keeps serving.
 """
 
 from __future__ import annotations
