@@ -10,13 +10,12 @@ import http.client
 import json
 import statistics
 import sys
-import threading
 import time
 
 from bench_common import TINY, pair_parser
 
 from dflash_gguf import SpeculativeLlama
-from dflash_gguf.server import make_server
+from dflash_gguf.server import serving
 
 
 def post(port: int, body: dict) -> bytes:
@@ -35,27 +34,24 @@ def main() -> int:
     args = ap.parse_args()
     prompts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines() if line]
     llm = SpeculativeLlama(args.target, args.draft, n_ctx=1024, n_threads=args.threads)
-    server = make_server(llm, "127.0.0.1", 0, "bench")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    kw = {"max_tokens": args.n, "temperature": 0.0}
-    llm.create_completion(prompts[0], **kw)  # warm-up (the controller's calibration)
-    times: dict[str, list[float]] = {"direct": [], "http": [], "http stream": []}
-    tokens = 0
-    for _ in range(args.rounds):
-        for p in prompts:
-            t0 = time.perf_counter()
-            direct = llm.create_completion(p, **kw)
-            times["direct"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            over_http = json.loads(post(port, {"prompt": p, **kw}))
-            times["http"].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            post(port, {"prompt": p, "stream": True, **kw})
-            times["http stream"].append(time.perf_counter() - t0)
-            assert over_http["choices"][0]["text"] == direct["choices"][0]["text"]
-            tokens += direct["usage"]["completion_tokens"]
-    server.shutdown()
+    with serving(llm, "bench") as port:
+        kw = {"max_tokens": args.n, "temperature": 0.0}
+        llm.create_completion(prompts[0], **kw)  # warm-up (the controller's calibration)
+        times: dict[str, list[float]] = {"direct": [], "http": [], "http stream": []}
+        tokens = 0
+        for _ in range(args.rounds):
+            for p in prompts:
+                t0 = time.perf_counter()
+                direct = llm.create_completion(p, **kw)
+                times["direct"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                over_http = json.loads(post(port, {"prompt": p, **kw}))
+                times["http"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                post(port, {"prompt": p, "stream": True, **kw})
+                times["http stream"].append(time.perf_counter() - t0)
+                assert over_http["choices"][0]["text"] == direct["choices"][0]["text"]
+                tokens += direct["usage"]["completion_tokens"]
     base = sum(times["direct"])
     print(f"{len(prompts)} prompts x {args.rounds} rounds, {args.n} tokens, greedy; wall time per request "
           f"(prefill included)")

@@ -5,7 +5,6 @@ comparison with llama-server's own /infill is in test_llama_server.py."""
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +14,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
 from dflash_gguf.infill import server_infill_prompt  # noqa: E402
-from dflash_gguf.server import make_server  # noqa: E402
+from dflash_gguf.server import serving  # noqa: E402
 from test_server import request  # noqa: E402
 from tinycode import FIM_IDS, N_CTX, TARGET, THREADS, drafter_gguf, fim_target_gguf  # noqa: E402
 
@@ -93,12 +92,8 @@ def test_server_layout_keeps_what_llama_server_keeps() -> None:
 
 @pytest.fixture(scope="module")
 def port(llm: SpeculativeLlama) -> Iterator[int]:
-    server = make_server(llm, "127.0.0.1", 0, "fim")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(llm, "fim") as p:
+        yield p
 
 
 def test_server_infill_and_suffix(llm: SpeculativeLlama, port: int) -> None:

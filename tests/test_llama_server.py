@@ -197,10 +197,8 @@ def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
     """llama-server's /infill and ours (`dflash serve`), the same FIM-capable target, context and batch: the
     same prompt (llama-server echoes it as text), token count and greedy middle, with the repository
     context of input_extra, and with a prefix and a suffix longer than the batch lets either keep."""
-    import threading
-
     from dflash_gguf import SpeculativeLlama
-    from dflash_gguf.server import make_server
+    from dflash_gguf.server import serving
     from tinycode import drafter_gguf, fim_target_gguf
 
     texts = prompts(tinycode) + [json.loads(line)["text"] for line in
@@ -215,10 +213,8 @@ def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
     with running_server(llama_server, target, tmp_path / "infill.log", extra_args=batch) as base, \
             SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_batch=256, n_threads=2,
                              n_max=3) as llm:
-        server = make_server(llm, "127.0.0.1", 0, "ours")
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            ours_base = f"http://127.0.0.1:{server.server_address[1]}"
+        with serving(llm, "ours") as port:
+            ours_base = f"http://127.0.0.1:{port}"
             for body in bodies:
                 req = {**body, "n_predict": N_PREDICT, "temperature": 0.0, "top_k": 1, "cache_prompt": False}
                 status, theirs = http_json(base + "/infill", req)
@@ -232,9 +228,6 @@ def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
                 # llama-server echoes its prompt through llama_detokenize (which cleans spaces: " 'm" -> "'m")
                 assert libllama_text(target, tokens) == theirs["prompt"]
                 assert ours["content"] == theirs["content"]
-        finally:
-            server.shutdown()
-            server.server_close()
     assert bodies[1]["input_prefix"] not in ours["prompt"]  # the long one was cut, as llama-server cuts it
 
 
@@ -260,19 +253,15 @@ def libllama_text(model: Path, tokens: list[int]) -> str:
 def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
     """llama-server's /completion, /tokenize and /detokenize and ours on the same target: the same tokens,
     pieces and text, and the same greedy completion and token counts."""
-    import threading
-
     from dflash_gguf import SpeculativeLlama
-    from dflash_gguf.server import make_server
+    from dflash_gguf.server import serving
     from tinycode import drafter_gguf
 
     target = tinycode / "target-f16.gguf"
     with running_server(llama_server, target, tmp_path / "native.log") as base, \
             SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm:
-        server = make_server(llm, "127.0.0.1", 0, "ours")
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        try:
-            ours_base = f"http://127.0.0.1:{server.server_address[1]}"
+        with serving(llm, "ours") as port:
+            ours_base = f"http://127.0.0.1:{port}"
             for text in prompts(tinycode):
                 for path, body in (("/tokenize", {"content": text}),
                                    ("/tokenize", {"content": text + "<|endoftext|>", "with_pieces": True}),
@@ -296,6 +285,3 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
             for server_base in (base, ours_base):
                 _, out = http_json(server_base + "/completion", {**short, "ignore_eos": True})
                 assert out["tokens_predicted"] == 200, server_base
-        finally:
-            server.shutdown()
-            server.server_close()

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
-from dflash_gguf.server import make_server  # noqa: E402
+from dflash_gguf.server import serving  # noqa: E402
 from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
@@ -35,12 +35,8 @@ def llm() -> Iterator[SpeculativeLlama]:
 
 @pytest.fixture(scope="module")
 def port(llm: SpeculativeLlama) -> Iterator[int]:
-    server = make_server(llm, "127.0.0.1", 0, "tiny")
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1]
-    server.shutdown()
-    server.server_close()
+    with serving(llm, "tiny") as p:
+        yield p
 
 
 def request(port: int, method: str, path: str, body: Any = None, raw: bytes | None = None,
@@ -219,25 +215,17 @@ def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> No
                     raise RuntimeError("the disk is on fire")
                 yield chunk
 
-    server = make_server(FailsAfterThreeChunks(), "127.0.0.1", 0, "tiny")  # type: ignore[arg-type]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(FailsAfterThreeChunks(), "tiny") as port:  # type: ignore[arg-type]
         body = {"prompt": prompts()[2]["text"], "max_tokens": 40, "stream": True, **GREEDY}
-        status, payload = request(server.server_address[1], "POST", "/v1/completions", body)
+        status, payload = request(port, "POST", "/v1/completions", body)
         *chunks, failure = events(payload)
         assert status == 200 and len(chunks) == 3 and "the disk is on fire" in failure["error"]["message"]
         direct = llm.create_completion(prompts()[2]["text"], max_tokens=40, **GREEDY)["choices"][0]["text"]
         assert direct.startswith("".join(c["choices"][0]["text"] for c in chunks))
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None:
-    server = make_server(llm, "127.0.0.1", 0, "tiny", api_key="s3cret")
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = server.server_address[1]
-    try:
+    with serving(llm, "tiny", api_key="s3cret") as port:
         assert request(port, "GET", "/health")[0] == 200  # a liveness probe needs no key
         body = {"prompt": "x = 1", "max_tokens": 4, **GREEDY}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
@@ -251,9 +239,6 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
         assert request(port, "GET", "/v1/models", headers=ok)[0] == 200
         status, out = request(port, "POST", "/v1/completions", body, headers=ok)
         assert status == 200 and out["choices"] == llm.create_completion("x = 1", max_tokens=4, **GREEDY)["choices"]
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_cli_serves_until_interrupted() -> None:

@@ -12,6 +12,7 @@ requests get a 400 with OpenAI's error shape, the server keeps serving.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import itertools
 import json
@@ -356,3 +357,17 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
     server = ThreadingHTTPServer((host, port), Handler)
     server.daemon_threads = True
     return server
+
+
+@contextlib.contextmanager
+def serving(llm: SpeculativeLlama, model_name: str = "dflash", api_key: str | None = None,
+            host: str = "127.0.0.1", port: int = 0) -> Iterator[int]:
+    """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
+    test): yields the port (port 0: any free one), shuts the server down after."""
+    server = make_server(llm, host, port, model_name, api_key)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
