@@ -342,6 +342,14 @@ void register_speculator(py::module_ & m) {
             },
             py::arg("token"), py::arg("special") = false)
         .def("is_eog", [](PySpeculator & p, int32_t tok) { return live(p).target().is_eog(tok); })
+        .def_property_readonly("eog_tokens",
+                               [](PySpeculator & p) {
+                                   std::vector<int32_t> out;
+                                   for (uint32_t t = 0; t < live(p).target().n_vocab(); ++t) {
+                                       if (live(p).target().is_eog((int32_t) t)) out.push_back((int32_t) t);
+                                   }
+                                   return out;
+                               })
         .def_property_readonly("token_eos", [](PySpeculator & p) { return llama_vocab_eos(live(p).target().vocab()); })
         .def_property_readonly("token_bos", [](PySpeculator & p) { return llama_vocab_bos(live(p).target().vocab()); })
         .def_property_readonly("add_bos", [](PySpeculator & p) { return llama_vocab_get_add_bos(live(p).target().vocab()); })

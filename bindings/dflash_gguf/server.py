@@ -94,8 +94,7 @@ def native_kwargs(body: Any, required: tuple[str, ...]) -> dict[str, Any]:
 
 def no_end_of_text(llm: SpeculativeLlama) -> dict[int, float]:
     """llama-server's ignore_eos: every end-of-generation token's logit at -inf."""
-    n = llm.n_vocab()
-    return {t: -math.inf for t in range(n) if llm._spec.is_eog(t)}
+    return dict.fromkeys(llm._spec.eog_tokens, -math.inf)
 
 
 def completion_request(llm: SpeculativeLlama, body: Any) -> tuple[list[int], dict[str, Any]]:
