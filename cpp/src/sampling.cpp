@@ -267,13 +267,13 @@ SparseDist target_distribution(const float * logits, uint32_t n_vocab, const Sam
 }
 
 SparseDist mirostat_distribution(const float * logits, uint32_t n_vocab, const SamplingParams & params, float mu) {
-    const float mx = *std::max_element(logits, logits + n_vocab);
-    double z = 0.0;
-    for (uint32_t i = 0; i < n_vocab; ++i) z += std::exp((double) logits[i] - mx);
     std::vector<int32_t> ids;
     if (params.mirostat == 2) {
         // v2: the tokens whose surprise -log2 p is at most mu (the most likely one at least):
         // p_i >= 2^-mu  <=>  l_i >= l_max + ln z - mu ln 2
+        const float mx = *std::max_element(logits, logits + n_vocab);
+        double z = 0.0;
+        for (uint32_t i = 0; i < n_vocab; ++i) z += std::exp((double) logits[i] - mx);
         const double thr = (double) mx + std::log(z) - (double) mu * std::log(2.0);
         for (uint32_t i = 0; i < n_vocab; ++i) {
             if ((double) logits[i] >= thr) ids.push_back((int32_t) i);
