@@ -285,3 +285,41 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
             for server_base in (base, ours_base):
                 _, out = http_json(server_base + "/completion", {**short, "ignore_eos": True})
                 assert out["tokens_predicted"] == 200, server_base
+
+
+@pytest.mark.parametrize(("template", "extra"), [
+    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", {}),  # the template opens <think>: the reply is thinking
+    ("Qwen-Qwen3-0.6B", {}),
+    ("Qwen-Qwen3-0.6B", {"chat_template_kwargs": {"enable_thinking": False}}),  # <think></think> in the prompt
+    ("Qwen-Qwen3-0.6B", {"reasoning_effort": "none"}),
+    ("Qwen-Qwen3-0.6B", {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]}),
+])
+def test_chat_replies_are_llama_server_s(llama_server: Path, template: str, extra: dict[str, Any],
+                                         tmp_path: Path) -> None:
+    """The tinycode target dressed in real model chat templates: llama-server (--jinja, its default
+    reasoning format) and `dflash serve` render the same prompt (token count) and hand out the same greedy
+    reply, thinking in reasoning_content, for each template option a client sends."""
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+    from tinycode import chat_target_gguf, drafter_gguf
+
+    target = chat_target_gguf(template)
+    req = {"messages": [{"role": "system", "content": "You write Python."},
+                        {"role": "user", "content": "def parse_args(argv):"}],
+           "max_tokens": N_PREDICT, "temperature": 0.0, **extra}
+    with running_server(llama_server, target, tmp_path / "chat.log") as base, \
+            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm, \
+            serving(llm, "ours") as port:
+        status, theirs = http_json(base + "/v1/chat/completions", req)
+        assert status == 200, theirs
+        status, ours = http_json(f"http://127.0.0.1:{port}/v1/chat/completions", req)
+        assert status == 200, ours
+    assert ours["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
+    assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"]
+    mine, upstream = ours["choices"][0]["message"], theirs["choices"][0]["message"]
+    for key in ("content", "reasoning_content", "tool_calls"):
+        assert mine.get(key) == upstream.get(key), (key, mine, upstream)
+    assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"]
+    if template.startswith("deepseek"):
+        assert mine["reasoning_content"] and not mine["content"]  # all of it thinking: the case is exercised

@@ -96,16 +96,36 @@ def fim_target_gguf() -> Path:
     The model was not trained for FIM: its middles are no good, but prompt layouts and losslessness do not
     need them to be."""
     import gguf
+
+    return _target_copy("fim", {f"tokenizer.ggml.fim_{k}_token_id": (gguf.GGUFValueType.UINT32, v)
+                                for k, v in FIM_IDS.items()})
+
+
+def chat_target_gguf(template: str) -> Path:
+    """The tinycode target with one of llama.cpp's model chat templates (models/templates/<template>.jinja
+    of the llama-server source the build script unpacked) as its tokenizer.chat_template. The model was
+    not trained to chat: its replies are code, but prompt layouts and reply parsing do not need better."""
+    import gguf
+
+    cache = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash-gguf"))
+    path = (cache / "llama-server-0.3.36" / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "models"
+            / "templates" / f"{template}.jinja")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} (unpacked by scripts/build_llama_server.sh)")
+    return _target_copy(template, {"tokenizer.chat_template": (gguf.GGUFValueType.STRING, path.read_text())})
+
+
+def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:
+    """The tinycode target with metadata keys added or replaced, written once per test process."""
+    import gguf
     from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
 
-    out = _workdir() / "target-f16-fim.gguf"
+    out = _workdir() / f"target-f16-{tag}.gguf"
     if not out.exists():
         reader = gguf.GGUFReader(TARGET, "r")
         tmp = out.with_suffix(".tmp")
         writer = gguf.GGUFWriter(tmp, "qwen3", endianess=reader.endianess)
-        new = {f"tokenizer.ggml.fim_{k}_token_id": MetadataDetails(gguf.GGUFValueType.UINT32, v)
-               for k, v in FIM_IDS.items()}
-        copy_with_new_metadata(reader, writer, new, [])
+        copy_with_new_metadata(reader, writer, {k: MetadataDetails(t, v) for k, (t, v) in new.items()}, [])
         tmp.replace(out)
     return out
 

@@ -168,7 +168,7 @@ void register_speculator(py::module_ & m) {
                int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
                const std::string & grammar, const std::string & grammar_root, py::object logits_processor,
                bool keep_logits, bool prompt_logprobs, bool grammar_full_pass, float typical_p, int32_t mirostat_mode,
-               float mirostat_tau, float mirostat_eta) {
+               float mirostat_tau, float mirostat_eta, const std::vector<std::string> & grammar_triggers) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -187,6 +187,7 @@ void register_speculator(py::module_ & m) {
                 sp.n_logprobs = logprobs;
                 sp.grammar = grammar;
                 sp.grammar_root = grammar_root;
+                sp.grammar_triggers = grammar_triggers;
                 sp.logits_processor = wrap_logits_processor(std::move(logits_processor));
                 sp.keep_logits = keep_logits;
                 sp.prompt_logprobs = prompt_logprobs;
@@ -207,7 +208,7 @@ void register_speculator(py::module_ & m) {
             py::arg("grammar") = "", py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(),
             py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false,
             py::arg("typical_p") = 1.0f, py::arg("mirostat_mode") = 0, py::arg("mirostat_tau") = 5.0f,
-            py::arg("mirostat_eta") = 0.1f)
+            py::arg("mirostat_eta") = 0.1f, py::arg("grammar_triggers") = std::vector<std::string>{})
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");

@@ -112,6 +112,7 @@ class Speculator:
         logits_processor: Callable[[npt.NDArray[np.int32], npt.NDArray[np.float32]], npt.ArrayLike] | None = None,
         keep_logits: bool = False, prompt_logprobs: bool = False, grammar_full_pass: bool = False,
         typical_p: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+        grammar_triggers: list[str] = ...,
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...

@@ -180,7 +180,11 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
 @click.option("--cache-ram", type=click.IntRange(min=0), default=0, show_default=True,
               help="MiB of saved contexts kept in RAM (llama_cpp.LlamaRAMCache): a conversation that comes back "
                    "is not prefilled again. 0 = off.")
-def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ram: int, **model: Any) -> None:
+@click.option("--reasoning-format", type=click.Choice(["none", "auto", "deepseek"]), default="deepseek",
+              show_default=True, help="Chats' default, as llama-server's: deepseek/auto = a reasoning model's "
+                                      "<think> text in message.reasoning_content; none = left in the content.")
+def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ram: int, reasoning_format: str,
+          **model: Any) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
     from .server import make_server
 
@@ -190,7 +194,7 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ra
             from llama_cpp import LlamaRAMCache
 
             llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
-        server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key)
+        server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key, reasoning_format)
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]

@@ -101,23 +101,28 @@ def schema_grammar(schema: Any, what: str) -> Any:
         raise ValueError(f"{what}: the JSON schema cannot be turned into a grammar: {e}") from e
 
 
+def tool_functions(tools: Any, functions: Any) -> dict[str, dict[str, Any]]:
+    """{name: function} of a chat's tools (or legacy functions)."""
+    if functions is not None:
+        tools = [{"type": "function", "function": f} for f in functions]
+    try:
+        return {t["function"]["name"]: t["function"] for t in tools or []}
+    except (TypeError, KeyError) as e:
+        raise ValueError(f"tools must be [{{'type': 'function', 'function': {{'name': ...}}}}, ...], got {tools!r}") from e
+
+
 def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> ToolCall | None:
     """The call a chat reply is forced to make, or None, as llama_cpp.Llama's chat handlers read the
     arguments: legacy functions / function_call become tools / tool_choice; a tool_choice naming a
     function forces a call to it; "required" (OpenAI's; llama_cpp.Llama ignores it) a call to one of
     the tools; otherwise the tools only reach the chat template."""
-    if functions is not None:
-        tools = [{"type": "function", "function": f} for f in functions]
+    named = tool_functions(tools, functions)
     if function_call in ("none", "auto"):
         tool_choice = function_call
     elif isinstance(function_call, dict) and "name" in function_call:
         tool_choice = {"type": "function", "function": {"name": function_call["name"]}}
     elif function_call is not None:
         raise ValueError(f"function_call must be 'none', 'auto' or {{'name': ...}}, got {function_call!r}")
-    try:
-        named = {t["function"]["name"]: t["function"] for t in tools or []}
-    except (TypeError, KeyError) as e:
-        raise ValueError(f"tools must be [{{'type': 'function', 'function': {{'name': ...}}}}, ...], got {tools!r}") from e
     if tool_choice is None or tool_choice in ("none", "auto"):
         return None
     if tool_choice == "required":

@@ -36,7 +36,7 @@ _FIELDS = {
     "/v1/completions": ("create_completion", "prompt", _COMMON | {"echo", "suffix"}),
     "/v1/chat/completions": ("create_chat_completion", "messages",
                              _COMMON | {"top_logprobs", "response_format", "tools", "tool_choice", "functions",
-                                        "function_call"}),
+                                        "function_call", "reasoning_format", "chat_template_kwargs"}),
 }
 
 
@@ -44,8 +44,9 @@ class BadRequest(ValueError):
     pass
 
 
-def request_kwargs(path: str, body: Any) -> dict[str, Any]:
-    """The create_* keyword arguments of a request body; BadRequest names what is wrong."""
+def request_kwargs(path: str, body: Any, reasoning_format: str = "deepseek") -> dict[str, Any]:
+    """The create_* keyword arguments of a request body; BadRequest names what is wrong. A chat's
+    reasoning_format is the server's unless the request names one (llama-server's rule)."""
     _, required, fields = _FIELDS[path]
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -58,6 +59,15 @@ def request_kwargs(path: str, body: Any) -> dict[str, Any]:
     for theirs, ours in (("max_completion_tokens", "max_tokens"), ("mirostat", "mirostat_mode")):
         if theirs in body and ours not in body:
             kw[ours] = body[theirs]
+    if path == "/v1/chat/completions":  # llama-server's rules: the template is told whether to think
+        kw.setdefault("reasoning_format", reasoning_format)
+        kwargs = kw.get("chat_template_kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise BadRequest("chat_template_kwargs must be a JSON object")
+        thinking = body.get("reasoning_effort") != "none"  # OpenAI's "no thinking"
+        kw["chat_template_kwargs"] = {"enable_thinking": thinking, **kwargs}
+        if isinstance(kw.get("tools"), list):  # the template sees each tool as llama-server rebuilds it
+            kw["tools"] = [template_tool(t) for t in kw["tools"]]
     bias = kw.get("logit_bias")
     if bias is not None:  # JSON object keys are strings
         try:
@@ -65,6 +75,18 @@ def request_kwargs(path: str, body: Any) -> dict[str, Any]:
         except (AttributeError, TypeError, ValueError):
             raise BadRequest("logit_bias must map token ids to numbers") from None
     return kw
+
+
+def template_tool(tool: Any) -> Any:
+    """A request's tool as llama-server hands it to the chat template: name, description ("" when
+    absent) and parameters, in that order."""
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+        raise BadRequest(f"each tool must be {{'type': 'function', 'function': {{'name': ...}}}}, got {tool!r:.80}")
+    f = tool["function"]
+    if not isinstance(f.get("name"), str):
+        raise BadRequest(f"a tool's function needs a 'name', got {f!r:.80}")
+    return {"type": "function", "function": {"name": f["name"], "description": f.get("description", ""),
+                                             "parameters": f.get("parameters", {})}}
 
 
 # llama-server's native routes (/completion, /infill: the format editor plugins such as llama.vim and
@@ -193,9 +215,11 @@ def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
 
 
 def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080, model_name: str = "dflash",
-                api_key: str | None = None) -> ThreadingHTTPServer:
+                api_key: str | None = None, reasoning_format: str = "deepseek") -> ThreadingHTTPServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
-    `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key)."""
+    `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
+    `reasoning_format`: chats' default (llama-server's --reasoning-format; "deepseek": a reasoning model's
+    thinking in `reasoning_content`)."""
     turn = threading.Lock()  # one generation at a time; the others wait
     created = int(time.time())
 
@@ -254,7 +278,7 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"null")
-                kw = request_kwargs(self.path, body) if self.path in _FIELDS else {}
+                kw = request_kwargs(self.path, body, reasoning_format) if self.path in _FIELDS else {}
                 if tokens is not None:  # no generation: no turn to wait for
                     self._send_json(HTTPStatus.OK, tokens(llm, body))
                     return
@@ -360,10 +384,10 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
 
 @contextlib.contextmanager
 def serving(llm: SpeculativeLlama, model_name: str = "dflash", api_key: str | None = None,
-            host: str = "127.0.0.1", port: int = 0) -> Iterator[int]:
+            host: str = "127.0.0.1", port: int = 0, reasoning_format: str = "deepseek") -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
-    server = make_server(llm, host, port, model_name, api_key)
+    server = make_server(llm, host, port, model_name, api_key, reasoning_format)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1]

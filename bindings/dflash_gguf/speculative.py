@@ -9,6 +9,7 @@ strings, finish reasons and statistics.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import operator
 import random
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ._core import DFlashError, Speculator, release_openmp_threads
+from .chat_reply import ReplyParser, reply_message, reply_syntax, tool_call_grammar
 from .infill import fim_prompt, require_fim, server_infill_prompt
 from .llama_compat import (
     LogprobCursor,
@@ -31,6 +33,7 @@ from .llama_compat import (
     check_logprobs,
     forced_tool,
     response_format_grammar,
+    tool_functions,
 )
 from .state import SpeculativeState, cached_state_for
 from .text import TextStream
@@ -115,6 +118,9 @@ class Sampling:
     mirostat_mode: int = 0
     mirostat_tau: float = 5.0
     mirostat_eta: float = 0.1
+    # non-empty: the grammar waits for one of these words in the output, then constrains the rest from it
+    # on (llama.cpp's lazy grammars: a tool call may start anywhere in a free reply)
+    grammar_triggers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -143,6 +149,13 @@ class Sampling:
         if not isinstance(self.grammar, str) or not isinstance(self.grammar_root, str):
             msg = f"grammar must be a llama_cpp.LlamaGrammar or GBNF text, got {self.grammar!r}"
             raise ValueError(msg)  # noqa: TRY004 - a ValueError, as every other bad argument of a generation
+        if self.grammar_triggers:
+            words = tuple(self.grammar_triggers) if not isinstance(self.grammar_triggers, str) else ()
+            if not words or not all(isinstance(w, str) and w for w in words):
+                raise ValueError(f"grammar_triggers must be non-empty words, got {self.grammar_triggers!r}")
+            if not self.grammar:
+                raise ValueError("grammar_triggers wait to switch a grammar on: give a grammar too")
+            object.__setattr__(self, "grammar_triggers", words)
         if self.logit_bias is not None:
             try:
                 bias = {int(k): float(v) for k, v in dict(self.logit_bias).items()}
@@ -418,13 +431,17 @@ class SpeculativeLlama:
         mirostat_mode: int = 0,
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
+        grammar_triggers: Sequence[str] = (),
     ) -> Iterator[int]:
         """Token ids as the loop emits them; stops at an end-of-generation token or when
         stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
-        context ("length")."""
+        context ("length"). With `grammar_triggers` the grammar is lazy (llama-server's grammar_lazy):
+        it waits for one of these words in the output and constrains the text from that word on."""
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
-                                  mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+                                  mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
+                                  grammar_triggers=grammar_triggers if isinstance(grammar_triggers, str)
+                                  else tuple(grammar_triggers))
         return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain,
                               stopping_criteria=stopping_criteria)
 
@@ -733,6 +750,8 @@ class SpeculativeLlama:
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
         tfs_z: float = 1.0,  # ignored, as in create_completion
+        reasoning_format: str = "none",
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
         template-based chat handlers do. `grammar` and `logits_processor` as in create_completion.
@@ -742,34 +761,64 @@ class SpeculativeLlama:
         of them (`{"type": "function", "function": {"name": ...}}`) forces a call: its arguments follow
         the function's parameter schema and come back as `tool_calls` with finish_reason "tool_calls";
         `tool_choice="required"` forces a call to one of them (named by the model; streamed as one
-        delta at the end).
+        delta at the end). With tools and tool_choice "auto" (or none given) the model may call them in
+        its template's own syntax, as llama-server reads it (Qwen2.5/Qwen3/Hermes `<tool_call>` JSON,
+        kept to the tools' schemas by a grammar that starts at `<tool_call>`; Qwen3-Coder's XML): the
+        calls come back as `tool_calls` (finish_reason "tool_calls"), the text around them as content.
+        `reasoning_format="deepseek"` (llama-server's default; "none" here, as llama_cpp.Llama):
+        a reasoning model's `<think>...</think>` comes back as `reasoning_content`, apart from the content.
+        `chat_template_kwargs` reach the template (e.g. {"enable_thinking": False} for Qwen3).
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
         Sampling options as in create_completion."""
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs)
+        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+            raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
         template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
-                         "function_call": function_call}
+                         "function_call": function_call, **(chat_template_kwargs or {})}
         call = forced_tool(tools, tool_choice, functions, function_call)
+        named = tool_functions(tools, functions)
+        may_call = call is None and bool(named) and "none" not in (tool_choice, function_call)
+        model_name = model if model is not None else self.model_path
+        prompt, template_stops = self._format_chat(messages, template_args)
+        syntax = reply_syntax(self._spec.chat_template, prompt, reasoning_format, may_call)
+        lazy = tool_call_grammar(named, syntax)
         grammars = {"grammar": grammar, "response_format": response_format_grammar(response_format),
                     "tool_choice": call.grammar if call is not None else None}
         given = [k for k, g in grammars.items() if g is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} each constrain the reply with a grammar: give one of them")
-        model_name = model if model is not None else self.model_path
-        prompt, template_stops = self._format_chat(messages, template_args)
+        triggers: tuple[str, ...] = ()
+        if lazy is not None and not given:  # a grammar of the caller's own wins over the tools'
+            grammars["tools"], triggers = lazy
+            given = ["tools"]
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammars[given[0]] if given else None, logits_processor,
                                   typical_p=typical_p, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                                  mirostat_eta=mirostat_eta)
+                                  mirostat_eta=mirostat_eta, grammar_triggers=triggers)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
         cursor = None
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
+        parser = ReplyParser(syntax, named) if syntax.thinking or syntax.tool_format else None
 
         def finish(reason: str | None, content: str) -> str | None:
-            return "tool_calls" if call is not None and reason == "stop" and call.call(content) else reason
+            if reason != "stop":
+                return reason
+            called = call.call(content) if call is not None else parser is not None and parser.calls
+            return "tool_calls" if called else reason
+
+        def deltas(text: str, reason: str | None, content: str) -> list[dict[str, Any]]:
+            """The chat deltas of the reply's text so far (`content`), of which `text` is new."""
+            if parser is not None:
+                return parser.feed(text) + (parser.finish() if reason else [])
+            if call is not None and call.name is None:  # a call to any tool: named at the end
+                text = content if reason else ""
+            if not text:
+                return []
+            return [call.delta(text) if call else {"content": text}]
 
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
@@ -779,14 +828,11 @@ class SpeculativeLlama:
                 content = ""
                 for text, reason, _, _ in chunks:
                     content += text
-                    if call is not None and call.name is None:  # a call to any tool: named at the end
-                        text = content if reason else ""
-                    if text:
-                        lp = chat_logprobs(cursor.take(len(content))) if cursor is not None else None
+                    for i, delta in enumerate(deltas(text, reason, content)):
+                        lp = chat_logprobs(cursor.take(len(content))) if cursor is not None and i == 0 else None
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
-                               "choices": [{"index": 0, "delta": call.delta(text) if call else {"content": text},
-                                            "logprobs": lp, "finish_reason": None}]}
+                               "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}]}
                     if reason:
                         yield {"id": cid, "object": "chat.completion.chunk", "created": created,
                                "model": model_name,
@@ -798,7 +844,10 @@ class SpeculativeLlama:
             parts.append(text)
         content = "".join(parts)
         reply_logprobs = chat_logprobs(cursor.take(len(content))) if cursor is not None else None
-        message = call.message(content) if call else {"role": "assistant", "content": content}
+        if parser is not None:
+            message = reply_message(parser.feed(content) + parser.finish())
+        else:
+            message = call.message(content) if call else {"role": "assistant", "content": content}
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
                 "choices": [{"index": 0, "message": message, "logprobs": reply_logprobs,
                              "finish_reason": finish(reason, content)}],
@@ -812,13 +861,15 @@ class SpeculativeLlama:
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
         template = self._spec.chat_template
+        messages = [replayed_call(m, "arguments|items" in (template or "")) for m in messages]
         try:
             if template:
-                eos_id = self._spec.token_eos
-                eos = self._spec.token_to_piece(eos_id, True).decode("utf-8", "replace") if eos_id >= 0 else ""
-                # bos_token "": the prompt is tokenized with the model's own BOS rule, which would double one
-                fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token="")
+                eos, bos = (self._spec.token_to_piece(t, True).decode("utf-8", "replace") if t >= 0 else ""
+                            for t in (self._spec.token_eos, self._spec.token_bos))
+                fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
                 resp = fmt(messages=messages, **(template_args or {}))
+                if bos and self._spec.add_bos and resp.prompt.startswith(bos):  # tokenizing adds it back
+                    resp.prompt = resp.prompt[len(bos):]
             else:
                 resp = llama_chat_format.format_chatml(messages=messages, **(template_args or {}))
         except (KeyError, TypeError, AttributeError, jinja2.TemplateError) as e:  # a message the template rejects
@@ -826,6 +877,27 @@ class SpeculativeLlama:
                              "needs a 'role' and a 'content'") from e
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
+
+
+def replayed_call(message: dict[str, Any], object_arguments: bool) -> dict[str, Any]:
+    """An assistant message with tool_calls, as chat templates read it (llama-server's rules): its null
+    content (OpenAI's) as "", and for templates that walk the arguments (Qwen3-Coder's), the calls'
+    JSON argument strings as objects."""
+    if message.get("role") != "assistant" or not message.get("tool_calls"):
+        return message
+    message = {**message, "content": message.get("content") or ""}
+    if object_arguments:
+        calls = []
+        for c in message["tool_calls"]:
+            args = c.get("function", {}).get("arguments") if isinstance(c, dict) else None
+            if isinstance(args, str):
+                try:
+                    c = {**c, "function": {**c["function"], "arguments": json.loads(args)}}
+                except ValueError as e:
+                    raise ValueError(f"a tool call's arguments are not JSON: {args!r:.80}") from e
+            calls.append(c)
+        message["tool_calls"] = calls
+    return message
 
 
 __all__ = ["DFlashError", "GenerationStats", "SpeculativeLlama"]

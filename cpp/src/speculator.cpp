@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <numeric>
+#include <string_view>
 
 #include "dflash/error.h"
 #include "dflash/draft_length.h"
@@ -21,6 +22,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 constexpr uint32_t kCalibrationContext = 64;
 constexpr uint32_t kCalibrationRepeats = 4;
 constexpr double kCalibrationBudgetMs = 300.0;
+
+// libllama takes trigger patterns as std::regex (ECMAScript); the words are literal text
+std::string regex_escaped(const std::string & word) {
+    std::string out;
+    for (char c : word) {
+        if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+        out += c;
+    }
+    return out;
+}
 
 }  // namespace
 
@@ -99,7 +110,21 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     grammar_.reset();
     if (!params.grammar.empty()) {
         check_grammar_text(params.grammar);
-        grammar_.reset(llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(), params.grammar_root.c_str()));
+        if (params.grammar_triggers.empty()) {
+            grammar_.reset(llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(),
+                                                      params.grammar_root.c_str()));
+        } else {
+            std::vector<std::string> patterns;
+            for (const std::string & word : params.grammar_triggers) {
+                if (word.empty()) throw Error("grammar_triggers: a trigger word is empty");
+                patterns.push_back(regex_escaped(word));
+            }
+            std::vector<const char *> c_patterns;
+            for (const std::string & p : patterns) c_patterns.push_back(p.c_str());
+            grammar_.reset(llama_sampler_init_grammar_lazy_patterns(target_->vocab(), params.grammar.c_str(),
+                                                                    params.grammar_root.c_str(), c_patterns.data(),
+                                                                    c_patterns.size(), nullptr, 0));
+        }
         if (!grammar_) {
             throw Error("the grammar does not parse or has no rule '" + params.grammar_root +
                         "' (libllama logs where: verbose=True, or dflash generate --verbose)");

@@ -36,6 +36,9 @@ struct SamplingParams {
     // does; every verified row is masked with the grammar's state after the tokens before it
     std::string grammar;
     std::string grammar_root = "root";
+    // non-empty: the grammar is lazy (llama.cpp's tool-call grammars): it constrains nothing until the
+    // output contains one of these literal words, then constrains the text from that word on
+    std::vector<std::string> grammar_triggers;
     // tests: mask the whole vocabulary with the grammar for every row (otherwise the grammar is asked
     // about the most likely tokens first where that decides the row: greedy, and sampling with top-k)
     bool grammar_full_pass = false;

@@ -1,0 +1,179 @@
+"""Chat replies as llama-server hands them out: thinking apart (reasoning_content), tool calls parsed in
+the template's syntax, and the lazy grammar that keeps a started call to the tools' schemas.
+
+The parser on known texts (streamed character by character and whole); the lazy grammar through the
+speculative loop on the bundled pair (free until the trigger, constrained after, lossless against plain
+decoding); replies and prompts of the tinycode target dressed in real model templates (Qwen3,
+Qwen3-Coder, DeepSeek-R1) against the real llama-server."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from tinycode import THREADS, chat_target_gguf, drafter_gguf, prompts
+
+from dflash_gguf import SpeculativeLlama
+from dflash_gguf.chat_reply import ReplyParser, ReplySyntax, reply_message, reply_syntax, tool_call_grammar
+
+WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}
+TOOLS = [{"type": "function", "function": WEATHER}]
+GREEDY = {"temperature": 0.0, "seed": 0}
+
+
+def parse(syntax: ReplySyntax, text: str, step: int) -> dict[str, Any]:
+    parser = ReplyParser(syntax, {"get_weather": WEATHER})
+    deltas = [d for i in range(0, len(text), step) for d in parser.feed(text[i:i + step])] + parser.finish()
+    return reply_message(deltas)
+
+
+def without_ids(message: dict[str, Any]) -> dict[str, Any]:
+    calls = [{k: v for k, v in c.items() if k != "id"} for c in message.get("tool_calls", [])]
+    return {**message, "tool_calls": calls} if calls else message
+
+
+@pytest.mark.parametrize("step", [1, 3, 10_000])
+def test_thinking_and_hermes_calls_come_apart_whatever_the_chunks(step: int) -> None:
+    text = ('<think>\nThe user wants weather.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Rome"}}\n</tool_call>')
+    message = parse(ReplySyntax(thinking=True, tool_format="hermes"), text, step)
+    assert without_ids(message) == {
+        "role": "assistant", "content": "Let me look.", "reasoning_content": "\nThe user wants weather.\n",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}},
+            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
+    ids = [c["id"] for c in message["tool_calls"]]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+
+
+@pytest.mark.parametrize("step", [1, 4, 10_000])
+def test_text_that_only_looks_like_a_tag_stays_as_written(step: int) -> None:
+    hermes = ReplySyntax(tool_format="hermes")
+    for text in ("if a < b and x <tool: pass\n", "x <tool_call> not json </tool_call> end\n", "<thin", "a\n\n"):
+        assert parse(hermes, text, step) == {"role": "assistant", "content": text}
+    # without a syntax nothing is touched, tags included
+    assert parse(ReplySyntax(), "<think>a</think><tool_call>{}</tool_call>", step)["content"] == \
+        "<think>a</think><tool_call>{}</tool_call>"
+    # a template that opened <think> itself: the reply starts in thinking; unclosed, it is all thinking
+    assert parse(ReplySyntax(thinking=True, starts_thinking=True), "abc </thi", step) == \
+        {"role": "assistant", "content": "", "reasoning_content": "abc </thi"}
+
+
+def test_qwen3_coder_calls_take_their_types_from_the_schema() -> None:
+    text = ("I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+    for step in (1, 5, 10_000):
+        message = parse(ReplySyntax(tool_format="qwen3-coder"), text, step)
+        assert message["content"] == "I'll check."
+        assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == \
+            [{"city": "New York", "days": 3}]
+
+
+def test_the_syntax_comes_from_the_template() -> None:
+    qwen3 = "{% if tools %}<tool_call>{% endif %}<think>\n\n</think>"
+    assert reply_syntax(qwen3, "<|im_start|>assistant\n", "deepseek", True) == ReplySyntax(True, False, "hermes")
+    assert reply_syntax(qwen3, "<|im_start|>assistant\n<think>\n", "auto", False) == \
+        ReplySyntax(True, True, None, "\n")  # the prompt's newline after <think> is thinking too
+    assert reply_syntax(qwen3, "x", "none", True) == ReplySyntax(False, False, "hermes")
+    assert reply_syntax("<tool_call>\n<function=f>", "x", "none", True).tool_format == "qwen3-coder"
+    assert reply_syntax(None, "x", "deepseek", True) == ReplySyntax()
+    with pytest.raises(ValueError, match="reasoning_format"):
+        reply_syntax(qwen3, "x", "deepseek-legacy", True)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Iterator[SpeculativeLlama]:
+    from tinycode import TARGET
+
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as m:
+        yield m
+
+
+def test_a_lazy_grammar_is_free_until_its_word_then_binds(tiny: SpeculativeLlama) -> None:
+    """Before the trigger word the reply is the unconstrained greedy one; from the word on it follows
+    the grammar (here: the rest of that line, then a comment "# end" and nothing more); drafted and plain
+    decoding give the same tokens."""
+    def a_word(text: str) -> str | None:  # one inside a line, not at the reply's start
+        return next((m.group(0) for m in re.finditer(r"[A-Za-z_]{4,}", text) if m.start() > 0
+                     and "\n" not in text[m.start():m.end() + 2]), None)
+
+    for p in prompts():  # the first prompt whose greedy reply has such a word
+        prompt = tiny.tokenize(p["text"].encode(), add_bos=False)
+        free = tiny.detokenize(list(tiny.generate_tokens(prompt, max_tokens=64))).decode()
+        if (word := a_word(free)) is not None:
+            break
+    grammar = f'root ::= "{word}" [^\\n]* "\\n" [ ]* "# end"'
+    runs = {plain: list(tiny.generate_tokens(prompt, max_tokens=96, grammar=grammar, grammar_triggers=[word],
+                                             plain=plain)) for plain in (False, True)}
+    assert runs[False] == runs[True]
+    text = tiny.detokenize(runs[False]).decode()
+    start = free.index(word)
+    assert text[:start] == free[:start], (text, free)  # free until the word
+    assert re.fullmatch(re.escape(word) + r"[^\n]*\n *# end", text[start:]), (text, free)  # bound from it on
+    assert tiny.finish_reason == "stop"
+    with pytest.raises(ValueError, match="grammar_triggers"):
+        list(tiny.generate_tokens(prompt, max_tokens=4, grammar_triggers=[word]))  # no grammar to switch on
+    with pytest.raises(ValueError, match="grammar_triggers"):
+        list(tiny.generate_tokens(prompt, max_tokens=4, grammar=grammar, grammar_triggers=word))  # not a list
+
+
+def test_the_tools_grammar_keeps_a_call_to_the_tools(tiny: SpeculativeLlama) -> None:
+    """The grammar a started <tool_call> is held to: bound from the start here, the reply is one call
+    (or several) to a named tool with arguments that follow its schema, which the parser takes apart."""
+    syntax = ReplySyntax(tool_format="hermes")
+    gbnf, triggers = tool_call_grammar({"get_weather": WEATHER}, syntax)
+    assert triggers == ("<tool_call>",)
+    text = tiny.create_completion(prompts()[1]["text"], max_tokens=120, grammar=gbnf, **GREEDY)["choices"][0]["text"]
+    assert text.startswith("<tool_call>"), text
+    whole = text[:text.rindex("</tool_call>") + len("</tool_call>")]  # the calls complete within max_tokens
+    message = parse(syntax, whole, 7)
+    assert message["content"] == "" and len(message["tool_calls"]) == whole.count("<tool_call>"), text
+    for c in message["tool_calls"]:
+        assert c["function"]["name"] == "get_weather"
+        args = json.loads(c["function"]["arguments"])
+        assert isinstance(args["city"], str) and set(args) <= {"city", "days"}
+    assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="qwen3-coder")) is None
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Iterator[SpeculativeLlama]:
+    with SpeculativeLlama(str(chat_target_gguf("Qwen-Qwen3-0.6B")), str(drafter_gguf("f32")), n_ctx=1024,
+                          n_threads=THREADS, n_max=3) as m:
+        yield m
+
+
+def test_tool_calls_in_a_qwen3_chat(qwen3: SpeculativeLlama) -> None:
+    """The tools reach Qwen3's template; a reply in its <tool_call> syntax (here forced by a grammar of
+    the caller's: the tiny model was never taught tools) comes back as tool_calls, streamed too; a
+    conversation that carries the call and its result back renders."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    grammar = ('root ::= "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+               '{\\"city\\": \\"" [a-z]{1,8} "\\"}}\\n</tool_call>"')
+    out = qwen3.create_chat_completion(msgs, tools=TOOLS, grammar=grammar, max_tokens=80, **GREEDY)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls", choice
+    message = choice["message"]
+    assert message["content"] == "Checking."
+    (call,) = message["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert re.fullmatch(r"[a-z]{1,8}", json.loads(call["function"]["arguments"])["city"])
+    chunks = [c["choices"][0] for c in qwen3.create_chat_completion(msgs, tools=TOOLS, grammar=grammar, max_tokens=80,
+                                                                     stream=True, **GREEDY)]
+    deltas = [c["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    streamed = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [c["function"] for c in streamed] == [call["function"]] and streamed[0]["index"] == 0
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+    # tool_choice "none": the same reply is text
+    assert qwen3.create_chat_completion(msgs, tools=TOOLS, tool_choice="none", grammar=grammar, max_tokens=80,
+                                        **GREEDY)["choices"][0]["message"]["content"].startswith("Checking.\n<tool_call>")
+    # the next turn: the assistant's call (OpenAI's null content) and the tool's answer
+    turn = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "18 C"}]
+    prompt, _ = qwen3._format_chat(turn, {"tools": TOOLS})
+    assert "<tool_response>\n18 C\n</tool_response>" in prompt and call["function"]["arguments"] in prompt
