@@ -9,6 +9,7 @@ independent objects in parallel).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -356,12 +357,27 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
     def follows(out: dict[str, Any], whole: str, cut: str) -> bool:
         return bool(re.fullmatch(whole if out["finish_reason"] == "stop" else cut, out["text"]))
 
+    scorer = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, verbose=False, logits_all=True)
+
+    def near_tie(prefix: list[int], a: int, b: int) -> bool:
+        """Plain decoding's logits of tokens a and b after prefix are within EPS: a batched verify may
+        round either way (as compare_greedy allows for unconstrained output)."""
+        scorer.reset()
+        scorer.eval(prefix)
+        row = np.asarray(scorer.scores[scorer.n_tokens - 1])
+        return abs(float(row[a]) - float(row[b])) < EPS
+
     for gbnf, (whole, cut) in grammars.items():
         g = LlamaGrammar.from_string(gbnf, verbose=False)
         for i in (0, 3):
             ours = spec(_text(i), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
             theirs = llm(_text(i), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
-            assert (ours["text"], ours["finish_reason"]) == (theirs["text"], theirs["finish_reason"]), (gbnf, i)
+            if (ours["text"], ours["finish_reason"]) != (theirs["text"], theirs["finish_reason"]):
+                toks = _toks(spec, i)
+                mine = list(spec.generate_tokens(toks, max_tokens=40, grammar=g))
+                their = list(itertools.islice(llm.generate(toks, temp=0.0, grammar=g, reset=True), len(mine)))
+                k = next(k for k, (x, y) in enumerate(zip(mine, their)) if x != y)
+                assert near_tie(toks + mine[:k], mine[k], their[k]), (gbnf, i, ours["text"], theirs["text"])
             assert follows(ours, whole, cut), ours
         assert spec(_text(0), max_tokens=40, grammar=gbnf, **GREEDY)["choices"][0] == \
             spec(_text(0), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
@@ -644,7 +660,9 @@ def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) 
 
 def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
     llm = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
-    adopted = SpeculativeLlama.from_llama(llm, draft=draft)
+    # a fixed n_max: "auto" may rightly decode plainly on a CPU where drafting does not pay (this pair on
+    # a 2-core AMD EPYC), and this test is about drafting through an adopted context
+    adopted = SpeculativeLlama.from_llama(llm, draft=draft, n_max=3)
     assert adopted.n_ctx() == N_CTX == llm.n_ctx()
     assert (adopted.n_vocab(), adopted.token_eos(), adopted.token_bos()) == (llm.n_vocab(), llm.token_eos(),
                                                                             llm.token_bos())
@@ -921,20 +939,26 @@ def test_two_objects_two_threads(draft: str, spec: SpeculativeLlama, baseline: d
 
 
 _POOL_PROBE = """
-import json, os, sys, threading
+import json, os, sys, threading, time
 import llama_cpp
 from dflash_gguf import SpeculativeLlama, _core
 def tasks():
     return len(os.listdir("/proc/self/task"))
+def tasks_after_release(expected):  # released workers exit on their own time: a loaded machine lags
+    for _ in range(100):
+        if tasks() <= expected:
+            break
+        time.sleep(0.02)
+    return tasks()
 llm = SpeculativeLlama(sys.argv[1], sys.argv[2], n_ctx=256, n_threads=2, n_max=3)
 raw = llama_cpp.Llama(sys.argv[1], n_ctx=64, n_threads=2, verbose=False)
 out = {"has_openmp": _core.release_openmp_threads(), "before": tasks()}
 raw.create_completion("x", max_tokens=2)            # llama_cpp.Llama leaves this thread's pool behind
 out["after_llama_cpp"] = tasks()
 _core.release_openmp_threads()
-out["released"] = tasks()
+out["released"] = tasks_after_release(out["before"])
 llm.create_completion("def f(x):", max_tokens=16, temperature=0)
-out["after_ours"] = tasks()
+out["after_ours"] = tasks_after_release(out["before"])
 print(json.dumps(out))
 """
 

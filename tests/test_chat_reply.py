@@ -177,3 +177,27 @@ def test_tool_calls_in_a_qwen3_chat(qwen3: SpeculativeLlama) -> None:
                    {"role": "tool", "tool_call_id": call["id"], "content": "18 C"}]
     prompt, _ = qwen3._format_chat(turn, {"tools": TOOLS})
     assert "<tool_response>\n18 C\n</tool_response>" in prompt and call["function"]["arguments"] in prompt
+
+
+def test_server_requests_tell_the_template_what_llama_server_tells_it() -> None:
+    from dflash_gguf.server import BadRequest, request_kwargs
+
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    kw = request_kwargs("/v1/chat/completions", chat)
+    assert kw["reasoning_format"] == "deepseek" and kw["chat_template_kwargs"] == {"enable_thinking": True}
+    assert request_kwargs("/v1/chat/completions", chat, "none")["reasoning_format"] == "none"
+    assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_format": "none"})["reasoning_format"] == "none"
+    assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_effort": "none"})["chat_template_kwargs"] == \
+        {"enable_thinking": False}
+    assert request_kwargs("/v1/chat/completions", {**chat, "chat_template_kwargs": {"enable_thinking": False,
+                                                                                    "x": 1}})["chat_template_kwargs"] \
+        == {"enable_thinking": False, "x": 1}
+    tools = request_kwargs("/v1/chat/completions", {**chat, "tools": [{"type": "function", "function": {
+        "parameters": {}, "name": "f"}}]})["tools"]
+    assert tools == [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]
+    assert list(tools[0]["function"]) == ["name", "description", "parameters"]  # the order the template prints
+    assert "reasoning_format" not in request_kwargs("/apply-template", chat)
+    for bad, match in (({"chat_template_kwargs": [1]}, "chat_template_kwargs"), ({"tools": [{"type": "x"}]}, "tool"),
+                       ({"tools": [{"type": "function", "function": {}}]}, "name")):
+        with pytest.raises(BadRequest, match=match):
+            request_kwargs("/v1/chat/completions", {**chat, **bad})

@@ -311,10 +311,13 @@ def test_chat_replies_are_llama_server_s(llama_server: Path, template: str, extr
     with running_server(llama_server, target, tmp_path / "chat.log") as base, \
             SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm, \
             serving(llm, "ours") as port:
+        ours_base = f"http://127.0.0.1:{port}"
+        assert http_json(ours_base + "/apply-template", req) == http_json(base + "/apply-template", req)
         status, theirs = http_json(base + "/v1/chat/completions", req)
         assert status == 200, theirs
-        status, ours = http_json(f"http://127.0.0.1:{port}/v1/chat/completions", req)
+        status, ours = http_json(ours_base + "/v1/chat/completions", req)
         assert status == 200, ours
+        streams = [sse_deltas(b + "/v1/chat/completions", {**req, "stream": True}) for b in (ours_base, base)]
     assert ours["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
     assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"]
     mine, upstream = ours["choices"][0]["message"], theirs["choices"][0]["message"]
@@ -323,3 +326,21 @@ def test_chat_replies_are_llama_server_s(llama_server: Path, template: str, extr
     assert ours["choices"][0]["finish_reason"] == theirs["choices"][0]["finish_reason"]
     if template.startswith("deepseek"):
         assert mine["reasoning_content"] and not mine["content"]  # all of it thinking: the case is exercised
+    # streamed: the same thinking and content, delta by delta joined
+    assert streams[0] == streams[1]
+    assert streams[0]["content"] == (mine["content"] or "")
+    assert streams[0]["reasoning_content"] == mine.get("reasoning_content", "")
+
+
+def sse_deltas(url: str, payload: dict[str, Any]) -> dict[str, str]:
+    """The joined content and reasoning_content deltas of a streamed chat."""
+    req = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    joined = {"content": "", "reasoning_content": ""}
+    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+        for line in resp:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            for choice in json.loads(line[6:]).get("choices", []):
+                for key in joined:
+                    joined[key] += choice.get("delta", {}).get(key) or ""
+    return joined

@@ -34,6 +34,7 @@ _COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed
            "mirostat_mode", "mirostat_tau", "mirostat_eta"}
 _FIELDS = {
     "/v1/completions": ("create_completion", "prompt", _COMMON | {"echo", "suffix"}),
+    "/apply-template": ("apply_chat_template", "messages", {"tools", "chat_template_kwargs"}),
     "/v1/chat/completions": ("create_chat_completion", "messages",
                              _COMMON | {"top_logprobs", "response_format", "tools", "tool_choice", "functions",
                                         "function_call", "reasoning_format", "chat_template_kwargs"}),
@@ -59,8 +60,9 @@ def request_kwargs(path: str, body: Any, reasoning_format: str = "deepseek") -> 
     for theirs, ours in (("max_completion_tokens", "max_tokens"), ("mirostat", "mirostat_mode")):
         if theirs in body and ours not in body:
             kw[ours] = body[theirs]
-    if path == "/v1/chat/completions":  # llama-server's rules: the template is told whether to think
-        kw.setdefault("reasoning_format", reasoning_format)
+    if path in ("/v1/chat/completions", "/apply-template"):  # llama-server's rules: the template is told
+        if path != "/apply-template":                           # whether to think
+            kw.setdefault("reasoning_format", reasoning_format)
         kwargs = kw.get("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be a JSON object")
@@ -281,6 +283,9 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 kw = request_kwargs(self.path, body, reasoning_format) if self.path in _FIELDS else {}
                 if tokens is not None:  # no generation: no turn to wait for
                     self._send_json(HTTPStatus.OK, tokens(llm, body))
+                    return
+                if self.path == "/apply-template":
+                    self._send_json(HTTPStatus.OK, {"prompt": llm.apply_chat_template(**kw)})
                     return
             except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
                 self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))

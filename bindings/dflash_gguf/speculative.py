@@ -772,15 +772,12 @@ class SpeculativeLlama:
         Sampling options as in create_completion."""
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs)
-        if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
-            raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
-        template_args = {"tools": tools, "tool_choice": tool_choice, "functions": functions,
-                         "function_call": function_call, **(chat_template_kwargs or {})}
         call = forced_tool(tools, tool_choice, functions, function_call)
         named = tool_functions(tools, functions)
         may_call = call is None and bool(named) and "none" not in (tool_choice, function_call)
         model_name = model if model is not None else self.model_path
-        prompt, template_stops = self._format_chat(messages, template_args)
+        prompt, template_stops = self._format_chat(messages, template_arguments(
+            tools, tool_choice, functions, function_call, chat_template_kwargs))
         syntax = reply_syntax(self._spec.chat_template, prompt, reasoning_format, may_call)
         lazy = tool_call_grammar(named, syntax)
         grammars = {"grammar": grammar, "response_format": response_format_grammar(response_format),
@@ -853,6 +850,11 @@ class SpeculativeLlama:
                              "finish_reason": finish(reason, content)}],
                 "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            chat_template_kwargs: dict[str, Any] | None = None) -> str:
+        """The prompt text create_chat_completion makes of these messages (llama-server's /apply-template)."""
+        return self._format_chat(messages, template_arguments(tools, None, None, None, chat_template_kwargs))[0]
+
     def _format_chat(self, messages: list[dict[str, Any]],
                      template_args: dict[str, Any] | None = None) -> tuple[str, list[str]]:
         import jinja2
@@ -877,6 +879,15 @@ class SpeculativeLlama:
                              "needs a 'role' and a 'content'") from e
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
+
+
+def template_arguments(tools: Any, tool_choice: Any, functions: Any, function_call: Any,
+                       chat_template_kwargs: Any) -> dict[str, Any]:
+    """What a chat template is rendered with besides the messages."""
+    if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
+    return {"tools": tools, "tool_choice": tool_choice, "functions": functions, "function_call": function_call,
+            **(chat_template_kwargs or {})}
 
 
 def replayed_call(message: dict[str, Any], object_arguments: bool) -> dict[str, Any]:
