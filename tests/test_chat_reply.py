@@ -14,10 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tinycode import THREADS, chat_target_gguf, drafter_gguf, prompts
-
 from dflash_gguf import SpeculativeLlama
 from dflash_gguf.chat_reply import ReplyParser, ReplySyntax, reply_message, reply_syntax, tool_call_grammar
+from tinycode import THREADS, chat_target_gguf, drafter_gguf, prompts
 
 WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}

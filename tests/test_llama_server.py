@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from dflash_convert import Options, convert
 
 VERSION = "0.3.36"
