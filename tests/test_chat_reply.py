@@ -200,3 +200,20 @@ def test_server_requests_tell_the_template_what_llama_server_tells_it() -> None:
                        ({"tools": [{"type": "function", "function": {}}]}, "name")):
         with pytest.raises(BadRequest, match=match):
             request_kwargs("/v1/chat/completions", {**chat, **bad})
+
+
+def test_a_forced_call_in_a_thinking_template_is_still_a_call(qwen3: SpeculativeLlama) -> None:
+    """tool_choice naming a tool, with reasoning_format deepseek (the server's default) on Qwen3's template:
+    the grammar makes the reply the call's arguments, and they come back as tool_calls."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    for stream in (False, True):
+        out = qwen3.create_chat_completion(msgs, tools=TOOLS, tool_choice=choice, reasoning_format="deepseek",
+                                           max_tokens=60, stream=stream, **GREEDY)
+        if stream:
+            calls = [c for chunk in out for c in chunk["choices"][0]["delta"].get("tool_calls") or []]
+        else:
+            assert out["choices"][0]["finish_reason"] == "tool_calls", out
+            calls = out["choices"][0]["message"]["tool_calls"]
+        assert calls and calls[0]["function"]["name"] == "get_weather"
+        assert isinstance(json.loads("".join(c["function"]["arguments"] for c in calls))["city"], str)

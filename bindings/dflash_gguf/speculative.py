@@ -799,7 +799,8 @@ class SpeculativeLlama:
         cursor = None
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
-        parser = ReplyParser(syntax, named) if syntax.thinking or syntax.tool_format else None
+        # a forced call's grammar makes the whole reply the call: nothing to take apart
+        parser = ReplyParser(syntax, named) if call is None and (syntax.thinking or syntax.tool_format) else None
 
         def finish(reason: str | None, content: str) -> str | None:
             if reason != "stop":
