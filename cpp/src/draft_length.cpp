@@ -29,6 +29,13 @@ constexpr uint32_t kProbeSteps = 2;
 // a drafting run tries one position further for this many steps in a row: a step after a change of
 // length is not timed (libllama rebuilt its graph), so a single step would never measure its cost
 constexpr uint32_t kExploreSteps = 2;
+// a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
+// up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
+// process) kept the bench's f16 drafter drafting through a whole round at 0.4-0.8x plain; a check is
+// kPlainCheckSteps plain steps (the first after a drafted one is not timed: libllama rebuilds its graph)
+constexpr uint32_t kPlainCheckFirst = 32;
+constexpr uint32_t kPlainCheckMax = 1024;
+constexpr uint32_t kPlainCheckSteps = 4;
 // auto mode enters a drafting run for a bound this much faster than plain decoding, and leaves it only
 // for plain decoding this much faster (see choose): each switch costs libllama a graph rebuild and the
 // drafter a cold step, so a near-tie is not worth drafting
@@ -58,7 +65,7 @@ void DraftLengthController::Cost::observe(double x) {
 DraftLengthController::DraftLengthController(uint32_t cap)
     : cap_(cap), n_max_(cap), reached_(cap, kPriorDrafts), accepted_(cap, kPriorDrafts * kPriorAccept),
       accept_(cap, kPriorAccept),
-      t_draft_(cap + 1), t_verify_(cap + 1), probe_every_(kProbeFirst) {}
+      t_draft_(cap + 1), t_verify_(cap + 1), probe_every_(kProbeFirst), plain_check_every_(kPlainCheckFirst) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
@@ -151,6 +158,10 @@ uint32_t DraftLengthController::choose() {
         // way back costs two graph rebuilds in libllama and a cold drafter). A run left after one step
         // alternated plain and drafted steps for as long as plain decoding lay between bound and estimate
         // (each switch a graph rebuild); leaving on the bound kept drafting where plain was 5% ahead.
+        if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
+            plain_check_every_ = std::min(2 * plain_check_every_, kPlainCheckMax);
+            return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
+        }
         if (!drafting_) {
             best = bound_rate > plain_rate * (1.0 + kEnterMargin) ? hold(probe_with, kMinRun, false) : 0;
         } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
@@ -218,7 +229,10 @@ void DraftLengthController::observe_plain(double ms, bool steady) {
             reached_[i] = faded;
         }
     }
-    if (steady) t_plain_.observe(ms);
+    if (steady) {
+        t_plain_.observe(ms);
+        drafted_untimed_ = 0;
+    }
 }
 
 }  // namespace dflash

@@ -23,7 +23,8 @@
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
 // against drafting; auto mode spaces probes by their cost), so a change of
-// content is noticed.
+// content is noticed. A long drafting run re-times plain decoding now and then (a few plain steps,
+// ever more rarely), so a plain cost measured in a bad moment does not keep it drafting.
 #include <cstdint>
 #include <vector>
 
@@ -79,6 +80,8 @@ class DraftLengthController {
     bool probing_ = false;                    // the step last chosen is a probe's
     bool drafting_ = false;                   // auto mode's last choice on the merits was to draft
     uint32_t probe_every_;
+    uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
+    uint32_t plain_check_every_;
 };
 
 }  // namespace dflash
