@@ -32,10 +32,14 @@ constexpr uint32_t kExploreSteps = 2;
 // a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
 // up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
 // process) kept the bench's f16 drafter drafting through a whole round at 0.4-0.8x plain; a check is
-// kPlainCheckSteps plain steps (the first after a drafted one is not timed: libllama rebuilds its graph)
+// kPlainCheckSteps plain steps, of which the first kPlainWarmSteps are not timed
 constexpr uint32_t kPlainCheckFirst = 32;
 constexpr uint32_t kPlainCheckMax = 1024;
-constexpr uint32_t kPlainCheckSteps = 4;
+constexpr uint32_t kPlainCheckSteps = 7;
+// plain steps right after drafted ones are slower, so they are not timed: the first rebuilds libllama's
+// graph, and the next ones still ran 12-15% slower than a plain run's (0.81, 0.51, 0.49, 0.47 ms, then
+// 0.42-0.45; bundled pair, f16 drafter, 2-core AMD EPYC), which made drafting look better than it is
+constexpr uint32_t kPlainWarmSteps = 4;
 // auto mode enters a drafting run for a bound this much faster than plain decoding, and leaves it only
 // for plain decoding this much faster (see choose): each switch costs libllama a graph rebuild and the
 // drafter a cold step, so a near-tie is not worth drafting
@@ -196,6 +200,7 @@ uint32_t DraftLengthController::choose() {
 }
 
 void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady) {
+    plain_streak_ = 0;
     for (uint32_t i = 0; i < cap_; ++i) {
         reached_[i] *= kDecay;
         accepted_[i] *= kDecay;
@@ -229,7 +234,7 @@ void DraftLengthController::observe_plain(double ms, bool steady) {
             reached_[i] = faded;
         }
     }
-    if (steady) {
+    if (++plain_streak_ > kPlainWarmSteps && steady) {
         t_plain_.observe(ms);
         drafted_untimed_ = 0;
     }

@@ -81,6 +81,7 @@ class DraftLengthController {
     bool drafting_ = false;                   // auto mode's last choice on the merits was to draft
     uint32_t probe_every_;
     uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
+    uint32_t plain_streak_ = 0;     // plain steps since the last drafted one
     uint32_t plain_check_every_;
 };
 
