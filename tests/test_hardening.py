@@ -170,7 +170,9 @@ def _kill_at(ckpt: Path, out: Path, outtype: str, when: KillPoint, sig: int = si
             seen = _tmp_sizes(out.parent, out.name)
             if when(seen, time.monotonic() - t0):
                 proc.send_signal(sig)
-                proc.communicate(timeout=60)
+                # SIGTERM/SIGINT reach Python's handler only after the tensor being quantized (numpy, in
+                # C): under the AddressSanitizer run on a busy 2-core machine that took over 60 s once
+                proc.communicate(timeout=240)
                 return True, seen, proc
             time.sleep(0.001)
         proc.communicate(timeout=60)
