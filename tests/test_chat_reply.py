@@ -3,8 +3,8 @@ the template's syntax, and the lazy grammar that keeps a started call to the too
 
 The parser on known texts (streamed character by character and whole); the lazy grammar through the
 speculative loop on the bundled pair (free until the trigger, constrained after, lossless against plain
-decoding); replies and prompts of the tinycode target dressed in real model templates (Qwen3,
-Qwen3-Coder, DeepSeek-R1) against the real llama-server."""
+decoding); tool calls in a chat of the tinycode target dressed in Qwen3's real template. The same
+target under the Qwen3 and DeepSeek-R1 templates against the real llama-server: test_llama_server.py."""
 
 from __future__ import annotations
 
