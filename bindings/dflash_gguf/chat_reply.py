@@ -42,13 +42,11 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools
 def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
     """(GBNF, trigger words) of a lazy grammar that keeps a tool call the model starts to the tools' names
     and parameter schemas, as llama-server does; None where the syntax has none (Qwen3-Coder's XML)."""
-    from .llama_compat import schema_grammar
+    from .llama_compat import any_tool_grammar
 
     if syntax.tool_format != "hermes" or not tools:
         return None
-    call = schema_grammar({"oneOf": [
-        {"type": "object", "properties": {"name": {"const": n}, "arguments": f.get("parameters", {})},
-         "required": ["name", "arguments"]} for n, f in tools.items()]}, "the tools' parameters")
+    call = any_tool_grammar(tools)
     rules = re.sub(r"^root\s*::=", "tool-call-json ::=", call._grammar, count=1, flags=re.MULTILINE)
     # the whitespace around a call is bounded: a small model may otherwise emit newlines for ever
     block = f'"{CALL_OPEN}" [ \\n]{{0,2}} tool-call-json [ \\n]{{0,2}} "{CALL_CLOSE}"'

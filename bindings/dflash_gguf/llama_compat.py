@@ -111,12 +111,19 @@ def tool_functions(tools: Any, functions: Any) -> dict[str, dict[str, Any]]:
         raise ValueError(f"tools must be [{{'type': 'function', 'function': {{'name': ...}}}}, ...], got {tools!r}") from e
 
 
-def forced_tool(tools: Any, tool_choice: Any, functions: Any, function_call: Any) -> ToolCall | None:
+def any_tool_grammar(functions: dict[str, dict[str, Any]]) -> Any:
+    """The llama_cpp.LlamaGrammar of one call to any of the tools: {"name": ..., "arguments": {...}}, the
+    arguments following that tool's parameter schema."""
+    return schema_grammar({"oneOf": [
+        {"type": "object", "properties": {"name": {"const": n}, "arguments": f.get("parameters", {})},
+         "required": ["name", "arguments"]} for n, f in functions.items()]}, "the tools' parameters")
+
+
+def forced_tool(named: dict[str, dict[str, Any]], tool_choice: Any, function_call: Any) -> ToolCall | None:
     """The call a chat reply is forced to make, or None, as llama_cpp.Llama's chat handlers read the
-    arguments: legacy functions / function_call become tools / tool_choice; a tool_choice naming a
-    function forces a call to it; "required" (OpenAI's; llama_cpp.Llama ignores it) a call to one of
-    the tools; otherwise the tools only reach the chat template."""
-    named = tool_functions(tools, functions)
+    arguments: `named` is tool_functions(tools, functions); legacy function_call becomes tool_choice; a
+    tool_choice naming a function forces a call to it; "required" (OpenAI's; llama_cpp.Llama ignores it)
+    a call to one of the tools; otherwise the tools only reach the chat template."""
     if function_call in ("none", "auto"):
         tool_choice = function_call
     elif isinstance(function_call, dict) and "name" in function_call:
@@ -150,9 +157,7 @@ class ToolCall:
         if name is not None:
             self.grammar = schema_grammar(functions[name].get("parameters", {}), f"tool {name!r}'s parameters")
         else:
-            self.grammar = schema_grammar({"oneOf": [
-                {"type": "object", "properties": {"name": {"const": n}, "arguments": f.get("parameters", {})},
-                 "required": ["name", "arguments"]} for n, f in functions.items()]}, "the tools' parameters")
+            self.grammar = any_tool_grammar(functions)
 
     def call(self, text: str) -> dict[str, str] | None:
         """{"name", "arguments"} of a reply (None: a reply to any tool the grammar did not finish)"""

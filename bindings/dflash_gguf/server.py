@@ -60,9 +60,9 @@ def request_kwargs(path: str, body: Any, reasoning_format: str = "deepseek") -> 
     for theirs, ours in (("max_completion_tokens", "max_tokens"), ("mirostat", "mirostat_mode")):
         if theirs in body and ours not in body:
             kw[ours] = body[theirs]
-    if path in ("/v1/chat/completions", "/apply-template"):  # llama-server's rules: the template is told
-        if path != "/apply-template":                           # whether to think
-            kw.setdefault("reasoning_format", reasoning_format)
+    if path == "/v1/chat/completions":
+        kw.setdefault("reasoning_format", reasoning_format)
+    if path in ("/v1/chat/completions", "/apply-template"):  # llama-server's rules for the template's inputs
         kwargs = kw.get("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be a JSON object")

@@ -149,8 +149,8 @@ class Sampling:
         if not isinstance(self.grammar, str) or not isinstance(self.grammar_root, str):
             msg = f"grammar must be a llama_cpp.LlamaGrammar or GBNF text, got {self.grammar!r}"
             raise ValueError(msg)  # noqa: TRY004 - a ValueError, as every other bad argument of a generation
-        if self.grammar_triggers:
-            words = tuple(self.grammar_triggers) if not isinstance(self.grammar_triggers, str) else ()
+        if self.grammar_triggers:  # any sequence of words (a str is one word mistaken for a list: refused)
+            words = () if isinstance(self.grammar_triggers, str) else tuple(self.grammar_triggers)
             if not words or not all(isinstance(w, str) and w for w in words):
                 raise ValueError(f"grammar_triggers must be non-empty words, got {self.grammar_triggers!r}")
             if not self.grammar:
@@ -440,8 +440,7 @@ class SpeculativeLlama:
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                                  grammar_triggers=grammar_triggers if isinstance(grammar_triggers, str)
-                                  else tuple(grammar_triggers))
+                                  grammar_triggers=grammar_triggers)
         return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain,
                               stopping_criteria=stopping_criteria)
 
@@ -772,8 +771,8 @@ class SpeculativeLlama:
         Sampling options as in create_completion."""
         n_logprobs = (top_logprobs or 0) if logprobs else None
         check_logprobs(n_logprobs)
-        call = forced_tool(tools, tool_choice, functions, function_call)
         named = tool_functions(tools, functions)
+        call = forced_tool(named, tool_choice, function_call)
         may_call = call is None and bool(named) and "none" not in (tool_choice, function_call)
         model_name = model if model is not None else self.model_path
         prompt, template_stops = self._format_chat(messages, template_arguments(
