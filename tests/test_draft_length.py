@@ -56,6 +56,10 @@ COLD_DRAFTER = [0.38, 0.23, 0.13, 0.07]
 
 JITTER, SPIKE_P, SPIKE = 0.08, 0.03, 4.0
 NOISE_MEAN = float(np.exp(JITTER**2 / 2)) * (1.0 + SPIKE_P * (SPIKE - 1.0))  # what the noise costs on average
+# a shared machine's slow phases: now and then several steps in a row 2.5-8x slower (the 12th session's
+# AMD EPYC, plain steps of the bundled target: ... 0.56 1.46 4.58 3.60 1.89 1.34 ... ms against 0.43-0.64
+# before and after); per step, the chance that one begins, and its length in steps
+BURST_P, BURST_STEPS, BURST_SLOW = 0.006, (4, 11), (2.5, 8.0)
 
 
 def expected_rate(costs: Costs, k: int) -> float:
@@ -67,6 +71,24 @@ def expected_rate(costs: Costs, k: int) -> float:
         run *= a
         e += run
     return e / ((costs["draft"](k) + costs["verify"](k)) * NOISE_MEAN)  # type: ignore[operator]
+
+
+class Machine:
+    """A step's slowdown: jitter, now and then a preempted step, and (with `bursts`) slow phases."""
+
+    def __init__(self, rng: np.random.Generator, bursts: bool = False) -> None:
+        self.rng, self.bursts = rng, bursts
+        self.burst_left, self.burst_slow = 0, 1.0
+
+    def __call__(self) -> float:
+        rng = self.rng
+        if self.bursts and self.burst_left == 0 and rng.random() < BURST_P:
+            self.burst_left, self.burst_slow = int(rng.integers(*BURST_STEPS)), float(rng.uniform(*BURST_SLOW))
+        slow = 1.0
+        if self.burst_left > 0:
+            self.burst_left -= 1
+            slow = self.burst_slow
+        return float(rng.lognormal(0.0, JITTER)) * (SPIKE if rng.random() < SPIKE_P else 1.0) * slow
 
 
 # how many of k drafted tokens the target accepts: (rng, sequence, position, k) -> accepted
@@ -83,18 +105,18 @@ def iid_acceptance(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
 def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq: int = 20,
              n_tokens: int = 128, warmup_factor: float = 5.0, switch: float = 0.0,
              tell_steady: bool = True, accept: Acceptance = iid_acceptance, warmup: int = 0,
-             calibrate: bool | None = None, calibration_plain: float = 1.0) -> tuple[float, float, list[int]]:
+             calibrate: bool | None = None, calibration_plain: float = 1.0,
+             bursts: bool = False) -> tuple[float, float, list[int]]:
     """(tokens per ms, share of drafted steps, the k chosen at every step). A step whose target batch
     shape differs from the step before (a sequence starts with a prefill) costs `switch` ms more; the
     loop tells the controller whether the shape repeated unless tell_steady is off. `warmup` runs of
     sequence 0 come first and are not counted (as `dflash bench` warms up on its first prompt).
     `calibrate` (default: in auto mode, as the Speculator does before its first prefill) times every
     shape 4 times in a row before the first sequence, off the clock; its plain decodes take
-    `calibration_plain` times their cost (a busy moment)."""
+    `calibration_plain` times their cost (a busy moment). With `bursts`, slow phases of several steps
+    come on top of the noise (BURST_*)."""
     rng = np.random.default_rng(seed)
-
-    def noise() -> float:
-        return float(rng.lognormal(0.0, JITTER)) * (SPIKE if rng.random() < SPIKE_P else 1.0)
+    noise = Machine(rng, bursts)
 
     if mode != "auto":
         n_max = n_max or 7
@@ -182,6 +204,21 @@ def test_a_plain_cost_timed_in_a_bad_moment_does_not_keep_it_drafting() -> None:
     drafted = np.mean([d for _, d in runs])
     print("auto / plain per seed", " ".join(f"{r:.2f}" for r in ratio), f"({drafted:.0%} of steps drafted)")
     assert ratio.mean() >= 0.95 and drafted <= 0.1, (ratio, drafted)
+
+
+def test_a_slow_phase_does_not_keep_it_drafting() -> None:
+    """A few plain steps in a row several times slower (a shared machine's slow phase: the 12th
+    session's trace) made the lower median of the last 9 plain timings 1.33 ms against a true 0.43-0.64:
+    auto mode drafted through 12 prompts at 0.5-0.8x plain, as the plain re-timings of a drafting run
+    (3 timings each) were outvoted by the slow ones they joined. A re-timing now replaces what came
+    before, and costs are lower quartiles, a plain step's of 25 timings (plain steps are plentiful)."""
+    runs = [simulate(AMD_F16, seed, switch=SWITCH, bursts=True)[:2] for seed in range(6)]
+    machine = Machine(np.random.default_rng(0), bursts=True)  # plain decoding on the same machine
+    plain = 1.0 / (AMD_F16["plain"] * np.mean([machine() for _ in range(200_000)]))  # type: ignore[operator]
+    ratio = np.array([r for r, _ in runs]) / plain
+    drafted = np.mean([d for _, d in runs])
+    print("auto / plain per seed", " ".join(f"{r:.2f}" for r in ratio), f"({drafted:.0%} of steps drafted)")
+    assert ratio.mean() >= 0.95 and ratio.min() >= 0.9 and drafted <= 0.1, (ratio, drafted)
 
 
 @pytest.fixture(scope="module")

@@ -32,10 +32,15 @@ constexpr uint32_t kExploreSteps = 2;
 // a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
 // up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
 // process) kept the bench's f16 drafter drafting through a whole round at 0.4-0.8x plain; a check is
-// kPlainCheckSteps plain steps, of which the first kPlainWarmSteps are not timed
+// kPlainCheckSteps plain steps, of which the first kPlainWarmSteps are not timed, and its timings replace
+// the earlier ones. Where drafting pays 2x, a check per 256 drafted steps costs about 1% of the speed.
 constexpr uint32_t kPlainCheckFirst = 32;
-constexpr uint32_t kPlainCheckMax = 1024;
+constexpr uint32_t kPlainCheckMax = 256;
 constexpr uint32_t kPlainCheckSteps = 7;
+// plain steps are plentiful: their cost is taken from more timings than a draft length's, so that a slow
+// phase of a few steps does not move it (4.58, 3.60, 1.89, 1.34 ms among 0.43-0.64 ms steps made the
+// median of 9 say 1.33 ms, and auto mode drafted at 0.5-0.8x plain until it was re-timed)
+constexpr uint32_t kPlainWindow = 25;
 // plain steps right after drafted ones are slower, so they are not timed: the first rebuilds libllama's
 // graph, and the next ones still ran 12-15% slower than a plain run's (0.81, 0.51, 0.49, 0.47 ms, then
 // 0.42-0.45; bundled pair, f16 drafter, 2-core AMD EPYC), which made drafting look better than it is
@@ -55,21 +60,24 @@ constexpr double kFixedMinGain = 0.35;
 
 void DraftLengthController::Cost::observe(double x) {
     if (n++ == 0) return;  // the first step of a shape: allocation, warm-up
-    recent[(n - 2) % kWindow] = x;
-    const size_t m = (size_t) std::min<uint64_t>(n - 1, kWindow);
-    if (m < kMinSamples) return;  // one unlucky step measured during a warm-up kept a draft length out for good
-    double sorted[kWindow];
-    std::copy(recent, recent + m, sorted);
-    // the lower median: a shared machine's noise is skewed up (preempted steps), and of two measurements
-    // the upper one is the likelier outlier
-    std::nth_element(sorted, sorted + (m - 1) / 2, sorted + m);
-    ms = sorted[(m - 1) / 2];
+    recent[next] = x;
+    next = (next + 1) % window;
+    kept = std::min(kept + 1, window);
+    if (kept < kMinSamples) return;  // one unlucky step measured during a warm-up kept a draft length out for good
+    double sorted[kMaxWindow];
+    for (uint32_t i = 0; i < kept; ++i) sorted[i] = recent[(next + window - 1 - i) % window];
+    // the lower quartile: a shared machine's noise is skewed up (preempted steps, and slow phases of several
+    // steps in a row, which must not outvote the steps around them), and all costs are judged alike
+    const uint32_t q = (kept - 1) / 4;
+    std::nth_element(sorted, sorted + q, sorted + kept);
+    ms = sorted[q];
 }
 
 DraftLengthController::DraftLengthController(uint32_t cap)
     : cap_(cap), n_max_(cap), reached_(cap, kPriorDrafts), accepted_(cap, kPriorDrafts * kPriorAccept),
       accept_(cap, kPriorAccept),
-      t_draft_(cap + 1), t_verify_(cap + 1), probe_every_(kProbeFirst), plain_check_every_(kPlainCheckFirst) {}
+      t_draft_(cap + 1), t_verify_(cap + 1), t_plain_(kPlainWindow), probe_every_(kProbeFirst),
+      plain_check_every_(kPlainCheckFirst) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
@@ -164,6 +172,7 @@ uint32_t DraftLengthController::choose() {
         // (each switch a graph rebuild); leaving on the bound kept drafting where plain was 5% ahead.
         if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
             plain_check_every_ = std::min(2 * plain_check_every_, kPlainCheckMax);
+            t_plain_.restart();  // outvoted by the timings it would join, a check changed nothing after a slow phase
             return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
         }
         if (!drafting_) {

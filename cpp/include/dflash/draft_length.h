@@ -6,8 +6,9 @@
 //     E(k) / T(k),  E(k) = 1 + sum_{i<=k} prod_{j<=i} a_j,
 //     T(k) = t_draft(k) + t_verify(k)  (T(0) = t_plain, no drafting)
 // Auto mode compares every k in 0..cap by that rate (timings make it
-// nondeterministic). A cost is the median of its recent measurements (a shared
-// machine's timings are skewed up: preempted steps) once it has a few; the
+// nondeterministic). A cost is the lower quartile of its recent measurements (a
+// shared machine's timings are skewed up: preempted steps, slow phases) once it
+// has a few (a plain step's of more of them, as plain steps are plentiful); the
 // Speculator calibrates them before its first prefill (observe_cost), and a cost
 // still unmeasured is taken as the nearest cheaper one, so every choice gets
 // tried before it is ruled out; the first measurement of each cost is not
@@ -24,7 +25,8 @@
 // still probes a drafted step now and then (less often while it keeps deciding
 // against drafting; auto mode spaces probes by their cost), so a change of
 // content is noticed. A long drafting run re-times plain decoding now and then (a few plain steps,
-// ever more rarely), so a plain cost measured in a bad moment does not keep it drafting.
+// ever more rarely, whose timings replace the earlier ones), so a plain cost measured in a bad moment
+// does not keep it drafting.
 #include <cstdint>
 #include <vector>
 
@@ -55,14 +57,19 @@ class DraftLengthController {
     const std::vector<double> & acceptance() const { return accept_; }
 
   private:
-    // a cost: not believed on its first measurement, then the median of the last few
+    // a cost: not believed on its first measurement, then the lower quartile of the last `window`
     struct Cost {
-        static constexpr uint32_t kWindow = 9;
+        static constexpr uint32_t kMaxWindow = 25;
         static constexpr uint32_t kMinSamples = 3;
+        explicit Cost(uint32_t window = 9) : window(window) {}
+        uint32_t window;
         double ms = -1.0;  // < 0: not measured (beyond the first)
         uint64_t n = 0;
-        double recent[kWindow] = {};
+        uint32_t kept = 0, next = 0;  // measurements in recent (counted since a restart), where the next goes
+        double recent[kMaxWindow] = {};
         void observe(double x);
+        // later measurements replace the earlier ones (ms stays until there are kMinSamples of them)
+        void restart() { kept = 0; }
     };
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
