@@ -53,6 +53,10 @@ constexpr double kLeaveMargin = 0.04;
 // a drafting run drafts its entry length this many steps before the estimates may end it (4: at
 // T = 1 the runs cost 5% of plain speed)
 constexpr uint32_t kMinRun = 2;
+// after a drafting run slower than plain decoding, plain steps before the bound may begin another:
+// doubling per such run up to the max, none after a run that paid
+constexpr uint32_t kEntryWaitFirst = 4;
+constexpr uint32_t kEntryWaitMax = 32;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
@@ -176,13 +180,28 @@ uint32_t DraftLengthController::choose() {
             return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
         }
         if (!drafting_) {
-            best = bound_rate > plain_rate * (1.0 + kEnterMargin) ? hold(probe_with, kMinRun, false) : 0;
+            const bool enter = bound_rate > plain_rate * (1.0 + kEnterMargin) && since_run_ >= entry_wait_;
+            best = enter ? hold(probe_with, kMinRun, false) : 0;
+            if (enter) {
+                run_tokens_ = run_ms_ = 0.0;
+                run_favoured_ = false;
+            }
         } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
-        } else if (best < cap_) {
+            // a run slower than plain decoding leaves the bound that began it about where it was: on the
+            // bundled pair's f16 drafter on the AMD EPYC, where only near-perfect acceptance pays, runs
+            // began again one plain step after ending (2 drafted steps in 3 at 0.6x plain); each such run
+            // doubles the wait (auto 0.94 / 0.97 / 0.98x plain without it, 0.97 / 1.00 / 0.99x with it, p10
+            // of the per-prompt ratios 0.70-0.82 / 0.81-0.86, paired runs)
+            const bool paid = run_favoured_ || (run_ms_ > 0.0 && run_tokens_ / run_ms_ >= plain_rate);
+            entry_wait_ = paid ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
+            since_run_ = 0;
+        } else {
+            // the estimates, not only the bound, favoured drafting (a run that merely ended early by chance)
+            run_favoured_ = run_favoured_ || best_rate >= plain_rate;
             // one position further, as it might be: the estimate of a position no longer reached is stale (a
             // run of 2 drafts after a hard prompt kept 3 out for good where 3 paid best)
-            const double cost = expected_cost_ms(best + 1);
+            const double cost = best < cap_ ? expected_cost_ms(best + 1) : 0.0;
             if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) best = hold(best + 1, kExploreSteps, false);
         }
         drafting_ = best != 0;
@@ -199,6 +218,7 @@ uint32_t DraftLengthController::choose() {
         probe_every_ = std::max(kProbeFirst, probe_every_ / 2);
         return best;
     }
+    ++since_run_;
     if (++plain_run_ >= probe_wait) {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);
@@ -210,6 +230,8 @@ uint32_t DraftLengthController::choose() {
 
 void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady) {
     plain_streak_ = 0;
+    run_tokens_ += accepted + 1;
+    run_ms_ += draft_ms + verify_ms;  // unsteady steps too: a run pays for its switches
     for (uint32_t i = 0; i < cap_; ++i) {
         reached_[i] *= kDecay;
         accepted_[i] *= kDecay;
