@@ -306,3 +306,35 @@ def test_a_dip_in_acceptance_is_not_remembered_for_good() -> None:
             c.observe_draft(k, min(k, 2), *cost(k))
     drafted = sum(k > 0 for k in chosen[300:]) / 300
     assert drafted >= 0.5, "".join(map(str, chosen))
+
+
+def test_a_run_the_estimates_never_favoured_is_not_begun_again_at_once() -> None:
+    """Where only near-perfect acceptance pays (the AMD EPYC's f16 costs) and the content alternates
+    between perfectly predictable stretches and ordinary ones (85% per position, plain decoding well
+    ahead), the upper bound on acceptance keeps beginning drafting runs that the estimates end after
+    their two steps: the real loop began the next one a single plain step later (`DD.DD.DD`, 2 drafted
+    steps in 3 at 0.6x plain). After such a run auto mode now waits 4, 8, ... 32 plain steps (4 seeds:
+    26-55 immediate re-entries before, 2-5 now, the ones left after runs the estimates favoured)."""
+    def cost(k: int) -> tuple[float, float]:
+        return AMD_F16["draft"](k), AMD_F16["verify"](k)  # type: ignore[operator]
+
+    for seed in range(4):
+        c = DraftLengthController(7, "auto")
+        for k in range(8):
+            for _ in range(4):
+                c.observe_cost(k, *(cost(k) if k else (0.0, AMD_F16["plain"])))
+        rng = np.random.default_rng(seed)
+        chosen = []
+        for step in range(3000):
+            k = c.choose()
+            chosen.append(k)
+            predictable = (step // 300) % 2 == 0
+            if k:
+                j = 0
+                while j < k and (predictable or rng.random() < 0.85):
+                    j += 1
+                c.observe_draft(k, j, *cost(k))
+            else:
+                c.observe_plain(AMD_F16["plain"])  # type: ignore[arg-type]
+        ordinary = "".join("D" if k else "." for i, k in enumerate(chosen) if (i // 300) % 2 == 1)
+        assert ordinary.count("D.D") <= 8, ordinary

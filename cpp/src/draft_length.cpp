@@ -53,8 +53,8 @@ constexpr double kLeaveMargin = 0.04;
 // a drafting run drafts its entry length this many steps before the estimates may end it (4: at
 // T = 1 the runs cost 5% of plain speed)
 constexpr uint32_t kMinRun = 2;
-// after a drafting run slower than plain decoding, plain steps before the bound may begin another:
-// doubling per such run up to the max, none after a run that paid
+// after a drafting run the estimates never favoured, plain steps before the bound may begin another:
+// doubling per such run up to the max, none after a run they favoured
 constexpr uint32_t kEntryWaitFirst = 4;
 constexpr uint32_t kEntryWaitMax = 32;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
@@ -182,19 +182,14 @@ uint32_t DraftLengthController::choose() {
         if (!drafting_) {
             const bool enter = bound_rate > plain_rate * (1.0 + kEnterMargin) && since_run_ >= entry_wait_;
             best = enter ? hold(probe_with, kMinRun, false) : 0;
-            if (enter) {
-                run_tokens_ = run_ms_ = 0.0;
-                run_favoured_ = false;
-            }
+            if (enter) run_favoured_ = false;
         } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
-            // a run slower than plain decoding leaves the bound that began it about where it was: on the
-            // bundled pair's f16 drafter on the AMD EPYC, where only near-perfect acceptance pays, runs
-            // began again one plain step after ending (2 drafted steps in 3 at 0.6x plain); each such run
-            // doubles the wait (auto 0.94 / 0.97 / 0.98x plain without it, 0.97 / 1.00 / 0.99x with it, p10
-            // of the per-prompt ratios 0.70-0.82 / 0.81-0.86, paired runs)
-            const bool paid = run_favoured_ || (run_ms_ > 0.0 && run_tokens_ / run_ms_ >= plain_rate);
-            entry_wait_ = paid ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
+            // a run begun on the bound alone, and never favoured by the estimates, leaves the bound about where
+            // it was: on the bundled pair's f16 drafter on the AMD EPYC, where only near-perfect acceptance
+            // pays, such runs began again one plain step after ending (2 drafted steps in 3 at 0.6x plain);
+            // each one doubles the wait
+            entry_wait_ = run_favoured_ ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
             since_run_ = 0;
         } else {
             // the estimates, not only the bound, favoured drafting (a run that merely ended early by chance)
@@ -230,8 +225,6 @@ uint32_t DraftLengthController::choose() {
 
 void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady) {
     plain_streak_ = 0;
-    run_tokens_ += accepted + 1;
-    run_ms_ += draft_ms + verify_ms;  // unsteady steps too: a run pays for its switches
     for (uint32_t i = 0; i < cap_; ++i) {
         reached_[i] *= kDecay;
         accepted_[i] *= kDecay;

@@ -18,7 +18,7 @@
 // observe none (so that little or old evidence does not rule drafting out),
 // drafts that k for two steps, then the k the estimates favour, and leaves on
 // the estimates; both for a margin (a switch costs a graph rebuild and a cold
-// drafter); after a run that was slower than plain decoding it waits a few plain
+// drafter); after a run that the estimates never favoured it waits a few plain
 // steps (more after each such run) before the bound may begin another. Within a run it tries k + 1 for two steps whenever position k + 1 at
 // its bound would pay (an estimate no longer reached goes stale). Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
@@ -91,7 +91,6 @@ class DraftLengthController {
     uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
     uint32_t plain_streak_ = 0;     // plain steps since the last drafted one
     uint32_t plain_check_every_;
-    double run_tokens_ = 0.0, run_ms_ = 0.0;  // what the current drafting run yielded, in what time
     bool run_favoured_ = false;  // the estimates favoured drafting at some step of the current run
     uint32_t entry_wait_ = 0;  // plain steps before the bound may begin another run
     uint32_t since_run_ = 0;   // plain steps since the last run ended
