@@ -19,8 +19,9 @@
 // drafts that k for two steps, then the k the estimates favour, and leaves on
 // the estimates; both for a margin (a switch costs a graph rebuild and a cold
 // drafter); after a run that the estimates never favoured it waits a few plain
-// steps (more after each such run) before the bound may begin another. Within a run it tries k + 1 for two steps whenever position k + 1 at
-// its bound would pay (an estimate no longer reached goes stale). Fixed mode
+// steps (more after each such run) before the bound may begin another. Within a
+// run it tries k + 1 for two steps whenever position k + 1 at its bound would
+// pay (an estimate no longer reached goes stale). Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
@@ -28,6 +29,7 @@
 // content is noticed. A long drafting run re-times plain decoding now and then (a few plain steps,
 // ever more rarely, whose timings replace the earlier ones), so a plain cost measured in a bad moment
 // does not keep it drafting.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -62,7 +64,7 @@ class DraftLengthController {
     struct Cost {
         static constexpr uint32_t kMaxWindow = 25;
         static constexpr uint32_t kMinSamples = 3;
-        explicit Cost(uint32_t window = 9) : window(window) {}
+        explicit Cost(uint32_t window = 9) : window(std::min(window, kMaxWindow)) {}
         uint32_t window;
         double ms = -1.0;  // < 0: not measured (beyond the first)
         uint64_t n = 0;
