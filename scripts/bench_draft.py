@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_draft.py [--device cpu] [--n-threads 2] [--blocks 8,16]
                                             [--context 256] [--reps 200] [--outtype f16]
+                                            [--compare-types f16,bf16,q8_0,q4_0]
 
 One draft step = our Drafter.draft() of one block [anchor, MASK x (B-1)] over a draft cache
 of --context injected rows (tokens only, no details). One verify step = libllama's
@@ -24,6 +25,10 @@ the original. Nothing is written outside a temp directory.
 A second table times the steps the speculative loop really runs with the first block size: a draft of
 k tokens is the short block [anchor, MASK x k] (as llama.cpp drafts), verified by a decode of k + 1
 tokens (flash attention as our runtime sets it: off on the CPU, libllama's choice on a GPU).
+
+With --compare-types, a third table times those short-block drafts for each listed drafter type
+(the same checkpoint converted to each), interleaved with each other, so the types compare on the
+same machine load: which type drafts fastest depends on the CPU (AVX512-BF16, VNNI, repacking).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=200, help="timed repetitions per measurement (default 200)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--outtype", default="f16", help="drafter GGUF type (default f16)")
+    ap.add_argument("--compare-types", default="", help="comma list of drafter types whose short-block drafts "
+                    "are timed side by side (e.g. f16,bf16,q8_0,q4_0)")
     ap.add_argument("--target", type=Path, default=TINY / "target-f16.gguf")
     ap.add_argument("--flash-attn", choices=("both", "off", "auto", "on"), default="both",
                     help="the target's flash attention: 'both' times off and auto (libllama's default) "
@@ -98,9 +105,16 @@ def main() -> int:
                                     n_ctx=(args.context + 2 * b + 255) // 256 * 256)
             assert d.hparams["block_size"] == b
             width = d.hparams["target_hidden"] * len(d.hparams["target_layers"])
-            d.inject(rng.standard_normal((args.context, width)).astype(np.float32),
-                     np.arange(args.context, dtype=np.int32))
+            features = rng.standard_normal((args.context, width)).astype(np.float32)
+            d.inject(features, np.arange(args.context, dtype=np.int32))
             drafters[b] = d
+        typed = {}  # --compare-types: the first block size's drafter in each type, fed the same rows
+        for t in [t for t in args.compare_types.split(",") if t]:
+            d = dflash_gguf.Drafter(str(make_drafter_gguf(tmp, blocks[0], t, args.target)), str(args.target),
+                                    device=args.device, n_threads=args.n_threads,
+                                    n_ctx=(args.context + 2 * blocks[0] + 255) // 256 * 256)
+            d.inject(features, np.arange(args.context, dtype=np.int32))
+            typed[t] = d
         dev_name = drafters[blocks[0]].device
         fa_modes = {"off": FLASH_ATTN_OFF, "auto": FLASH_ATTN_AUTO, "on": FLASH_ATTN_ON}
         modes = list(fa_modes) if args.flash_attn == "both" else [args.flash_attn]
@@ -112,9 +126,10 @@ def main() -> int:
             drafters[b].draft(200, args.context)
             return time.perf_counter() - t0
 
-        def short_once(k: int) -> float:
+        def short_once(k: int, d: object = None) -> float:
+            d = d or drafters[blocks[0]]
             t0 = time.perf_counter()
-            drafters[blocks[0]].draft(200, args.context, k, short_block=True)
+            d.draft(200, args.context, k, short_block=True)  # type: ignore[attr-defined]
             return time.perf_counter() - t0
 
         loop_ks = range(1, blocks[0])
@@ -127,6 +142,8 @@ def main() -> int:
                     v.verify(b)
             for k in loop_ks:
                 short_once(k)
+                for d in typed.values():
+                    short_once(k, d)
         counters0 = {b: dict(drafters[b].counters) for b in blocks}
         times: dict[tuple[str, int], list[float]] = {}
         for _ in range(args.reps):
@@ -137,6 +154,8 @@ def main() -> int:
             for k in loop_ks:
                 times.setdefault(("short", k), []).append(short_once(k))
                 times.setdefault(("loop verify", k), []).append(loop_verifier.verify(k + 1))
+                for t, d in typed.items():
+                    times.setdefault((t, k), []).append(short_once(k, d))
         for v in verifiers.values():
             v.close()
         llc.llama_model_free(model)
@@ -174,6 +193,17 @@ def main() -> int:
             vr = spread([1e3 * x for x in times[("loop verify", k)]])
             print(f"{k:>5} | {dr['median']:8.3f} [{dr['p10']:7.3f}, {dr['p90']:7.3f}] | "
                   f"{vr['median']:8.3f} [{vr['p10']:7.3f}, {vr['p90']:7.3f}] | {dr['median'] / vr['median']:12.1%}")
+        if typed:
+            print(f"\nshort-block drafts of k tokens (block {blocks[0]}) per drafter type, interleaved; "
+                  "ms (median [p10, p90]); threads = the count the drafter picked for its steps")
+            print(f"{'k':>5} | " + " | ".join(f"{t:<26}" for t in typed) + " | verify k + 1 (median)")
+            for k in loop_ks:
+                cells = []
+                for t in typed:
+                    dr = spread([1e3 * x for x in times[(t, k)]])
+                    cells.append(f"{dr['median']:8.3f} [{dr['p10']:7.3f}, {dr['p90']:7.3f}]")
+                print(f"{k:>5} | " + " | ".join(cells) + f" | {1e3 * statistics.median(times[('loop verify', k)]):8.3f}")
+            print("threads: " + ", ".join(f"{t} {d.counters.get('draft_threads')}" for t, d in typed.items()))
         for b in blocks:
             c0, c1 = counters0[b], drafters[b].counters
             print(f"B={b}: drafter counters after the timed reps {c1} "
