@@ -67,6 +67,11 @@ def make_drafter_gguf(tmp: Path, block: int, outtype: str, target: Path) -> Path
     return out
 
 
+def cell(r: dict) -> str:
+    """A spread() of milliseconds as the tables show it: median [p10, p90]."""
+    return f"{r['median']:8.3f} [{r['p10']:7.3f}, {r['p90']:7.3f}]"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu", help="Drafter device: cpu, auto, or a ggml device name (e.g. CUDA0); "
@@ -168,12 +173,12 @@ def main() -> int:
         ok = True
         for b in blocks:
             dr = spread([1e3 * x for x in times[("draft", b)]])
-            line = f"{b:>5} | {dr['median']:8.3f} [{dr['p10']:7.3f}, {dr['p90']:7.3f}]"
+            line = f"{b:>5} | {cell(dr)}"
             best = None
             for m in modes:
                 vr = spread([1e3 * x for x in times[(m, b)]])
                 best = vr["median"] if best is None else min(best, vr["median"])
-                line += f" | {vr['median']:8.3f} [{vr['p10']:7.3f}, {vr['p90']:7.3f}]"
+                line += f" | {cell(vr)}"
             ratio = dr["median"] / best
             met = ratio <= GOAL
             ok &= met
@@ -191,18 +196,14 @@ def main() -> int:
         for k in loop_ks:
             dr = spread([1e3 * x for x in times[("short", k)]])
             vr = spread([1e3 * x for x in times[("loop verify", k)]])
-            print(f"{k:>5} | {dr['median']:8.3f} [{dr['p10']:7.3f}, {dr['p90']:7.3f}] | "
-                  f"{vr['median']:8.3f} [{vr['p10']:7.3f}, {vr['p90']:7.3f}] | {dr['median'] / vr['median']:12.1%}")
+            print(f"{k:>5} | {cell(dr)} | {cell(vr)} | {dr['median'] / vr['median']:12.1%}")
         if typed:
             print(f"\nshort-block drafts of k tokens (block {blocks[0]}) per drafter type, interleaved; "
                   "ms (median [p10, p90]); threads = the count the drafter picked for its steps")
             print(f"{'k':>5} | " + " | ".join(f"{t:<26}" for t in typed) + " | verify k + 1 (median)")
             for k in loop_ks:
-                cells = []
-                for t in typed:
-                    dr = spread([1e3 * x for x in times[(t, k)]])
-                    cells.append(f"{dr['median']:8.3f} [{dr['p10']:7.3f}, {dr['p90']:7.3f}]")
-                print(f"{k:>5} | " + " | ".join(cells) + f" | {1e3 * statistics.median(times[('loop verify', k)]):8.3f}")
+                cells = " | ".join(cell(spread([1e3 * x for x in times[(t, k)]])) for t in typed)
+                print(f"{k:>5} | {cells} | {1e3 * statistics.median(times[('loop verify', k)]):8.3f}")
             print("threads: " + ", ".join(f"{t} {d.counters.get('draft_threads')}" for t, d in typed.items()))
         for b in blocks:
             c0, c1 = counters0[b], drafters[b].counters
