@@ -3,8 +3,9 @@
 Each simulated step asks the controller for k, draws how many of the k drafted tokens the target
 accepts (independent per-position acceptance, as measured on the bundled pair), charges the cost
 model's time for it (with a shared machine's skewed noise: a few % jitter and now and then a
-preempted step several times slower, and with the slow first step of every new shape that real
-backends show: allocation, CUDA graph warm-up) and reports back. The cost profiles are the ones
+preempted step several times slower, in some tests slow phases of several steps in a row too, and
+with the slow first step of every new shape that real backends show: allocation, CUDA graph
+warm-up) and reports back. The cost profiles are the ones
 measured on the bundled pair: a GPU, where verifying 8 tokens costs little more than one, and
 a 2-core CPU, where drafting about breaks even (a little below plain decoding at every k).
 The controller sees only what the real loop shows it.
