@@ -43,7 +43,7 @@ def main() -> int:
     llm = SpeculativeLlama(args.target, args.draft, n_ctx=2048, n_threads=args.threads, n_max="auto")
     prompts = bench.load_prompts(args.prompts, None)
     token_lists = [llm.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
-    sampling = dict(n_predict=args.n, temperature=0.0, top_k=0, top_p=1.0, min_p=0.0, seed=0)
+    sampling = {"n_predict": args.n, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
     spec = llm._spec
     trace, ratios = [], []
     for rnd in range(args.rounds):
@@ -59,8 +59,8 @@ def main() -> int:
                 ms = (time.perf_counter() - t0) * 1e3
                 after = spec.stats
                 k = after["drafted"] - before["drafted"]
-                steps.append(dict(ms=ms, k=k, accepted=after["accepted"] - before["accepted"], tokens=len(tokens),
-                                  c0=spec.controller["expected_step_ms"][0]))
+                steps.append({"ms": ms, "k": k, "accepted": after["accepted"] - before["accepted"],
+                              "tokens": len(tokens), "c0": spec.controller["expected_step_ms"][0]})
                 before = after
                 n += len(tokens)
                 if full:
@@ -70,8 +70,8 @@ def main() -> int:
             ours_ms = sum(s["ms"] for s in steps) / n
             ratios.append(ar_ms / ours_ms)
             view = spec.controller
-            trace.append(dict(round=rnd, prompt=prompts[i]["id"], ar_ms_per_token=ar_ms, ours_ms_per_token=ours_ms,
-                              steps=steps, controller=view))
+            trace.append({"round": rnd, "prompt": prompts[i]["id"], "ar_ms_per_token": ar_ms,
+                          "ours_ms_per_token": ours_ms, "steps": steps, "controller": view})
             print(f"round {rnd} {prompts[i]['id']:>10}: ar {ar_ms:.3f} ours {ours_ms:.3f} ms/token = "
                   f"{ar_ms / ours_ms:.2f}x; {len(drafted)}/{len(steps)} steps drafted, lost {lost:+.1f} ms; "
                   f"c0 {view['expected_step_ms'][0]:.3f}, drafted k=1.. "
