@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from bench_common import TINY
@@ -131,10 +132,10 @@ def main() -> int:
             drafters[b].draft(200, args.context)
             return time.perf_counter() - t0
 
-        def short_once(k: int, d: object = None) -> float:
+        def short_once(k: int, d: Any = None) -> float:
             d = d or drafters[blocks[0]]
             t0 = time.perf_counter()
-            d.draft(200, args.context, k, short_block=True)  # type: ignore[attr-defined]
+            d.draft(200, args.context, k, short_block=True)
             return time.perf_counter() - t0
 
         loop_ks = range(1, blocks[0])

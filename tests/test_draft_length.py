@@ -309,6 +309,16 @@ def test_a_dip_in_acceptance_is_not_remembered_for_good() -> None:
     assert drafted >= 0.5, "".join(map(str, chosen))
 
 
+def calibrated(plain_ms: float, cost: Callable[[int], tuple[float, float]]) -> DraftLengthController:
+    """A fresh auto controller with every cost timed 4 times, as the Speculator calibrates one;
+    cost(k) = (draft ms, verify ms) of k drafted tokens."""
+    c = DraftLengthController(7, "auto")
+    for k in range(8):
+        for _ in range(4):
+            c.observe_cost(k, *(cost(k) if k else (0.0, plain_ms)))
+    return c
+
+
 def test_a_run_the_estimates_never_favoured_is_not_begun_again_at_once() -> None:
     """Where only near-perfect acceptance pays (the AMD EPYC's f16 costs) and the content alternates
     between perfectly predictable stretches and ordinary ones (85% per position, plain decoding well
@@ -320,10 +330,7 @@ def test_a_run_the_estimates_never_favoured_is_not_begun_again_at_once() -> None
         return AMD_F16["draft"](k), AMD_F16["verify"](k)  # type: ignore[operator]
 
     for seed in range(4):
-        c = DraftLengthController(7, "auto")
-        for k in range(8):
-            for _ in range(4):
-                c.observe_cost(k, *(cost(k) if k else (0.0, AMD_F16["plain"])))
+        c = calibrated(AMD_F16["plain"], cost)  # type: ignore[arg-type]
         rng = np.random.default_rng(seed)
         chosen = []
         for step in range(3000):
@@ -347,16 +354,17 @@ def test_a_fresh_controller_finds_a_predictable_prompt_at_once() -> None:
     acceptance prior no bound pays, and auto mode decoded ~100 plain steps before its first probe.
     A fresh controller now probes at once, and drafts most of the first 30 steps."""
     step_ms = [1.09, 1.22, 1.39, 1.67, 1.72, 2.01, 2.10]  # draft + verify of k = 1..7 tokens, calibrated
-    c = DraftLengthController(7, "auto")
-    for k in range(8):
-        for _ in range(4):
-            c.observe_cost(k, 0.3 if k else 0.0, step_ms[k - 1] - 0.3 if k else 0.33)
+
+    def cost(k: int) -> tuple[float, float]:
+        return 0.3, step_ms[k - 1] - 0.3
+
+    c = calibrated(0.33, cost)
     chosen = []
     for _ in range(30):
         k = c.choose()
         chosen.append(k)
         if k:
-            c.observe_draft(k, k, 0.3, step_ms[k - 1] - 0.3)
+            c.observe_draft(k, k, *cost(k))
         else:
             c.observe_plain(0.33)
     assert sum(k > 0 for k in chosen) >= 20, chosen

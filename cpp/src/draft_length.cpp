@@ -180,7 +180,8 @@ uint32_t DraftLengthController::choose() {
             return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
         }
         if (!drafting_) {
-            const bool enter = bound_rate > plain_rate * (1.0 + kEnterMargin) && since_run_ >= entry_wait_;
+            // plain_streak_: plain steps since the run (or a probe since) ended
+            const bool enter = bound_rate > plain_rate * (1.0 + kEnterMargin) && plain_streak_ >= entry_wait_;
             best = enter ? hold(probe_with, kMinRun, false) : 0;
             if (enter) run_favoured_ = false;
         } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
@@ -190,7 +191,6 @@ uint32_t DraftLengthController::choose() {
             // pays, such runs began again one plain step after ending (2 drafted steps in 3 at 0.6x plain);
             // each one doubles the wait
             entry_wait_ = run_favoured_ ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
-            since_run_ = 0;
         } else {
             // the estimates, not only the bound, favoured drafting (a run that merely ended early by chance)
             run_favoured_ = run_favoured_ || best_rate >= plain_rate;
@@ -213,7 +213,6 @@ uint32_t DraftLengthController::choose() {
         probe_every_ = std::max(kProbeFirst, probe_every_ / 2);
         return best;
     }
-    ++since_run_;
     // auto mode probes at once while it has seen no draft: at the acceptance prior (1/2 per position) no
     // bound pays where drafting gains less than ~30% at perfect acceptance, and the first sequence then
     // decoded ~100 plain steps before its first probe (the demo's perfectly predictable prompt on the AMD

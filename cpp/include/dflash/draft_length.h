@@ -26,9 +26,10 @@
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
 // against drafting; auto mode spaces probes by their cost), so a change of
-// content is noticed (auto mode's first probe comes at once). A long drafting run re-times plain decoding now and then (a few plain steps,
-// ever more rarely, whose timings replace the earlier ones), so a plain cost measured in a bad moment
-// does not keep it drafting.
+// content is noticed (auto mode's first probe comes at once). A long drafting
+// run re-times plain decoding now and then (a few plain steps, ever more rarely,
+// whose timings replace the earlier ones), so a plain cost measured in a bad
+// moment does not keep it drafting.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -95,8 +96,7 @@ class DraftLengthController {
     uint32_t plain_check_every_;
     bool run_favoured_ = false;  // the estimates favoured drafting at some step of the current run
     bool seen_draft_ = false;    // a drafted step was observed (until then auto mode probes)
-    uint32_t entry_wait_ = 0;  // plain steps before the bound may begin another run
-    uint32_t since_run_ = 0;   // plain steps since the last run ended
+    uint32_t entry_wait_ = 0;    // plain steps before the bound may begin another run
 };
 
 }  // namespace dflash
