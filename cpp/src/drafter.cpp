@@ -219,12 +219,16 @@ struct Drafter::Impl {
 
     // DFlash2 dynamic conv coefficients of one conv module for every block row:
     // coef[:, tap, side, t] = base[:, tap, side] + c[t, side, tap, group(channel)], as [E, K, 2, B].
-    // The group value is repeated over its channels once here, so the convs below are plain products.
+    // The group value is spread over its channels once here, so the convs below are plain products.
+    // The base is repeated over the rows (whole rows copied) and the add broadcasts c over each group's
+    // channels: ggml-cpu's repeat copies one float at a time on one thread, which made repeating c
+    // itself ~15% of a tiny drafter's step.
     ggml_tensor * conv_coef(ggml_context * ctx, ggml_tensor * h, ggml_tensor * proj, ggml_tensor * base) const {
         const int64_t E = hp().n_embd, B = h->ne[1], K = hp().conv_kernel, G = hp().n_conv_groups();
         ggml_tensor * c = ggml_reshape_4d(ctx, ggml_mul_mat(ctx, proj, h), 1, G, 2 * K, B);  // [1, G, (tap, side), B]
-        c = ggml_repeat_4d(ctx, c, hp().conv_group, G, 2 * K, B);
-        return ggml_add(ctx, ggml_reshape_4d(ctx, c, E, K, 2, B), ggml_reshape_4d(ctx, base, E, K, 2, 1));
+        ggml_tensor * base_rows = ggml_repeat_4d(ctx, ggml_reshape_2d(ctx, base, E * 2 * K, 1), E * 2 * K, B, 1, 1);
+        ggml_tensor * coef = ggml_add(ctx, ggml_reshape_4d(ctx, base_rows, hp().conv_group, G, 2 * K, B), c);
+        return ggml_reshape_4d(ctx, coef, E, K, 2, B);
     }
 
     // y'[t] = sum_tap coef[:, tap, side, t] * y[t - tap], block-local (rows before 0 are zero)
@@ -237,7 +241,7 @@ struct Drafter::Impl {
         for (int64_t tap = 1; tap < std::min<int64_t>(K, B); ++tap) {
             ggml_tensor * earlier = ggml_view_2d(ctx, y, E, B - tap, y->nb[1], 0);  // y[t - tap] for t >= tap
             ggml_tensor * term = ggml_mul(ctx, earlier, coef_rows(tap, tap));
-            out = ggml_acc(ctx, out, term, out->nb[1], out->nb[2], out->nb[3], tap * out->nb[1]);
+            out = ggml_acc_inplace(ctx, out, term, out->nb[1], out->nb[2], out->nb[3], tap * out->nb[1]);
         }
         return out;
     }
