@@ -115,8 +115,10 @@ struct Drafter::Impl {
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
         uint32_t window = 0;  // attended cache rows; 0 = not built
-        ggml_tensor * ctx_feat, * ctx_pos, * ctx_idx, * ctx_vidx;  // pending context rows, padded to `rows` (scratch row)
-        ggml_tensor * tokens, * pos, * blk_idx, * blk_vidx, * mask, * anchor;
+        ggml_tensor * ctx_feat;  // pending context rows, padded to the block's rows (scratch row)
+        // per K/V row, the pending context rows then the block's: position, cache row, V elements
+        ggml_tensor * kv_pos, * kv_idx, * kv_vidx;
+        ggml_tensor * tokens, * pos, * mask, * anchor;  // pos: the block's part of kv_pos
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
     };
@@ -194,11 +196,9 @@ struct Drafter::Impl {
         }
     }
 
-    // context rows: g = hidden_norm(fc(features)), then each layer's K/V of g into the cache
-    void inject_rows(ggml_context * ctx, ggml_cgraph * gf, ggml_tensor * feat, ggml_tensor * pos, ggml_tensor * idx,
-                     ggml_tensor * vidx) {
-        ggml_tensor * g = rms_norm(ctx, ggml_mul_mat(ctx, model.fc, feat), model.hidden_norm);  // [E, n]
-        for (uint32_t il = 0; il < hp().n_layer; ++il) store_kv(ctx, gf, il, g, pos, idx, vidx);
+    // context rows: g = hidden_norm(fc(features)) [E, n], whose K/V each layer stores
+    ggml_tensor * context_rows(ggml_context * ctx, ggml_tensor * feat) const {
+        return rms_norm(ctx, ggml_mul_mat(ctx, model.fc, feat), model.hidden_norm);
     }
 
     struct InjectGraph {
@@ -213,7 +213,8 @@ struct Drafter::Impl {
         ig.pos = input(ctx, GGML_TYPE_I32, n, 0, "inp_pos");
         ig.idx = input(ctx, GGML_TYPE_I64, n, 0, "inp_rows");
         ig.vidx = input(ctx, GGML_TYPE_I64, kv_width() * n, 0, "inp_v_elems");
-        inject_rows(ctx, ig.gf, ig.feat, ig.pos, ig.idx, ig.vidx);
+        ggml_tensor * g = context_rows(ctx, ig.feat);
+        for (uint32_t il = 0; il < hp().n_layer; ++il) store_kv(ctx, ig.gf, il, g, ig.pos, ig.idx, ig.vidx);
         return ig;
     }
 
@@ -261,17 +262,15 @@ struct Drafter::Impl {
         ggml_cgraph * gf = bg.gf;
         const uint32_t P = n_rows;  // pending context rows: at most as many as the block's (else flushed first)
         bg.ctx_feat = input(ctx, GGML_TYPE_F32, h.n_target_features(), P, "inp_ctx_features");
-        bg.ctx_pos = input(ctx, GGML_TYPE_I32, P, 0, "inp_ctx_pos");
-        bg.ctx_idx = input(ctx, GGML_TYPE_I64, P, 0, "inp_ctx_rows");
-        bg.ctx_vidx = input(ctx, GGML_TYPE_I64, kv_width() * P, 0, "inp_ctx_v_elems");
+        bg.kv_pos = input(ctx, GGML_TYPE_I32, P + B, 0, "inp_kv_pos");
+        bg.kv_idx = input(ctx, GGML_TYPE_I64, P + B, 0, "inp_kv_rows");
+        bg.kv_vidx = input(ctx, GGML_TYPE_I64, kv_width() * (P + B), 0, "inp_kv_v_elems");
+        bg.pos = ggml_view_1d(ctx, bg.kv_pos, B, P * bg.kv_pos->nb[0]);
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
-        bg.pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_pos");
-        bg.blk_idx = input(ctx, GGML_TYPE_I64, B, 0, "inp_block_rows");
-        bg.blk_vidx = input(ctx, GGML_TYPE_I64, kv_width() * B, 0, "inp_block_v_elems");
         bg.mask = input(ctx, GGML_TYPE_F16, window, B, "inp_mask");
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float) h.head_dim);
 
-        inject_rows(ctx, gf, bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx);
+        ggml_tensor * ctx_rows = context_rows(ctx, bg.ctx_feat);
 
         ggml_tensor * x = ggml_get_rows(ctx, tok_embd, bg.tokens);  // [E, B]
         if (h.embedding_scale != 0.0f) x = ggml_scale(ctx, x, h.embedding_scale);
@@ -286,7 +285,9 @@ struct Drafter::Impl {
             }
             ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wq, hcur), h.head_dim, h.n_head, B);
             q = rope(ctx, rms_norm(ctx, q, l.q_norm), bg.pos);
-            store_kv(ctx, gf, il, hcur, bg.pos, bg.blk_idx, bg.blk_vidx);  // block rows: scratch rows after the context
+            // the pending context rows' K/V and the block rows' (to scratch rows after the context) in one
+            // pass: half the small ops, which cost more in dispatch than in arithmetic here
+            store_kv(ctx, gf, il, ggml_concat(ctx, ctx_rows, hcur, 1), bg.kv_pos, bg.kv_idx, bg.kv_vidx);
 
             ggml_tensor * kc = cache_k[il];
             ggml_tensor * vc = cache_v[il];
@@ -397,8 +398,7 @@ struct Drafter::Impl {
             build_block(*v, window, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.ctx_pos, bg.ctx_idx, bg.ctx_vidx, bg.tokens,
-                                             bg.pos, bg.blk_idx, bg.blk_vidx, bg.mask};
+            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens, bg.mask};
             if (bg.anchor) in.push_back(bg.anchor);
             v->in = Packed();
             v->out = Packed();  // stays unplaced when the device cannot compute every output
@@ -721,22 +721,18 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         // pending context rows; the padding rows up to R write the scratch row (their features: whatever
         // the buffer held, finite)
         std::copy(m.pending.begin(), m.pending.end(), in.host<float>(bg.ctx_feat));
-        int32_t * ctx_pos = in.host<int32_t>(bg.ctx_pos);
-        int64_t rows[kMaxBlockSize];
+        int32_t * pos = in.host<int32_t>(bg.kv_pos);
+        int32_t * tokens = in.host<int32_t>(bg.tokens);
+        int64_t rows[2 * kMaxBlockSize];
         for (uint32_t i = 0; i < R; ++i) {
             const bool real = i < m.n_pending;
-            ctx_pos[i] = real ? (int32_t) (m.n_cached + i) : 0;
+            pos[i] = real ? (int32_t) (m.n_cached + i) : 0;
             rows[i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
-        }
-        m.fill_rows(in.host<int64_t>(bg.ctx_idx), in.host<int64_t>(bg.ctx_vidx), rows, R);
-        int32_t * tokens = in.host<int32_t>(bg.tokens);
-        int32_t * pos = in.host<int32_t>(bg.pos);
-        for (uint32_t i = 0; i < R; ++i) {
             tokens[i] = i == 0 ? anchor : h.mask_token_id;
-            pos[i] = position + (int32_t) i;
-            rows[i] = (int64_t) (ctx_end + i);
+            pos[R + i] = position + (int32_t) i;
+            rows[R + i] = (int64_t) (ctx_end + i);
         }
-        m.fill_rows(in.host<int64_t>(bg.blk_idx), in.host<int64_t>(bg.blk_vidx), rows, R);
+        m.fill_rows(in.host<int64_t>(bg.kv_idx), in.host<int64_t>(bg.kv_vidx), rows, 2 * R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
         // row i sees the context and the block's real rows (all of them, or j <= i when causal); nothing after
         const uint32_t W = bg.window;
