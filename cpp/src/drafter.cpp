@@ -222,8 +222,8 @@ struct Drafter::Impl {
     // coef[:, tap, side, t] = base[:, tap, side] + c[t, side, tap, group(channel)], as [E, K, 2, B].
     // The group value is spread over its channels once here, so the convs below are plain products.
     // The base is repeated over the rows (whole rows copied) and the add broadcasts c over each group's
-    // channels: ggml-cpu's repeat copies one float at a time on one thread, which made repeating c
-    // itself ~15% of a tiny drafter's step.
+    // channels on all threads: repeating c itself, ggml-cpu copies one float at a time on one thread
+    // while the others wait (2 threads: the bundled drafter's drafts 5-9% slower that way).
     ggml_tensor * conv_coef(ggml_context * ctx, ggml_tensor * h, ggml_tensor * proj, ggml_tensor * base) const {
         const int64_t E = hp().n_embd, B = h->ne[1], K = hp().conv_kernel, G = hp().n_conv_groups();
         ggml_tensor * c = ggml_reshape_4d(ctx, ggml_mul_mat(ctx, proj, h), 1, G, 2 * K, B);  // [1, G, (tap, side), B]
