@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_draft.py [--device cpu] [--n-threads 2] [--blocks 8,16]
                                             [--context 256] [--reps 200] [--outtype f16]
-                                            [--compare-types f16,bf16,q8_0,q4_0]
+                                            [--compare-types f16,bf16,q8_0,q4_0,q4_0:portable]
 
 One draft step = our Drafter.draft() of one block [anchor, MASK x (B-1)] over a draft cache
 of --context injected rows (tokens only, no details). One verify step = libllama's
@@ -29,12 +29,15 @@ tokens (flash attention as our runtime sets it: off on the CPU, libllama's choic
 With --compare-types, a third table times those short-block drafts for each listed drafter type
 (the same checkpoint converted to each), interleaved with each other, so the types compare on the
 same machine load: which type drafts fastest depends on the CPU (AVX512-BF16, VNNI, repacking).
+A type written TYPE:portable is that drafter built as DFLASH_PORTABLE_GRAPH=1 builds it (the graph every
+backend runs, without the CPU's one-op convs), to time the two graphs side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -84,7 +87,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--outtype", default="f16", help="drafter GGUF type (default f16)")
     ap.add_argument("--compare-types", default="", help="comma list of drafter types whose short-block drafts "
-                    "are timed side by side (e.g. f16,bf16,q8_0,q4_0)")
+                    "are timed side by side (e.g. f16,bf16,q8_0,q4_0); TYPE:portable = that type's drafter "
+                    "with the graph every backend runs")
     ap.add_argument("--target", type=Path, default=TINY / "target-f16.gguf")
     ap.add_argument("--flash-attn", choices=("both", "off", "auto", "on"), default="both",
                     help="the target's flash attention: 'both' times off and auto (libllama's default) "
@@ -115,10 +119,19 @@ def main() -> int:
             d.inject(features, np.arange(args.context, dtype=np.int32))
             drafters[b] = d
         typed = {}  # --compare-types: the first block size's drafter in each type, fed the same rows
+        ggufs: dict[str, Path] = {}
         for t in [t for t in args.compare_types.split(",") if t]:
-            d = dflash_gguf.Drafter(str(make_drafter_gguf(tmp, blocks[0], t, args.target)), str(args.target),
+            outtype, _, variant = t.partition(":")
+            if variant not in ("", "portable"):
+                ap.error(f"--compare-types {t}: the only variant is TYPE:portable")
+            if variant:
+                os.environ["DFLASH_PORTABLE_GRAPH"] = "1"  # read when the Drafter is made
+            if outtype not in ggufs:
+                ggufs[outtype] = make_drafter_gguf(tmp, blocks[0], outtype, args.target)
+            d = dflash_gguf.Drafter(str(ggufs[outtype]), str(args.target),
                                     device=args.device, n_threads=args.n_threads,
                                     n_ctx=(args.context + 2 * blocks[0] + 255) // 256 * 256)
+            os.environ.pop("DFLASH_PORTABLE_GRAPH", None)
             d.inject(features, np.arange(args.context, dtype=np.int32))
             typed[t] = d
         dev_name = drafters[blocks[0]].device

@@ -104,13 +104,15 @@ def target(work: Path) -> tuple[Path, dict[str, np.ndarray]]:
 class Case:
     """One random drafter: its HF dir, reference and converted GGUFs (made on demand)."""
 
-    def __init__(self, work: Path, target: tuple[Path, dict[str, np.ndarray]], version: int, block: int):
+    def __init__(self, work: Path, target: tuple[Path, dict[str, np.ndarray]], version: int, block: int,
+                 conv_kernel: int = 2, conv_group: int = 16):
         self.version, self.block = version, block
-        self.dir = work / f"v{version}_b{block}"
+        self.dir = work / f"v{version}_b{block}" if conv_kernel == 2 else work / f"v{version}_b{block}_k{conv_kernel}"
         self.target_path, tt = target
         self.tensors = make_checkpoint(
             self.dir, version=version, hidden=HIDDEN, vocab=VOCAB, n_target_layers=N_TARGET_LAYERS,
             target_layer_ids=(1, 2), block_size=block, top_k=4, rank=8, dtype="f32", seed=100 + 10 * version + block,
+            conv_kernel=conv_kernel, conv_group=conv_group,
         )
         self.config = json.loads((self.dir / "config.json").read_text())
         self.ref = DraftReference(self.config, self.tensors, tt["token_embd.weight"], tt["output.weight"])
@@ -540,6 +542,37 @@ def test_draft_threads_are_picked_and_change_nothing(case: Any) -> None:
     one.inject(features(37, c.width, 9), np.arange(37, dtype=np.int32))
     assert one.draft(5, 37, 3, short_block=True) == first["tokens"]
     assert one.counters["draft_threads"] == 1
+
+
+def test_cpu_conv_op_equals_the_portable_graph(case: Any, work: Path, target: Any,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU each DFlash2 conv is one custom op (cpu_conv.h); DFLASH_PORTABLE_GRAPH=1 builds the
+    graph other backends run. Both give the same floats, at any thread split, and a 3-tap conv with
+    8-channel groups matches the reference too."""
+    if DEVICE.lower() != "cpu":
+        pytest.skip("the custom conv op is the CPU backend's")
+    taps3 = Case(work, target, 2, 8, conv_kernel=3, conv_group=8)
+    ours, ref = run_both(taps3, taps3.drafter("f32"), 37, anchor=11, seed=3)
+    assert row_nmse(np.asarray(ours["logits"]), ref.logits.numpy()).max() <= NMSE_F32
+    check_selector(ours, ref, 1e-4 * float(np.abs(ref.logits.numpy()).max()))
+
+    def drafts(c: Case, portable: bool, n_threads: int) -> list[dict[str, Any]]:
+        if portable:
+            monkeypatch.setenv("DFLASH_PORTABLE_GRAPH", "1")  # read when the Drafter is made
+        d = dflash_gguf.Drafter(str(c.gguf("f32")), str(c.target_path), device="cpu", n_threads=n_threads, n_ctx=256)
+        monkeypatch.delenv("DFLASH_PORTABLE_GRAPH", raising=False)
+        d.inject(features(37, c.width, 9), np.arange(37, dtype=np.int32))
+        out = [d.draft(5, 37, details=True)]  # every row of the block
+        out += [d.draft(5, 37, n, details=True, all_rows=False, short_block=True) for n in (1, 3) if n < c.block]
+        return out
+
+    for c in (case(2, 2), case(2, 8), case(2, 32), taps3):
+        want = drafts(c, True, 1)
+        for n_threads in (1, 3):  # 3 threads split 4 (or 8) groups unevenly
+            for got, w in zip(drafts(c, False, n_threads), want):
+                for key in ("logits", "candidates", "scores", "walk_q"):
+                    assert np.array_equal(np.asarray(got[key]), np.asarray(w[key])), (c.dir.name, n_threads, key)
+                assert got["tokens"] == w["tokens"]
 
 
 @pytest.mark.parametrize("version", (1, 2))

@@ -12,6 +12,7 @@
 #include "ggml-cpu.h"
 #include "op_profile.h"
 #include "packed_tensors.h"
+#include "cpu_conv.h"
 #include "thread_pick.h"
 
 namespace dflash {
@@ -98,6 +99,9 @@ struct Drafter::Impl {
     // long injection nor another draft length evicts a block graph's allocation.
     ggml_backend_sched_ptr sched_inject;
     std::vector<ggml_backend_t> backends;  // the device, then the CPU fallback when the device is not the CPU
+    // DFlash2's convs as one CPU op each (cpu_conv.h); DFLASH_PORTABLE_GRAPH=1 builds the graph every
+    // backend runs instead (the CPU op's twin, for comparing the two)
+    bool cpu_conv_op = false;
 
     // draft context cache per layer: K [head_dim, n_head_kv, n_ctx + 1], V transposed [n_ctx + 1, head_dim,
     // n_head_kv]; row n_ctx is a scratch row that padded writes go to and that no attention window reaches
@@ -219,21 +223,31 @@ struct Drafter::Impl {
     }
 
     // DFlash2 dynamic conv coefficients of one conv module for every block row:
-    // coef[:, tap, side, t] = base[:, tap, side] + c[t, side, tap, group(channel)], as [E, K, 2, B].
-    // The group value is spread over its channels once here, so the convs below are plain products.
-    // The base is repeated over the rows (whole rows copied) and the add broadcasts c over each group's
-    // channels on all threads: repeating c itself, ggml-cpu copies one float at a time on one thread
-    // while the others wait (2 threads: the bundled drafter's drafts 5-9% slower that way).
-    ggml_tensor * conv_coef(ggml_context * ctx, ggml_tensor * h, ggml_tensor * proj, ggml_tensor * base) const {
+    // coef[:, tap, side, t] = base[:, tap, side] + c[t, side, tap, group(channel)].
+    struct ConvCoef {
+        ggml_tensor * c;     // the projection's output [2 K G, B]
+        ggml_tensor * base;  // [E, K, 2]
+        ggml_tensor * coef;  // the portable graph's: as [E, K, 2, B]; null where cpu_dynamic_conv forms them
+    };
+    // The portable graph spreads the group values over their channels once here, so the convs below are
+    // plain products: the base is repeated over the rows (whole rows copied) and the add broadcasts c over
+    // each group's channels on all threads (repeating c itself, ggml-cpu copies one float at a time on one
+    // thread while the others wait: the bundled drafter's drafts were 5-9% slower that way, 2 threads).
+    ConvCoef conv_coef(ggml_context * ctx, ggml_tensor * h, ggml_tensor * proj, ggml_tensor * base) const {
         const int64_t E = hp().n_embd, B = h->ne[1], K = hp().conv_kernel, G = hp().n_conv_groups();
-        ggml_tensor * c = ggml_reshape_4d(ctx, ggml_mul_mat(ctx, proj, h), 1, G, 2 * K, B);  // [1, G, (tap, side), B]
+        ggml_tensor * c = ggml_mul_mat(ctx, proj, h);
+        if (cpu_conv_op) return {c, base, nullptr};
         ggml_tensor * base_rows = ggml_repeat_4d(ctx, ggml_reshape_2d(ctx, base, E * 2 * K, 1), E * 2 * K, B, 1, 1);
-        ggml_tensor * coef = ggml_add(ctx, ggml_reshape_4d(ctx, base_rows, hp().conv_group, G, 2 * K, B), c);
-        return ggml_reshape_4d(ctx, coef, E, K, 2, B);
+        ggml_tensor * coef = ggml_add(ctx, ggml_reshape_4d(ctx, base_rows, hp().conv_group, G, 2 * K, B),
+                                      ggml_reshape_4d(ctx, c, 1, G, 2 * K, B));  // c as [1, G, (tap, side), B]
+        return {c, base, ggml_reshape_4d(ctx, coef, E, K, 2, B)};
     }
 
     // y'[t] = sum_tap coef[:, tap, side, t] * y[t - tap], block-local (rows before 0 are zero)
-    ggml_tensor * conv(ggml_context * ctx, ggml_tensor * y, ggml_tensor * coef, int side) const {
+    ggml_tensor * conv(ggml_context * ctx, ggml_tensor * y, const ConvCoef & cc, int side) const {
+        static const int kSide[2] = {0, 1};  // cpu_dynamic_conv's argument, alive for every graph
+        if (!cc.coef) return ggml_map_custom3(ctx, y, cc.c, cc.base, cpu_dynamic_conv, GGML_N_TASKS_MAX, (void *) &kSide[side]);
+        ggml_tensor * coef = cc.coef;
         const int64_t E = hp().n_embd, B = y->ne[1], K = hp().conv_kernel;
         auto coef_rows = [&](int64_t tap, int64_t t0) {
             return ggml_view_2d(ctx, coef, E, B - t0, coef->nb[3], side * coef->nb[2] + tap * coef->nb[1] + t0 * coef->nb[3]);
@@ -278,7 +292,7 @@ struct Drafter::Impl {
         for (uint32_t il = 0; il < h.n_layer; ++il) {
             const DraftLayer & l = model.layers[il];
             ggml_tensor * hcur = rms_norm(ctx, x, l.attn_norm);
-            ggml_tensor * c_attn = nullptr;
+            ConvCoef c_attn{};
             if (h.version == 2) {
                 c_attn = conv_coef(ctx, hcur, l.attn_conv_proj, l.attn_conv_base);
                 hcur = conv(ctx, hcur, c_attn, 0);
@@ -304,7 +318,7 @@ struct Drafter::Impl {
             x = ggml_add(ctx, x, o);
 
             hcur = rms_norm(ctx, x, l.ffn_norm);
-            ggml_tensor * c_ffn = nullptr;
+            ConvCoef c_ffn{};
             if (h.version == 2) {
                 c_ffn = conv_coef(ctx, hcur, l.ffn_conv_proj, l.ffn_conv_base);
                 hcur = conv(ctx, hcur, c_ffn, 0);
@@ -505,6 +519,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         m.backend_cpu.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
         m.backends.push_back(m.backend_cpu.get());
     }
+    m.cpu_conv_op = m.on_cpu() && !std::getenv("DFLASH_PORTABLE_GRAPH");
     m.cpu_threads.bind(m.backends.back());
     m.cpu_threads.set(n_threads);
 
