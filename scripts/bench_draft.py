@@ -146,7 +146,7 @@ def main() -> int:
             return time.perf_counter() - t0
 
         def short_once(k: int, d: Any = None) -> float:
-            d = d or drafters[blocks[0]]
+            d = drafters[blocks[0]] if d is None else d
             t0 = time.perf_counter()
             d.draft(200, args.context, k, short_block=True)
             return time.perf_counter() - t0
