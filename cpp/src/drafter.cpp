@@ -262,7 +262,8 @@ struct Drafter::Impl {
     }
 
     // The block [anchor, MASK x n_rows-1] at positions n.. attends to cache rows [0, window) through a mask
-    // (the context, the block itself, never the stale rows after it); the rows still pending are written first.
+    // (the context, the block itself, never the stale rows after it); each layer writes the rows still pending
+    // with the block's K/V before it attends.
     void build_block(BlockVariant & v, uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
         const DraftHparams & h = hp();
         const uint32_t B = n_rows;
