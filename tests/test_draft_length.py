@@ -47,7 +47,8 @@ BENCH_VERIFY_Q4 = [0.719, 0.874, 1.015, 1.354, 1.493, 1.51, 1.676]
 BENCH_CPU_Q4: Costs = {"plain": 0.58, "draft": lambda k: BENCH_DRAFT_Q4[k - 1],
                        "verify": lambda k: BENCH_VERIFY_Q4[k - 1]}
 # the 14th session's 2-core AMD EPYC, q4_0 drafter: the controller's cost estimates after a bench round
-# (draft + verify 0.98 / 1.28 / 1.27 / 1.43 / 1.66 / 1.85 / 2.08 ms at k = 1..7; drafts from `dflash bench`)
+# (draft + verify 0.98 / 1.28 / 1.27 / 1.43 / 1.66 / 1.85 / 2.08 ms at k = 1..7; the draft's share as
+# `dflash bench` measured it at n_max 1..3, extrapolated beyond)
 # against 0.37 ms per plain token: only near-perfect acceptance pays (n_max 3 fixed: 0.82x plain)
 AMD_DRAFT_Q4 = [0.24, 0.30, 0.35, 0.45, 0.55, 0.62, 0.70]
 AMD_STEP_Q4 = [0.98, 1.28, 1.27, 1.43, 1.66, 1.85, 2.08]

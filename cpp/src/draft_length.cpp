@@ -71,6 +71,7 @@ constexpr double kRunLossAllowance = 1.5;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
 // repeats token for token): draft while it yields this many extra tokens per step
 constexpr double kFixedMinGain = 0.35;
+
 // positions 1..accepted + 1 (at most k) were reached, 1..accepted accepted
 void count_draft(std::vector<double> & reached, std::vector<double> & accepted, uint32_t k, uint32_t n_accepted) {
     for (uint32_t i = 0; i < k && i <= n_accepted; ++i) {
