@@ -198,20 +198,8 @@ uint32_t DraftLengthController::choose() {
             t_plain_.restart();  // outvoted by the timings it would join, a check changed nothing after a slow phase
             return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
         }
-        if (drafting_ && run_loss_ > kRunLossMax * expected_cost_ms(0)) {
-            // the content changed under the run: the memory restarts from the run's own drafts (where it
-            // reached), and another run waits as after one the estimates never favoured
-            for (uint32_t i = 0; i < cap_; ++i) {
-                if (run_reached_[i] < 1.0) continue;
-                reached_[i] = run_reached_[i];
-                accepted_[i] = run_accepted_[i];
-                accept_[i] = accepted_[i] / reached_[i];
-            }
-            drafting_ = false;
-            plain_run_ = 0;
-            entry_wait_ = std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
-            return 0;
-        }
+        // a run whose steps lost kRunLossMax plain steps' time: the content changed under it
+        const bool lost = drafting_ && run_loss_ > kRunLossMax * expected_cost_ms(0);
         if (!drafting_) {
             // plain_streak_: plain steps since the run (or a probe since) ended
             const bool enter = bound_rate > plain_rate * (1.0 + kEnterMargin) && plain_streak_ >= entry_wait_;
@@ -222,13 +210,21 @@ uint32_t DraftLengthController::choose() {
                 std::fill(run_reached_.begin(), run_reached_.end(), 0.0);
                 std::fill(run_accepted_.begin(), run_accepted_.end(), 0.0);
             }
-        } else if (plain_rate > best_rate * (1.0 + kLeaveMargin)) {
+        } else if (lost || plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
+            if (lost) {  // the memory restarts from the run's own drafts, where it reached
+                for (uint32_t i = 0; i < cap_; ++i) {
+                    if (run_reached_[i] < 1.0) continue;
+                    reached_[i] = run_reached_[i];
+                    accepted_[i] = run_accepted_[i];
+                    accept_[i] = accepted_[i] / reached_[i];
+                }
+            }
             // a run begun on the bound alone, and never favoured by the estimates, leaves the bound about where
             // it was: on the bundled pair's f16 drafter on the AMD EPYC, where only near-perfect acceptance
             // pays, such runs began again one plain step after ending (2 drafted steps in 3 at 0.6x plain);
-            // each one doubles the wait
-            entry_wait_ = run_favoured_ ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
+            // each one doubles the wait, as does a run that lost
+            entry_wait_ = run_favoured_ && !lost ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
         } else {
             // the estimates, not only the bound, favoured drafting (a run that merely ended early by chance)
             run_favoured_ = run_favoured_ || best_rate >= plain_rate;
