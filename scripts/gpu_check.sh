@@ -51,8 +51,11 @@ timeout 90 "${DFLASH[@]}" "${BENCH[@]}" --systems ar,ours --n-max 3,7,auto --jso
   2>&1 | grep -v "^wrote"
 echo "== parity (CUDA)"
 DFLASH_TEST_DEVICE=CUDA0 timeout 100 python3 -m pytest -q -s --tb=line -p no:cacheprovider tests/test_graph_parity.py \
-  > "$OUT/parity.txt" 2>&1
+  tests/test_device_loop.py > "$OUT/parity.txt" 2>&1
 grep -E "passed|failed|^E |Error" "$OUT/parity.txt" | tail -30
+echo "== where CUDA departs from the CPU, node by node (a short block of 2 drafted tokens, then the whole block)"
+timeout 30 python3 scripts/compare_devices.py /tmp/g/tinycode-f32.gguf examples/tinycode/target-f16.gguf --device CUDA0 --n 2
+timeout 30 python3 scripts/compare_devices.py /tmp/g/tinycode-f32.gguf examples/tinycode/target-f16.gguf --device CUDA0
 # ggml-cuda runs f32 matmuls in TF32 (common.cuh: cublasSetMathMode(..., CUBLAS_TF32_TENSOR_OP_MATH);
 # mma.cuh: m16n8k8 tf32 kernels): TF32 keeps f16's 10-bit mantissa, so the f32 bounds (NMSE <= 1e-6)
 # may fail for that reason alone. cuBLAS honours NVIDIA_TF32_OVERRIDE=0 (ggml's own tf32 mma kernels

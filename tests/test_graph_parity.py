@@ -16,6 +16,9 @@
 The drafters are converted with the converter's library entry point (what dflash-convert
 runs) against a tiny random f32 Qwen3 target GGUF (vocab 512, hidden 64) that supplies
 the token embedding and LM head; the reference uses the same f32 arrays.
+
+DFLASH_TEST_DEVICE=<ggml device> runs it all on that device (CI: Vulkan0 on lavapipe, through
+scripts/vulkan_check.sh), with the bounds of f16 arithmetic (see NMSE_F32 below).
 """
 
 from __future__ import annotations
@@ -50,8 +53,14 @@ VOCAB, HIDDEN, N_TARGET_LAYERS = 512, 64, 4
 BLOCKS = (2, 4, 8, 16, 32)  # the issue asks for 4/8/16; 2 and 32 are the format's limits
 CONTEXTS = (0, 5, 37)
 
-NMSE_F32 = 1e-6  # the brief's bound for f32 weights
-SCORE_TOL = 1e-4  # selector scores, relative to max(1, |score|)
+# Off the CPU, ggml's backends may multiply f32 tensors in lower precision (ggml-cuda in TF32, ggml-vulkan
+# with f16 activations where the device has f16), so there the bounds are f16 arithmetic's: the f32 logits
+# NMSE was at most 2.9e-4 on Vulkan (scripts/vulkan_check.sh), 1.6e-6 on CUDA; a wrong graph is far off
+# (a misread position: 3e-3 to 0.95).
+ON_CPU = DEVICE.lower() == "cpu"
+NMSE_F32 = 1e-6 if ON_CPU else 1e-3  # on the CPU: the brief's bound for f32 weights
+SCORE_TOL = 1e-4 if ON_CPU else 3e-2  # selector scores, relative to max(1, |score|) (Vulkan: up to 1.2e-2)
+TIE = 1e-4 if ON_CPU else 1e-2  # logits closer than this times the largest |logit| may swap order
 # Quantized weights vs the f32 reference: bounds from measurement (the figures are printed).
 # Random drafters, measured worst row NMSE: f16 2.4e-6 (v1) / 4.4e-5 (v2); q8_0 2.1e-3 (v1) /
 # 1.8e-2 (v2; up to 3.9e-2 with other inputs).
@@ -253,7 +262,7 @@ def test_f32_parity(case: Any, version: int, block: int) -> None:
         e = row_nmse(logits, ref.logits.numpy())
         worst = max(worst, float(e.max()))
         assert e.max() <= NMSE_F32, f"ctx {n_ctx_rows}: per-row logits NMSE {e}"
-        tie = 1e-4 * float(np.abs(ref.logits.numpy()).max())
+        tie = TIE * float(np.abs(ref.logits.numpy()).max())
         check_argmax(ours, ref, tie)
         if version == 2:
             check_selector(ours, ref, tie)
@@ -261,7 +270,7 @@ def test_f32_parity(case: Any, version: int, block: int) -> None:
             np.testing.assert_allclose(q.sum(axis=1), 1.0, atol=1e-5)
         else:
             assert "candidates" not in ours
-            assert ours["tokens"] == ref.argmax.tolist()
+            assert ours["tokens"] == np.asarray(ours["argmax"])[1:].tolist()  # DFlash 1: each row's argmax
     note(f"f32 v{version} B{block}", worst)
     print(f"f32 DFlash{version} B={block}: worst row NMSE {worst:.3e} over contexts {CONTEXTS}")
 
@@ -276,7 +285,7 @@ def test_long_context_parity(case: Any, version: int) -> None:
     note(f"f32 v{version} B16 ctx300", e)
     print(f"f32 DFlash{version} B=16 over 300 context rows: worst row NMSE {e:.3e}")
     assert e <= NMSE_F32
-    tie = 1e-4 * float(np.abs(ref.logits.numpy()).max())
+    tie = TIE * float(np.abs(ref.logits.numpy()).max())
     check_argmax(ours, ref, tie)
     if version == 2:
         check_selector(ours, ref, tie)
@@ -293,7 +302,7 @@ def test_embedded_head_parity(case: Any) -> None:
     note("f32 v2 B8 embedded head", e)
     print(f"f32 DFlash2 B=8 embedded target head: worst row NMSE {e:.3e}")
     assert e <= NMSE_F32
-    check_selector(ours, ref, 1e-4 * float(np.abs(ref.logits.numpy()).max()))
+    check_selector(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
 
 
 # --------------------------------------------------------------------------- #
@@ -316,7 +325,7 @@ def test_quantized_bounded(case: Any, version: int, outtype: str) -> None:
         total += ref.argmax.numel()
     note(f"{outtype} v{version} B8", worst)
     print(f"{outtype} DFlash{version} B=8: worst row NMSE {worst:.3e}, argmax agreement {agree}/{total}")
-    assert worst <= NMSE_QUANT[(outtype, version)]
+    assert worst <= max(NMSE_QUANT[(outtype, version)], NMSE_F32)
 
 
 # --------------------------------------------------------------------------- #
@@ -399,7 +408,7 @@ def test_bundled_quantized(tiny_gguf: Any, golden_features: dict[str, np.ndarray
         assert list(got["tokens"]) == c["walk"], (outtype, c["prompt_id"])
     note(f"tinycode {outtype} vs f32", worst)
     print(f"tinycode drafter {outtype} vs f32: worst row NMSE {worst:.3e}")
-    assert worst <= NMSE_BUNDLED[outtype]
+    assert worst <= max(NMSE_BUNDLED[outtype], NMSE_F32)
 
 
 def skip_without_x86_repack() -> None:
@@ -496,7 +505,7 @@ def test_short_block_is_the_smaller_block(case: Any, version: int) -> None:
     feats = features(37, c.width, 7)
     d.inject(feats, np.arange(37, dtype=np.int32))
     full = d.draft(13, 37, details=True)
-    for n in (1, 3, 4, 6):  # 4 and 6 run in graphs of 6 and 8 rows: padding rows must change nothing
+    for n in (1, 2, 3, 4, 6):  # 4 and 6 run in graphs of 6 and 8 rows: padding rows must change nothing
         # the last 4 rows arrive as a speculative step's do (pending: the block graph writes them itself,
         # or, when they outnumber the short block's rows as at n = 1, the inject graph first)
         d.truncate(33)
@@ -512,7 +521,7 @@ def test_short_block_is_the_smaller_block(case: Any, version: int) -> None:
         e = row_nmse(logits, ref.logits.numpy()[1:])
         assert e.max() <= NMSE_F32, f"n = {n}: per-row logits NMSE {e}"
         note(f"f32 v{version} short block", float(e.max()))
-        tie = 1e-4 * float(np.abs(ref.logits.numpy()).max())
+        tie = TIE * float(np.abs(ref.logits.numpy()).max())
         if version == 2:
             check_selector(ours, ref, tie)
         else:
@@ -554,7 +563,7 @@ def test_cpu_conv_op_equals_the_portable_graph(case: Any, work: Path, target: An
     taps3 = Case(work, target, 2, 8, conv_kernel=3, conv_group=8)
     ours, ref = run_both(taps3, taps3.drafter("f32"), 37, anchor=11, seed=3)
     assert row_nmse(np.asarray(ours["logits"]), ref.logits.numpy()).max() <= NMSE_F32
-    check_selector(ours, ref, 1e-4 * float(np.abs(ref.logits.numpy()).max()))
+    check_selector(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
 
     def drafts(c: Case, portable: bool, n_threads: int) -> list[dict[str, Any]]:
         if portable:

@@ -10,6 +10,7 @@
 #include "dflash/cpu_threads.h"
 #include "dflash/error.h"
 #include "ggml-cpu.h"
+#include "node_dump.h"
 #include "op_profile.h"
 #include "packed_tensors.h"
 #include "cpu_conv.h"
@@ -122,7 +123,9 @@ struct Drafter::Impl {
         ggml_tensor * ctx_feat;  // pending context rows, padded to the block's rows (scratch row)
         // per K/V row, the pending context rows then the block's: position, cache row, V elements
         ggml_tensor * kv_pos, * kv_idx, * kv_vidx;
-        ggml_tensor * tokens, * pos, * mask, * anchor;  // pos: the block's part of kv_pos
+        // pos: the block's part of kv_pos again, as its own tensor: ggml-vulkan's ROPE reads its positions
+        // from the aligned-down start of a view (a view at 8 bytes read the pending rows' positions)
+        ggml_tensor * tokens, * pos, * mask, * anchor;
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
     };
@@ -280,7 +283,7 @@ struct Drafter::Impl {
         bg.kv_pos = input(ctx, GGML_TYPE_I32, P + B, 0, "inp_kv_pos");
         bg.kv_idx = input(ctx, GGML_TYPE_I64, P + B, 0, "inp_kv_rows");
         bg.kv_vidx = input(ctx, GGML_TYPE_I64, kv_width() * (P + B), 0, "inp_kv_v_elems");
-        bg.pos = ggml_view_1d(ctx, bg.kv_pos, B, P * bg.kv_pos->nb[0]);
+        bg.pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_pos");
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
         bg.mask = input(ctx, GGML_TYPE_F16, window, B, "inp_mask");
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float) h.head_dim);
@@ -387,6 +390,7 @@ struct Drafter::Impl {
         ggml_backend_sched_ptr s(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize,
                                                         false, true));
         if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s.get(), &OpProfile::callback, &profile);
+        if (dump.on()) ggml_backend_sched_set_eval_callback(s.get(), &NodeDump::callback, &dump);
         return s;
     }
 
@@ -413,7 +417,7 @@ struct Drafter::Impl {
             build_block(*v, window, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens, bg.mask};
+            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.pos, bg.kv_idx, bg.kv_vidx, bg.tokens, bg.mask};
             if (bg.anchor) in.push_back(bg.anchor);
             v->in = Packed();
             v->out = Packed();  // stays unplaced when the device cannot compute every output
@@ -505,6 +509,7 @@ struct Drafter::Impl {
     }
 
     OpProfile profile;  // DFLASH_PROFILE=1 only
+    NodeDump dump{std::getenv("DFLASH_DUMP_NODES")};
 };
 
 Drafter::Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts)
@@ -738,6 +743,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         // the buffer held, finite)
         std::copy(m.pending.begin(), m.pending.end(), in.host<float>(bg.ctx_feat));
         int32_t * pos = in.host<int32_t>(bg.kv_pos);
+        int32_t * block_pos = in.host<int32_t>(bg.pos);
         int32_t * tokens = in.host<int32_t>(bg.tokens);
         int64_t rows[2 * kMaxBlockSize];
         for (uint32_t i = 0; i < R; ++i) {
@@ -745,7 +751,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
             pos[i] = real ? (int32_t) (m.n_cached + i) : 0;
             rows[i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
             tokens[i] = i == 0 ? anchor : h.mask_token_id;
-            pos[R + i] = position + (int32_t) i;
+            pos[R + i] = block_pos[i] = position + (int32_t) i;
             rows[R + i] = (int64_t) (ctx_end + i);
         }
         m.fill_rows(in.host<int64_t>(bg.kv_idx), in.host<int64_t>(bg.kv_vidx), rows, 2 * R);
