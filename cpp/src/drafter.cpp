@@ -123,8 +123,9 @@ struct Drafter::Impl {
         ggml_tensor * ctx_feat;  // pending context rows, padded to the block's rows (scratch row)
         // per K/V row, the pending context rows then the block's: position, cache row, V elements
         ggml_tensor * kv_pos, * kv_idx, * kv_vidx;
-        // pos: the block's part of kv_pos again, as its own tensor: ggml-vulkan's ROPE reads its positions
-        // from the aligned-down start of a view (a view at 8 bytes read the pending rows' positions)
+        // pos: the block's part of kv_pos again, as a tensor of its own: ggml-vulkan's ROPE reads positions
+        // from a view's start aligned down to the device's storage alignment (a view 8 bytes into kv_pos
+        // rotated the block by the pending rows' positions)
         ggml_tensor * tokens, * pos, * mask, * anchor;
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
