@@ -121,11 +121,11 @@ struct Drafter::Impl {
         ggml_cgraph * gf = nullptr;
         uint32_t window = 0;  // attended cache rows; 0 = not built
         ggml_tensor * ctx_feat;  // pending context rows, padded to the block's rows (scratch row)
-        // per K/V row, the pending context rows then the block's: position, cache row, V elements
-        ggml_tensor * kv_pos, * kv_idx, * kv_vidx;
-        // pos: the block's part of kv_pos again, as a tensor of its own: ggml-vulkan's ROPE reads positions
-        // from a view's start aligned down to the device's storage alignment (a view 8 bytes into kv_pos
+        // per K/V row, the block's rows then the pending context rows: position, cache row, V elements.
+        // Block first so that pos, the block's part of kv_pos, starts at offset 0: ggml-vulkan's ROPE reads
+        // positions from a view's start aligned down to the device's storage alignment (a view 8 bytes in
         // rotated the block by the pending rows' positions)
+        ggml_tensor * kv_pos, * kv_idx, * kv_vidx;
         ggml_tensor * tokens, * pos, * mask, * anchor;
         ggml_tensor * logits, * argmax;
         ggml_tensor * cand, * unary, * scores;  // DFlash2
@@ -284,7 +284,7 @@ struct Drafter::Impl {
         bg.kv_pos = input(ctx, GGML_TYPE_I32, P + B, 0, "inp_kv_pos");
         bg.kv_idx = input(ctx, GGML_TYPE_I64, P + B, 0, "inp_kv_rows");
         bg.kv_vidx = input(ctx, GGML_TYPE_I64, kv_width() * (P + B), 0, "inp_kv_v_elems");
-        bg.pos = input(ctx, GGML_TYPE_I32, B, 0, "inp_pos");
+        bg.pos = ggml_view_1d(ctx, bg.kv_pos, B, 0);
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
         bg.mask = input(ctx, GGML_TYPE_F16, window, B, "inp_mask");
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float) h.head_dim);
@@ -304,9 +304,9 @@ struct Drafter::Impl {
             }
             ggml_tensor * q = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wq, hcur), h.head_dim, h.n_head, B);
             q = rope(ctx, rms_norm(ctx, q, l.q_norm), bg.pos);
-            // the pending context rows' K/V and the block rows' (to scratch rows after the context) in one
+            // the block rows' K/V (to scratch rows after the context) and the pending context rows' in one
             // pass: half the small ops, which cost more in dispatch than in arithmetic here
-            store_kv(ctx, gf, il, ggml_concat(ctx, ctx_rows, hcur, 1), bg.kv_pos, bg.kv_idx, bg.kv_vidx);
+            store_kv(ctx, gf, il, ggml_concat(ctx, hcur, ctx_rows, 1), bg.kv_pos, bg.kv_idx, bg.kv_vidx);
 
             ggml_tensor * kc = cache_k[il];
             ggml_tensor * vc = cache_v[il];
@@ -418,7 +418,7 @@ struct Drafter::Impl {
             build_block(*v, window, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.pos, bg.kv_idx, bg.kv_vidx, bg.tokens, bg.mask};
+            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens, bg.mask};
             if (bg.anchor) in.push_back(bg.anchor);
             v->in = Packed();
             v->out = Packed();  // stays unplaced when the device cannot compute every output
@@ -744,16 +744,15 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         // the buffer held, finite)
         std::copy(m.pending.begin(), m.pending.end(), in.host<float>(bg.ctx_feat));
         int32_t * pos = in.host<int32_t>(bg.kv_pos);
-        int32_t * block_pos = in.host<int32_t>(bg.pos);
         int32_t * tokens = in.host<int32_t>(bg.tokens);
         int64_t rows[2 * kMaxBlockSize];
         for (uint32_t i = 0; i < R; ++i) {
             const bool real = i < m.n_pending;
-            pos[i] = real ? (int32_t) (m.n_cached + i) : 0;
-            rows[i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
+            pos[i] = position + (int32_t) i;
+            rows[i] = (int64_t) (ctx_end + i);
             tokens[i] = i == 0 ? anchor : h.mask_token_id;
-            pos[R + i] = block_pos[i] = position + (int32_t) i;
-            rows[R + i] = (int64_t) (ctx_end + i);
+            pos[R + i] = real ? (int32_t) (m.n_cached + i) : 0;
+            rows[R + i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
         }
         m.fill_rows(in.host<int64_t>(bg.kv_idx), in.host<int64_t>(bg.kv_vidx), rows, 2 * R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
