@@ -22,6 +22,12 @@ N_NEW = 40
 N_PROMPTS = 3
 
 
+@pytest.fixture(scope="module")
+def ptoks() -> list[list[int]]:
+    ref = GreedyReference(TARGET, n_ctx=N_CTX, n_threads=THREADS)
+    return [ref.tokenize(p["text"]) for p in prompts()[:N_PROMPTS]]
+
+
 def run(device: str, n_max: int, ptoks: list[list[int]]) -> tuple[list[list[int]], int, int]:
     spec = SpeculativeLlama(str(TARGET), str(drafter_gguf("f16")), n_ctx=N_CTX, n_threads=THREADS, n_max=n_max,
                             device=device)
@@ -35,9 +41,7 @@ def run(device: str, n_max: int, ptoks: list[list[int]]) -> tuple[list[list[int]
 
 
 @pytest.mark.parametrize("n_max", (1, 2, 5, 6))
-def test_device_drafts_what_the_cpu_drafts(n_max: int) -> None:
-    ref = GreedyReference(TARGET, n_ctx=N_CTX, n_threads=THREADS)
-    ptoks = [ref.tokenize(p["text"]) for p in prompts()[:N_PROMPTS]]
+def test_device_drafts_what_the_cpu_drafts(n_max: int, ptoks: list[list[int]]) -> None:
     cpu_out, cpu_acc, cpu_drafted = run("cpu", n_max, ptoks)
     dev_out, dev_acc, dev_drafted = run(DEVICE, n_max, ptoks)
     print(f"n_max {n_max}: accepted {dev_acc}/{dev_drafted} on {DEVICE}, {cpu_acc}/{cpu_drafted} on the CPU")
