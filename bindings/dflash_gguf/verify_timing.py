@@ -57,47 +57,73 @@ def load_model(path: str | Path, n_gpu_layers: int = 0, quiet: bool = True) -> t
 
 
 class Verifier:
-    """The target in libllama: prefill `context` random tokens once, then time B-token decodes.
+    """The target in libllama: `context` random tokens prefilled once, then timed B-token decodes.
 
-    flash_attn: llama_context_params.flash_attn_type (FLASH_ATTN_*). feature_layers: layer ids
-    whose inputs libllama extracts on every decode, as our speculative loop asks for the
-    drafter's features (dflash.target_layers); left off if this libllama lacks the function.
+    Each block size decodes in a context of its own (the prefix copied in from the prefilled one), so
+    every timed decode reuses the graph of the decode before it, as a loop of one draft length does:
+    one context alternating sizes rebuilds its graph on every decode, which added 0.2-0.3 ms to a
+    0.6-1.4 ms tinycode verify. flash_attn: llama_context_params.flash_attn_type (FLASH_ATTN_*).
+    feature_layers: layer ids whose inputs libllama extracts on every decode, as our speculative loop
+    asks for the drafter's features (dflash.target_layers); left off if this libllama lacks the function.
     """
 
     def __init__(self, llc: Any, model: Any, context: int, max_block: int, n_threads: int, flash_attn: int,
                  feature_layers: Sequence[int] = ()) -> None:
-        self.llc = llc
-        cp = llc.llama_context_default_params()
-        cp.n_ctx = (context + max_block + 255) // 256 * 256
-        cp.n_batch = cp.n_ubatch = max(256, max_block)
-        cp.n_seq_max = 1
-        cp.n_threads = cp.n_threads_batch = n_threads
-        cp.flash_attn_type = flash_attn
-        cp.no_perf = True
-        self.ctx = llc.llama_init_from_model(model, cp)
-        if not self.ctx:
-            raise RuntimeError(f"libllama could not create the target context (n_ctx {cp.n_ctx})")
-        self.mem = llc.llama_get_memory(self.ctx)
+        self.llc, self.model = llc, model
+        self.n_ctx = (context + max_block + 255) // 256 * 256
+        self.n_threads, self.flash_attn, self.feature_layers = n_threads, flash_attn, tuple(feature_layers)
         self.n_vocab = llc.llama_vocab_n_tokens(llc.llama_model_get_vocab(model))
         self.context = context
+        self._set_layer_inp = self._feature_function() if feature_layers else None
+        self.features = self._set_layer_inp is not None
+        self.ctxs: dict[int, Any] = {}  # block size -> its context
         self.batches: dict[int, Any] = {}
-        self.features = self._enable_features(feature_layers)
-        ids = np.random.default_rng(0).integers(2, self.n_vocab, size=context).tolist()
-        for start in range(0, context, cp.n_batch):
-            self._decode(ids[start : start + cp.n_batch], start, all_logits=False)
+        n_batch = max(256, max_block)
+        prefill = self._new_context(n_batch)
+        try:
+            ids = np.random.default_rng(0).integers(2, self.n_vocab, size=context).tolist()
+            for start in range(0, context, n_batch):
+                self._decode(prefill, ids[start : start + n_batch], start)
+            size = llc.llama_state_seq_get_size(prefill, 0)
+            self.prefix = (ctypes.c_uint8 * size)()
+            if llc.llama_state_seq_get_data(prefill, self.prefix, size, 0) != size:
+                raise RuntimeError("libllama could not save the prefilled sequence")
+        finally:
+            llc.llama_free(prefill)
 
-    def _enable_features(self, layers: Sequence[int]) -> bool:
-        if not layers:
-            return False
+    def _new_context(self, n_batch: int) -> Any:
+        llc = self.llc
+        cp = llc.llama_context_default_params()
+        cp.n_ctx = self.n_ctx
+        cp.n_batch = cp.n_ubatch = n_batch
+        cp.n_seq_max = 1
+        cp.n_threads = cp.n_threads_batch = self.n_threads
+        cp.flash_attn_type = self.flash_attn
+        cp.no_perf = True
+        ctx = llc.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise RuntimeError(f"libllama could not create the target context (n_ctx {cp.n_ctx})")
+        for lid in self.feature_layers if self._set_layer_inp else ():
+            self._set_layer_inp(ctx, lid, True)
+        return ctx
+
+    def _feature_function(self) -> Any:
         try:
             fn = getattr(self.llc._lib, _SET_LAYER_INP)
         except AttributeError:
-            return False
+            return None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool]
         fn.restype = None
-        for lid in layers:
-            fn(self.ctx, lid, True)
-        return True
+        return fn
+
+    def _context(self, block: int) -> Any:
+        ctx = self.ctxs.get(block)
+        if ctx is None:
+            ctx = self.ctxs[block] = self._new_context(block)
+            size = len(self.prefix)
+            if self.llc.llama_state_seq_set_data(ctx, self.prefix, size, 0) != size:
+                raise RuntimeError("libllama could not restore the prefilled sequence")
+        return ctx
 
     def _make_batch(self, ids: list[int], pos0: int, all_logits: bool) -> Any:
         b = self.llc.llama_batch_init(len(ids), 0, 1)
@@ -110,10 +136,10 @@ class Verifier:
         b.n_tokens = len(ids)
         return b
 
-    def _decode(self, ids: list[int], pos0: int, all_logits: bool) -> None:
-        b = self._make_batch(ids, pos0, all_logits)
+    def _decode(self, ctx: Any, ids: list[int], pos0: int) -> None:
+        b = self._make_batch(ids, pos0, all_logits=False)
         try:
-            rc = self.llc.llama_decode(self.ctx, b)
+            rc = self.llc.llama_decode(ctx, b)
         finally:
             self.llc.llama_batch_free(b)
         if rc != 0:
@@ -123,26 +149,31 @@ class Verifier:
         """Seconds for one llama_decode of `block` tokens at positions context.., all logits (+ sync);
         the cache is rolled back to `context` tokens afterwards, outside the timed region."""
         llc = self.llc
+        ctx = self._context(block)
         b = self.batches.get(block)
         if b is None:
             ids = np.random.default_rng(block).integers(2, self.n_vocab, size=block).tolist()
             b = self.batches[block] = self._make_batch(ids, self.context, all_logits=True)
         t0 = time.perf_counter()
-        rc = llc.llama_decode(self.ctx, b)
-        llc.llama_synchronize(self.ctx)
+        rc = llc.llama_decode(ctx, b)
+        llc.llama_synchronize(ctx)
         dt = time.perf_counter() - t0
         if rc != 0:
             raise RuntimeError(f"llama_decode of {block} tokens at position {self.context} returned {rc}")
-        llc.llama_memory_seq_rm(self.mem, 0, self.context, -1)
+        llc.llama_memory_seq_rm(llc.llama_get_memory(ctx), 0, self.context, -1)
         return dt
+
+    def graphs_reused(self) -> int:
+        """Decodes, over every context, that reused the graph of the decode before (libllama's count)."""
+        return sum(self.llc.llama_perf_context(ctx).n_reused for ctx in self.ctxs.values())
 
     def close(self) -> None:
         for b in self.batches.values():
             self.llc.llama_batch_free(b)
         self.batches.clear()
-        if self.ctx:
-            self.llc.llama_free(self.ctx)
-            self.ctx = None
+        for ctx in self.ctxs.values():
+            self.llc.llama_free(ctx)
+        self.ctxs.clear()
 
 
 __all__ = ["FLASH_ATTN_AUTO", "FLASH_ATTN_OFF", "FLASH_ATTN_ON", "Verifier", "load_model", "runtime_flash_attn"]
