@@ -137,9 +137,10 @@ class Case:
             self._gguf[key] = out
         return self._gguf[key]
 
-    def drafter(self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256) -> Any:
+    def drafter(self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256, n_threads: int = 1) -> Any:
         target = "" if embed_head else str(self.target_path)
-        return dflash_gguf.Drafter(str(self.gguf(outtype, embed_head)), target, device=DEVICE, n_threads=1, n_ctx=n_ctx)
+        return dflash_gguf.Drafter(str(self.gguf(outtype, embed_head)), target, device=DEVICE, n_threads=n_threads,
+                                   n_ctx=n_ctx)
 
 
 _CASES: dict[tuple[int, int], Case] = {}
@@ -492,6 +493,40 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
     short = {n: d.draft(11, 37, n, short_block=True) for n in range(1, 8)}
     assert d.counters["shapes"] == 6
     assert all(d.draft(11, 37, n, short_block=True) == short[n] for n in range(1, 8))
+
+
+def test_every_draft_length_of_a_block_of_16_keeps_its_graph(case: Any) -> None:
+    """A block of 16 has seven short-block shapes (2, 3, 4, 6, 8, 12 and 16 rows): a loop or a bench going
+    through every draft length builds each once (with six kept, each pass evicted the shape it needed next,
+    rebuilding and re-reserving a graph per step), and a shape evicted later keeps its thread count (a
+    rebuilt shape timed its steps again, alternating one and two threads: odd draft lengths of a 0.5B
+    drafter ran 1.5x slower than even ones in `dflash bench --scale`)."""
+    c = case(2, 16)
+    d = c.drafter("f32", n_threads=2)
+    d.inject(features(37, c.width, 5), np.arange(37, dtype=np.int32))
+    for n in range(1, 16):
+        d.draft(11, 37, n, short_block=True)
+    built = d.counters["graphs_built"]
+    for n in range(1, 16):
+        d.draft(11, 37, n, short_block=True)
+    assert d.counters["graphs_built"] == built
+    assert d.counters["shapes"] == 8  # the seven and the full block reserved at load
+    if DEVICE.upper() != "CPU":
+        return
+    for _ in range(40):  # the one-row draft's graph times one and two threads until one is clearly faster
+        d.draft(11, 37, 1, short_block=True)
+        if d.counters["draft_threads"]:
+            break
+    chosen = d.counters["draft_threads"]
+    assert chosen in (1, 2)
+    for n in range(2, 16):
+        d.draft(11, 37, n, short_block=True)
+    for n in (1, 2, 3, 5, 9):  # five full-block head buckets: the least recently used shapes go, the 2-row one first
+        d.draft(11, 37, n)
+    built = d.counters["graphs_built"]
+    d.draft(11, 37, 1, short_block=True)
+    assert d.counters["graphs_built"] == built + 1  # rebuilt ...
+    assert d.counters["draft_threads"] == chosen  # ... with the count it had settled on
 
 
 @pytest.mark.parametrize("version", (1, 2))

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <numeric>
+#include <set>
 
 #include "dflash/cpu_threads.h"
 #include "dflash/error.h"
@@ -28,10 +29,18 @@ constexpr uint32_t kInjectChunk = 256;  // rows per inject graph; longer prompts
 // which replays an unchanged graph as a device graph, even more so.
 constexpr uint32_t kWindowGpu = 256;
 constexpr uint32_t kWindowCpu = 128;
-// Block graph shapes kept at once (each holds compute buffers reserved for a window of the whole cache,
-// e.g. ~70 MB of attention scores for 16 rows x 32 heads over 32k rows): the least recently used goes.
-// A fixed draft length uses one shape; the adaptive one mostly two or three.
-constexpr size_t kMaxShapes = 6;
+// A short block's rows are padded up to one of these (capped at the block size), so that few graphs cover
+// every draft length.
+constexpr uint32_t kShortBlockRows[] = {2, 3, 4, 6, 8, 12, 16, 24};
+// Block graph shapes kept at once: every short block's of the drafter's block size and one more (a full
+// block), so that a loop or a bench going through every draft length builds each shape once; beyond that
+// the least recently used goes. Each holds compute buffers reserved for a window of the whole cache (e.g.
+// ~70 MB of attention scores for 16 rows x 32 heads over 32k rows; the smaller shapes less).
+size_t max_block_shapes(uint32_t block_size) {
+    std::set<uint32_t> rows;
+    for (uint32_t r : kShortBlockRows) rows.insert(std::min(r, block_size));
+    return rows.size() + 1;
+}
 
 // The CPU's extra weight buffer types (ggml's repacked layouts: Q4_0/Q4_K/IQ4_NL... for AVX2, more on ARM),
 // without AMX: llama-cpp-python 0.3.36 segfaults in its quantized kernels (llama.cpp#20824) and its F16
@@ -140,10 +149,14 @@ struct Drafter::Impl {
         ggml_context_ptr ctx;
         BlockGraph bg;
         Packed in, out;  // the inputs and the small outputs, each moved in one transfer
-        ThreadPick threads{1};  // its CPU threads: what pays depends on the graph's size
+        ThreadPick * threads = nullptr;  // its shape's entry in thread_picks
         uint64_t last_use = 0;
     };
     std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
+    size_t max_shapes = 0;  // max_block_shapes(block size)
+    // per shape, its CPU threads (what pays depends on the graph's size), kept when the shape's graph is
+    // evicted: a rebuilt shape timing its steps again would run half of them with the wrong count
+    std::map<uint32_t, ThreadPick> thread_picks;
     uint64_t shape_uses = 0;  // the clock of BlockVariant::last_use
     // metadata arena of one graph (tensors + graph), for the inject graph and each block graph
     static size_t meta_bytes() { return ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false); }
@@ -399,7 +412,7 @@ struct Drafter::Impl {
     // the shape's first use, its graph built and allocated when the window changes; otherwise nothing to do
     BlockVariant & ensure_block(uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
         const uint32_t key = n_rows << 16 | head_first << 8 | head_rows;
-        if (!variants.count(key) && variants.size() >= kMaxShapes) {
+        if (!variants.count(key) && variants.size() >= max_shapes) {
             auto lru = std::min_element(variants.begin(), variants.end(),
                                         [](const auto & a, const auto & b) { return a.second->last_use < b.second->last_use; });
             variants.erase(lru);
@@ -408,7 +421,7 @@ struct Drafter::Impl {
         if (!v) {
             v = std::make_unique<BlockVariant>();
             v->sched = new_sched();
-            if (on_cpu()) v->threads = ThreadPick(n_threads);
+            v->threads = &thread_picks.try_emplace(key, on_cpu() ? n_threads : 1).first->second;
             build_block(*v, n_ctx, n_rows, head_first, head_rows);
             if (!ggml_backend_sched_reserve(v->sched.get(), v->bg.gf)) throw Error("cannot reserve the block graph");
             v->reserved_bytes = buffer_bytes(v->sched.get());
@@ -473,6 +486,7 @@ struct Drafter::Impl {
         InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
         if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
         inject_reserved = buffer_bytes(sched_inject.get());
+        max_shapes = max_block_shapes(hp().block_size);
         ensure_block(n_ctx, hp().block_size, 0, hp().block_size);
     }
 
@@ -718,7 +732,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         out_rows = std::max(n, 1u);
         seen_rows = out_rows + 1;
         R = B;
-        for (uint32_t r : {2u, 3u, 4u, 6u, 8u, 12u, 16u, 24u}) {
+        for (uint32_t r : kShortBlockRows) {
             if (r >= seen_rows) {
                 R = std::min(r, B);
                 break;
@@ -768,12 +782,12 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         }
     }
     in.upload();
-    const int threads = v.threads.next();
+    const int threads = v.threads->next();
     if (m.on_cpu()) m.cpu_threads.set(threads);
     const auto t_run = std::chrono::steady_clock::now();
     m.run(v.sched.get(), bg.gf);
-    v.threads.observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
-    if (m.on_cpu()) m.counters.draft_threads = v.threads.chosen();
+    v.threads->observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
+    if (m.on_cpu()) m.counters.draft_threads = v.threads->chosen();
     v.out.download();
     m.n_cached = ctx_end;
     m.n_pending = 0;
