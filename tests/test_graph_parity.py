@@ -506,11 +506,12 @@ def test_every_draft_length_of_a_block_of_16_keeps_its_graph(case: Any) -> None:
     d.inject(features(37, c.width, 5), np.arange(37, dtype=np.int32))
     for n in range(1, 16):
         d.draft(11, 37, n, short_block=True)
-    built = d.counters["graphs_built"]
+    built, held = d.counters["graphs_built"], d.counters["compute_bytes"]
     for n in range(1, 16):
         d.draft(11, 37, n, short_block=True)
     assert d.counters["graphs_built"] == built
     assert d.counters["shapes"] == 8  # the seven and the full block reserved at load
+    assert d.counters["compute_bytes"] == held > 0
     if DEVICE.upper() != "CPU":
         return
     for _ in range(40):  # the one-row draft's graph times one and two threads until one is clearly faster

@@ -448,6 +448,8 @@ struct Drafter::Impl {
         counters.n_splits_last = ggml_backend_sched_get_n_splits(v->sched.get());
         v->last_use = ++shape_uses;
         counters.shapes = (uint32_t) variants.size();
+        counters.compute_bytes = inject_reserved;
+        for (const auto & kv : variants) counters.compute_bytes += kv.second->reserved_bytes;
         return *v;
     }
 
