@@ -62,7 +62,8 @@ class Verifier:
     Each block size decodes in a context of its own (the prefix copied in from the prefilled one), so
     every timed decode reuses the graph of the decode before it, as a loop of one draft length does:
     one context alternating sizes rebuilds its graph on every decode, a cost the loop does not pay
-    (0.1-0.2 ms of a 1.4-2.5 ms tinycode verify in paired runs here). flash_attn: llama_context_params.flash_attn_type (FLASH_ATTN_*).
+    (0.1-0.2 ms of a 1.4-2.5 ms tinycode verify in paired runs here).
+    flash_attn: llama_context_params.flash_attn_type (FLASH_ATTN_*).
     feature_layers: layer ids whose inputs libllama extracts on every decode, as our speculative loop
     asks for the drafter's features (dflash.target_layers); left off if this libllama lacks the function.
     """
