@@ -5,8 +5,10 @@
 # docs/, non-CUDA GPU backends and the UI's tests), builds our extension against
 # it, then, most important first: the draft-step benchmark, `dflash bench` ar vs
 # ours, the draft-graph parity tests on CUDA, and llama-server built from the
-# same build tree for the three-way bench with upstream. Each step has its own
-# timeout so that a slow one leaves the others' results.
+# same build tree for the three-way bench with upstream, upstream parity, and last
+# `dflash bench --scale`. Each step has its own timeout so that a slow one leaves the
+# others' results (~10 min in all, within the tool's 600 s per command only if the
+# builds are quick: the last steps are the ones cut).
 # The device tool returns at most 8 files from $OUT: run it as
 #   bash scripts/gpu_check.sh 2>&1 | tee $OUT/all.txt
 # (all.txt holds every table); 7 more are written below; build logs stay in
@@ -85,3 +87,9 @@ echo "== upstream parity (CUDA build of libllama)"
 timeout 60 python3 -m pytest -q --tb=line -p no:cacheprovider tests/test_upstream_parity.py \
   > "$OUT/upstream_parity.txt" 2>&1
 tail -20 "$OUT/upstream_parity.txt"
+# last, as the longest to set up (it writes ~5 GB of random-weight GGUFs): what the README's --scale
+# GPU columns show, measured again after the 16th session's fixes (a verify context per batch size, every
+# short-block shape kept); printed only
+echo "== cost at scale (CUDA): random 0.5B / 2B Qwen3 targets, step costs and the speedups they imply"
+timeout 150 "${DFLASH[@]}" bench --scale -ngl 99 --threads 4 --repeat 3 --scale-dir /tmp/scale 2>&1 \
+  | grep -v "^\[scale\]"
