@@ -444,12 +444,13 @@ struct Drafter::Impl {
             }
             counters.graphs_built++;
             alloc(v->sched.get(), v->bg.gf, v->reserved_bytes);
+            // shapes come and go, and buffers grow, only here: not counted again on every step
+            counters.shapes = (uint32_t) variants.size();
+            counters.compute_bytes = inject_reserved;
+            for (const auto & kv : variants) counters.compute_bytes += kv.second->reserved_bytes;
         }
         counters.n_splits_last = ggml_backend_sched_get_n_splits(v->sched.get());
         v->last_use = ++shape_uses;
-        counters.shapes = (uint32_t) variants.size();
-        counters.compute_bytes = inject_reserved;
-        for (const auto & kv : variants) counters.compute_bytes += kv.second->reserved_bytes;
         return *v;
     }
 

@@ -1,7 +1,7 @@
 #pragma once
 // DFLASH_DUMP_NODES=FILE: every computed f32 node of the draft graphs, appended to FILE as
 // name, op, shape and values, for comparing one backend's graph against another's node by node
-// (scripts/compare_node_dumps.py). Read when the Drafter is made.
+// (scripts/compare_devices.py). Read when the Drafter is made.
 #include <cstdint>
 #include <cstdio>
 #include <string>
