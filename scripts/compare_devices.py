@@ -65,8 +65,8 @@ def main() -> None:
     ap.add_argument("--all", action="store_true", help="every node, not only those worse than all before")
     args = ap.parse_args()
 
-    width = dflash_gguf.Drafter(args.draft, args.target, device="cpu", n_threads=1, n_ctx=64).hparams
-    width = width["target_hidden"] * len(width["target_layers"])
+    hp = dflash_gguf.inspect_draft(args.draft)["hparams"]
+    width = hp["target_hidden"] * len(hp["target_layers"])
     feats = np.random.default_rng(0).standard_normal((args.context, width)).astype(np.float32)
     with tempfile.TemporaryDirectory() as tmp:
         a_logits = run("cpu", Path(tmp) / "cpu.bin", args, feats)
