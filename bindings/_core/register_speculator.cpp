@@ -101,12 +101,13 @@ dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std:
 // The drafter shares the target's embedding and LM head, read from the target's GGUF file.
 // Call without the GIL; the drafter is validated before the target is loaded (a bad drafter
 // should not cost a target load).
-std::unique_ptr<PySpeculator> make_speculator(const std::function<std::unique_ptr<dflash::Target>()> & open_target,
-                                              const std::string & target_path, const std::string & draft,
-                                              const std::string & device, int n_threads, bool repack,
-                                              const dflash::SpeculatorOptions & sopt) {
-    (void) dflash::inspect_draft_file(draft);
-    auto t = open_target();
+// open_target gets the most drafted tokens a verify can hold (what libllama's snapshots must cover).
+std::unique_ptr<PySpeculator> make_speculator(
+    const std::function<std::unique_ptr<dflash::Target>(uint32_t max_draft)> & open_target,
+    const std::string & target_path, const std::string & draft, const std::string & device, int n_threads,
+    bool repack, const dflash::SpeculatorOptions & sopt) {
+    const dflash::DraftFileInfo info = dflash::inspect_draft_file(draft);
+    auto t = open_target(info.hparams.block_size - 1);
     dflash::DrafterOptions dopt;
     dopt.device = device;
     dopt.n_threads = n_threads;
@@ -137,7 +138,12 @@ void register_speculator(py::module_ & m) {
                  topt.n_threads = n_threads;
                  topt.repack = repack ? (int) *repack : -1;
                  py::gil_scoped_release nogil;
-                 return make_speculator([&] { return std::make_unique<dflash::Target>(target, topt); }, target, draft,
+                 return make_speculator(
+                     [&](uint32_t max_draft) {
+                         topt.n_rs_seq = max_draft;
+                         return std::make_unique<dflash::Target>(target, topt);
+                     },
+                     target, draft,
                                         device, n_threads, repack.value_or(true), sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
@@ -152,7 +158,7 @@ void register_speculator(py::module_ & m) {
                 const auto sopt = spec_options(n_max, adaptive, draft_q, fallback);
                 py::gil_scoped_release nogil;
                 return make_speculator(
-                    [&] {
+                    [&](uint32_t) {
                         return std::make_unique<dflash::Target>((llama_model *) model_ptr, (llama_context *) ctx_ptr);
                     },
                     target_path, draft, device, n_threads, /*repack=*/true, sopt);
@@ -285,6 +291,23 @@ void register_speculator(py::module_ & m) {
             },
             py::arg("tokens"), py::arg("target"), py::arg("draft"))
         .def_property_readonly("n_ctx", [](PySpeculator & p) { return live(p).target().n_ctx(); })
+        .def_property_readonly("target_arch", [](PySpeculator & p) { return live(p).target().arch(); })
+        .def_property_readonly(
+            "target_memory", [](PySpeculator & p) { return std::string(dflash::memory_name(live(p).target().memory())); },
+            "How the target goes back on a rejected draft: attention, recurrent-snapshots, recurrent-checkpoint")
+        .def_property_readonly("rollback_counters",
+                               [](PySpeculator & p) {
+                                   const auto & c = live(p).target().rollback_counters();
+                                   py::dict d;
+                                   d["seq_rm"] = c.seq_rm;
+                                   d["snapshot"] = c.snapshot;
+                                   d["restored"] = c.restored;
+                                   d["replayed_tokens"] = c.replayed_tokens;
+                                   d["checkpoints"] = c.checkpoints;
+                                   d["checkpoint_bytes"] = c.checkpoint_bytes;
+                                   d["n_rs_seq"] = live(p).target().n_rs_seq();
+                                   return d;
+                               })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return live(p).target().n_vocab(); })
         .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(live(p).drafter().hparams()); })
         .def_property_readonly("draft_device", [](PySpeculator & p) { return live(p).drafter().device_name(); })
@@ -307,6 +330,7 @@ void register_speculator(py::module_ & m) {
                                    d["verify_ms"] = s.verify_ms;
                                    d["inject_ms"] = s.inject_ms;
                                    d["sample_ms"] = s.sample_ms;
+                                   d["rollback_ms"] = s.rollback_ms;
                                    d["prompt_tokens"] = s.prompt_tokens;
                                    d["reused_tokens"] = s.reused_tokens;
                                    return d;

@@ -64,6 +64,7 @@ class GenerationStats:
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     inject_ms: float = 0.0
+    rollback_ms: float = 0.0           # a recurrent target's state checkpoints and restores
     tokens_per_second: float = 0.0     # completion tokens / decode time (prefill excluded)
 
     def line(self) -> str:
@@ -587,6 +588,7 @@ class SpeculativeLlama:
             draft_ms=s["draft_ms"],
             verify_ms=s["verify_ms"],
             inject_ms=s["inject_ms"],
+            rollback_ms=s["rollback_ms"],
             tokens_per_second=n_out / decode_s if decode_s > 0 else 0.0,
         )
 

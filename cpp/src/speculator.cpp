@@ -172,6 +172,10 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
     uint32_t chunk = 0;
     for (uint32_t done = from; done < n; done += chunk) {
         chunk = all_rows ? std::min(target_->n_batch(), n - done) : n - done;
+        // a recurrent state cannot go back by itself: keep one from before the prompt's last token, where
+        // the same prompt again (or one that differs only there) starts
+        const bool split_last = target_->recurrent() && done + chunk == n && chunk > 1;
+        if (split_last) chunk--;
         target_->decode(prompt.data() + done, chunk, (int32_t) done, all_rows);
         const auto & f = target_->features();
         pending_.insert(pending_.end(), f.begin(), f.end());
@@ -180,6 +184,7 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
             prompt_logprobs_.push_back(token_logprob(target_->logits(i), target_->n_vocab(), prompt[done + i + 1],
                                                      (uint32_t) params_.n_logprobs, id_scratch_));
         }
+        if (split_last) target_->checkpoint();
     }
     return all_rows ? chunk - 1 : 0;  // Target::logits(0) is the last row when only it has logits
 }
@@ -218,7 +223,7 @@ void Speculator::load_state(const SpeculatorState & state) {
     pending_.clear();
     pending_rows_ = 0;
     drafter_->reset();
-    target_->load_seq(state.target);
+    target_->load_seq(state.target, state.tokens);
     try {
         if (target_->seq_len() != state.tokens.size()) {
             throw Error("saved state: the target state holds " + std::to_string(target_->seq_len()) +
@@ -235,6 +240,7 @@ void Speculator::load_state(const SpeculatorState & state) {
 void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {
     size_t n = 0;
     while (n < committed_.size() && n < held.size() && committed_[n] == held[n]) ++n;
+    if (n < committed_.size() || held.size() != committed_.size()) target_->forget_after((uint32_t) n);
     committed_.resize(n);  // start() truncates the target, the draft cache and the pending features to it
     anchor_ = -1;
 }
@@ -259,6 +265,7 @@ void Speculator::calibrate() {
     std::iota(pos.begin(), pos.end(), 0);
     drafter_->inject(f.data(), pos.data(), n_ctx_rows);
     const int32_t p = (int32_t) n_ctx_rows;
+    target_->checkpoint();  // every verify below goes back to p: a recurrent target restores this state
     // each shape in a row, as the loop's steady steps are (its first run builds the graph; the controller
     // does not believe a cost's first measurement)
     for (uint32_t k = 0; k <= cap && ms_since(t_start) < kCalibrationBudgetMs; ++k) {
@@ -269,9 +276,13 @@ void Speculator::calibrate() {
                 drafter_->draft(tokens[p], p, k, false, /*all_rows=*/false, /*short_block=*/true);
                 draft_ms = std::max(0.0, ms_since(t0) - drafter_->counters().setup_ms_last);
             }
+            // a verify is timed with its rollback as a step that keeps the anchor alone pays it (a snapshot
+            // rollback, or a checkpoint written before and restored after with the anchor re-decoded)
             const auto t0 = std::chrono::steady_clock::now();
+            if (k > 0) target_->prepare_rollback(k);
             target_->decode(&tokens[p], k + 1, p, k > 0);
             if (k == 0) (void) argmax(target_->logits(0), target_->n_vocab());  // a plain step picks its token
+            if (k > 0) target_->truncate(p + 1);
             const double verify_ms = ms_since(t0);
             target_->truncate(p);
             length_->observe_cost(k, draft_ms, verify_ms);
@@ -457,6 +468,9 @@ StepOutput Speculator::step() {
 
     // verify
     t0 = std::chrono::steady_clock::now();
+    target_->prepare_rollback(m);
+    const double checkpoint_ms = ms_since(t0);
+    t0 = std::chrono::steady_clock::now();
     target_->decode(seq.data(), m + 1, (int32_t) n, true);
     const double verify_ms = ms_since(t0);
     stats_.verify_ms += verify_ms;
@@ -486,11 +500,14 @@ StepOutput Speculator::step() {
     out.tokens.push_back(next);
     describe(out);
 
-    // commit a, d_1..d_j; roll the target back past the rejected rows
-    target_->truncate((int32_t) (n + j + 1));
+    // commit a, d_1..d_j; roll the target back past the rejected rows (a recurrent target may re-decode
+    // the kept rows: their features are the verify's)
     const size_t width = drafter_->hparams().n_target_features();
     const auto & f = target_->features();
     pending_.insert(pending_.end(), f.begin(), f.begin() + (size_t) (j + 1) * width);
+    t0 = std::chrono::steady_clock::now();
+    target_->truncate((int32_t) (n + j + 1));
+    stats_.rollback_ms += checkpoint_ms + ms_since(t0);
     pending_rows_ += j + 1;
     committed_.insert(committed_.end(), seq.begin(), seq.begin() + j + 1);
     anchor_ = next;

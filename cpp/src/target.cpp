@@ -33,13 +33,61 @@ bool amx_would_take(const std::string & path) {
     return false;
 }
 
+std::string supported_list() {
+    std::string out;
+    for (const std::string & a : archs_exposing_layer_inputs()) out += (out.empty() ? "" : ", ") + a;
+    return out;
+}
+
+void check_arch(const std::string & arch, const std::string & where) {
+    if (arch_exposes_layer_inputs(arch)) return;
+    throw Error(where + ": the target's architecture '" + arch + "' cannot feed a DFlash drafter: libllama does "
+                "not expose its layer inputs (llama_get_embeddings_layer_inp), which the drafter reads; "
+                "architectures that do: " + supported_list());
+}
+
 }  // namespace
+
+const char * memory_name(TargetMemory m) {
+    switch (m) {
+        case TargetMemory::Attention: return "attention";
+        case TargetMemory::RecurrentSnapshots: return "recurrent-snapshots";
+        case TargetMemory::RecurrentCheckpoint: return "recurrent-checkpoint";
+    }
+    return "?";
+}
+
+const std::vector<std::string> & archs_exposing_layer_inputs() {
+    // the model graphs of libllama 0.3.36 that set t_layer_inp (src/models/*.cpp), by arch name
+    static const std::vector<std::string> archs = {
+        "bailingmoe3", "deepseek4", "gemma4",     "gpt-oss",      "hunyuan_vl",     "lfm2",      "lfm2moe",
+        "llama",       "mimo2",     "minimax-01", "minimax-m2",   "muse-glimmer",   "nanbeige",  "nemotron_h",
+        "nemotron_h_moe", "qwen3",  "qwen35",     "qwen35moe",    "qwen3moe",       "qwen3next", "qwen4exp",
+    };
+    return archs;
+}
+
+bool arch_exposes_layer_inputs(const std::string & arch) {
+    const auto & a = archs_exposing_layer_inputs();
+    return std::find(a.begin(), a.end(), arch) != a.end();
+}
+
+std::string gguf_architecture(const std::string & path) {
+    ggml_context_ptr meta;
+    gguf_ptr g = open_gguf(path, meta, "cannot read the target's header");
+    const int64_t k = gguf_find_key(g.get(), "general.architecture");
+    if (k < 0 || gguf_get_kv_type(g.get(), k) != GGUF_TYPE_STRING) {
+        throw Error(path + ": general.architecture: expected a string key, found none");
+    }
+    return gguf_get_val_str(g.get(), k);
+}
 
 Target::Target(const std::string & path, const TargetOptions & opts) {
     struct stat st{};
     if (stat(path.c_str(), &st) != 0) {
         throw Error(path + ": target model file not found");
     }
+    check_arch(gguf_architecture(path), path);  // before a load that could take minutes
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers;
@@ -56,6 +104,7 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     cp.n_threads = n_threads;
     cp.n_threads_batch = n_threads;
     cp.no_perf = true;
+    cp.n_rs_seq = opts.n_rs_seq;  // libllama clamps it to 0 for archs without snapshot rollback
     // flash attention on the CPU makes multi-token verification of small models 2-2.5x slower
     // (measured on the bundled pair); on a GPU let libllama decide
     cp.flash_attn_type = opts.n_gpu_layers == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
@@ -74,6 +123,13 @@ Target::Target(llama_model * model, llama_context * ctx) : model_(model), ctx_(c
 }
 
 void Target::init_common() {
+    char arch[128] = {0};
+    if (llama_model_meta_val_str(model_, "general.architecture", arch, sizeof(arch)) < 0) arch[0] = 0;
+    arch_ = arch;
+    check_arch(arch_, "target model");
+    if (llama_model_is_recurrent(model_) || llama_model_is_hybrid(model_)) {
+        memory_ = llama_n_rs_seq(ctx_) > 0 ? TargetMemory::RecurrentSnapshots : TargetMemory::RecurrentCheckpoint;
+    }
     vocab_ = llama_model_get_vocab(model_);
     n_vocab_ = (uint32_t) llama_vocab_n_tokens(vocab_);
     n_embd_ = (uint32_t) llama_model_n_embd(model_);
@@ -116,23 +172,15 @@ void Target::decode(const int32_t * tokens, uint32_t n, int32_t p0, bool all_log
                     std::to_string(n_ctx()));
     }
     repeated_shape_ = n <= n_batch_ && n == last_chunk_rows_ && all_logits == last_all_logits_;
+    if (tokens_.size() >= (size_t) p0) {
+        tokens_.resize((size_t) p0);
+        tokens_.insert(tokens_.end(), tokens, tokens + n);
+    }  // else positions before p0 were decoded by someone else: what they hold stays unknown
     const size_t width = layers_.size() * n_embd_;
     features_.resize((size_t) n * width);
     for (uint32_t done = 0; done < n;) {
         const uint32_t chunk = std::min(n_batch_, n - done);
-        batch_.n_tokens = (int32_t) chunk;
-        for (uint32_t i = 0; i < chunk; ++i) {
-            batch_.token[i] = tokens[done + i];
-            batch_.pos[i] = p0 + (int32_t) (done + i);
-            batch_.n_seq_id[i] = 1;
-            batch_.seq_id[i][0] = 0;
-            batch_.logits[i] = all_logits || (done + i == n - 1);
-        }
-        const int32_t rc = llama_decode(ctx_, batch_);
-        if (rc != 0) {
-            throw Error("target decode failed (llama_decode returned " + std::to_string(rc) + ") at positions " +
-                        std::to_string(p0 + done) + ".." + std::to_string(p0 + done + chunk - 1));
-        }
+        decode_chunk(tokens + done, chunk, p0 + (int32_t) done, all_logits, n - 1 - done);
         for (size_t k = 0; k < layers_.size(); ++k) {
             const float * src = llama_get_embeddings_layer_inp(ctx_, (uint32_t) layers_[k]);
             for (uint32_t i = 0; i < chunk; ++i) {
@@ -146,6 +194,25 @@ void Target::decode(const int32_t * tokens, uint32_t n, int32_t p0, bool all_log
     last_all_logits_ = all_logits;
 }
 
+void Target::decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits, uint32_t last_row) {
+    batch_.n_tokens = (int32_t) n;
+    for (uint32_t i = 0; i < n; ++i) {
+        batch_.token[i] = tokens[i];
+        batch_.pos[i] = p0 + (int32_t) i;
+        batch_.n_seq_id[i] = 1;
+        batch_.seq_id[i][0] = 0;
+        batch_.logits[i] = all_logits || i == last_row;
+    }
+    const int32_t rc = llama_decode(ctx_, batch_);
+    if (rc != 0) {
+        last_chunk_p0_ = -1;
+        throw Error("target decode failed (llama_decode returned " + std::to_string(rc) + ") at positions " +
+                    std::to_string(p0) + ".." + std::to_string(p0 + (int32_t) n - 1));
+    }
+    last_chunk_p0_ = p0;
+    rolled_back_ = false;
+}
+
 const float * Target::logits(uint32_t row) const {
     // rows index the last chunk's batch; with all_logits off only its last row has logits
     const int32_t i = last_all_logits_ ? (int32_t) row : -1;
@@ -154,13 +221,132 @@ const float * Target::logits(uint32_t row) const {
     return p;
 }
 
+uint32_t Target::n_rs_seq() const { return llama_n_rs_seq(ctx_); }
+
 void Target::truncate(int32_t p) {
-    if (!llama_memory_seq_rm(llama_get_memory(ctx_), 0, p, -1)) {
-        throw Error("target KV cache rollback to position " + std::to_string(p) + " failed");
+    p = std::max(p, 0);
+    const int32_t end = (int32_t) seq_len();
+    drop_checkpoints_after(p);
+    if (p >= end) return;
+    if (tokens_.size() > (size_t) p) tokens_.resize((size_t) p);
+    llama_memory_t mem = llama_get_memory(ctx_);
+    if (p == 0) {
+        clear();
+        return;
     }
+    if (memory_ == TargetMemory::Attention) {
+        if (!llama_memory_seq_rm(mem, 0, p, -1)) {
+            throw Error("target KV cache rollback to position " + std::to_string(p) + " failed");
+        }
+        rollback_.seq_rm++;
+        return;
+    }
+    // libllama's snapshots hold the states after each token of our latest decode call alone, and it takes
+    // one rollback per call; removing all of that call's tokens (or tokens of earlier calls) gives wrong
+    // states while seq_rm still says yes, so those go through a checkpoint
+    if (memory_ == TargetMemory::RecurrentSnapshots && !rolled_back_ && last_chunk_p0_ >= 0 && p > last_chunk_p0_ &&
+        (uint32_t) (end - p) <= n_rs_seq() && llama_memory_seq_rm(mem, 0, p, -1)) {
+        rolled_back_ = true;
+        rollback_.snapshot++;
+        return;
+    }
+    const Checkpoint * from = nullptr;
+    for (const Checkpoint & c : checkpoints_) {
+        if (c.pos <= p && (!from || c.pos > from->pos)) from = &c;
+    }
+    if ((int32_t) tokens_.size() < p) {
+        throw Error("target rollback to position " + std::to_string(p) + ": its recurrent state cannot go back, and "
+                    "the tokens to re-decode from " + std::to_string(from ? from->pos : 0) + " are unknown");
+    }
+    if (from) {
+        if (llama_state_seq_set_data_ext(ctx_, from->bytes.data(), from->bytes.size(), 0,
+                                         LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != from->bytes.size() ||
+            !llama_memory_seq_rm(mem, 0, from->pos, -1)) {
+            clear();
+            throw Error("target rollback to position " + std::to_string(p) + ": libllama refused the checkpoint of "
+                        "position " + std::to_string(from->pos));
+        }
+        rollback_.restored++;
+    } else {
+        llama_memory_clear(mem, true);
+    }
+    replay(from ? from->pos : 0, p);
 }
 
-void Target::clear() { llama_memory_clear(llama_get_memory(ctx_), true); }
+void Target::replay(int32_t from, int32_t to) {
+    for (int32_t done = from; done < to;) {
+        const uint32_t chunk = std::min<uint32_t>(n_batch_, (uint32_t) (to - done));
+        decode_chunk(&tokens_[(size_t) done], chunk, done, false, chunk - 1);
+        done += (int32_t) chunk;
+        rollback_.replayed_tokens += chunk;
+    }
+    // the shape record is of the caller's decodes: a replay's graph is an extra rebuild the next one may pay
+    last_chunk_rows_ = 0;
+}
+
+void Target::prepare_rollback(uint32_t n_tokens) {
+    if (memory_ == TargetMemory::Attention || n_tokens == 0) return;
+    if (memory_ == TargetMemory::RecurrentSnapshots && n_tokens <= n_rs_seq()) return;
+    std::vector<uint8_t> bytes;
+    for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
+        if (it->step) {
+            bytes = std::move(it->bytes);  // reuse its allocation
+            checkpoints_.erase(it);
+            break;
+        }
+    }
+    Checkpoint c;
+    c.step = true;
+    c.bytes = std::move(bytes);
+    c.pos = (int32_t) seq_len();
+    c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    c.bytes.resize(llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    rollback_.checkpoints++;
+    rollback_.checkpoint_bytes = c.bytes.size();
+    checkpoints_.push_back(std::move(c));
+}
+
+void Target::checkpoint() {
+    if (memory_ == TargetMemory::Attention) return;
+    constexpr size_t kMaxKept = 3;  // prompt ends: a repeated prompt, a chat's earlier turns
+    Checkpoint c;
+    c.pos = (int32_t) seq_len();
+    drop_checkpoints_after(c.pos - 1);  // one per position
+    size_t kept = 0;
+    for (const Checkpoint & k : checkpoints_) kept += !k.step;
+    if (kept >= kMaxKept) {
+        for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
+            if (!it->step) {
+                checkpoints_.erase(it);
+                break;
+            }
+        }
+    }
+    c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    c.bytes.resize(llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    rollback_.checkpoints++;
+    rollback_.checkpoint_bytes = c.bytes.size();
+    checkpoints_.push_back(std::move(c));
+}
+
+void Target::drop_checkpoints_after(int32_t p) {
+    checkpoints_.erase(std::remove_if(checkpoints_.begin(), checkpoints_.end(),
+                                      [p](const Checkpoint & c) { return c.pos > p; }),
+                       checkpoints_.end());
+}
+
+void Target::forget_after(uint32_t keep) {
+    last_chunk_p0_ = -1;
+    if (tokens_.size() > keep) tokens_.resize(keep);
+    drop_checkpoints_after((int32_t) keep);
+}
+
+void Target::clear() {
+    llama_memory_clear(llama_get_memory(ctx_), true);
+    tokens_.clear();
+    checkpoints_.clear();
+    last_chunk_p0_ = -1;
+}
 
 uint32_t Target::seq_len() const { return (uint32_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), 0) + 1); }
 
@@ -170,13 +356,14 @@ std::vector<uint8_t> Target::save_seq() const {
     return bytes;
 }
 
-void Target::load_seq(const std::vector<uint8_t> & bytes) {
+void Target::load_seq(const std::vector<uint8_t> & bytes, const std::vector<int32_t> & tokens) {
     clear();
     if (llama_state_seq_set_data(ctx_, bytes.data(), bytes.size(), 0) != bytes.size()) {
         clear();
         throw Error("the saved target state (" + std::to_string(bytes.size()) + " bytes) does not load into this "
                     "context: saved from another model, or it holds more tokens than n_ctx = " + std::to_string(n_ctx()));
     }
+    tokens_ = tokens;
 }
 
 }  // namespace dflash

@@ -1,8 +1,8 @@
 #pragma once
 // The target model in libllama, seen by the speculator: batched decode with
 // per-row logits and the layer-input features the drafter needs, plus
-// rollback of the KV cache. Either owns its model/context or adopts those of
-// an existing llama_cpp.Llama.
+// rollback by the target's memory kind. Either owns its model/context or
+// adopts those of an existing llama_cpp.Llama.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,7 +22,26 @@ struct TargetOptions {
     // (ggml-org/llama.cpp#20824; seen here with a Q8_0 target). Elsewhere they pay: the F16 tinycode
     // target verifies 4 tokens in 1.05-1.1 ms with them, 1.3-1.35 ms without, on this AMX Xeon.
     int repack = -1;
+    // recurrent-state snapshots per sequence (llama_context_params.n_rs_seq) for archs whose recurrent
+    // layers libllama can roll back itself; other archs ignore it
+    uint32_t n_rs_seq = 0;
 };
+
+// How the target's memory goes back to an earlier position.
+enum class TargetMemory {
+    Attention,            // K/V cells per position: llama_memory_seq_rm anywhere
+    RecurrentSnapshots,   // recurrent state with libllama's per-token snapshots (n_rs_seq): seq_rm of up to
+                          // n_rs_seq tokens of the most recent decode call, at least one of them kept
+    RecurrentCheckpoint,  // recurrent state without them: a saved state restored and the kept tokens re-decoded
+};
+const char * memory_name(TargetMemory m);
+
+// The archs whose graphs in libllama 0.3.36 fill the layer inputs that llama_get_embeddings_layer_inp
+// returns (t_layer_inp); for any other arch libllama aborts the process on the first decode with them on.
+bool arch_exposes_layer_inputs(const std::string & arch);
+const std::vector<std::string> & archs_exposing_layer_inputs();
+// The arch string of a GGUF file (general.architecture), read from its header alone.
+std::string gguf_architecture(const std::string & path);
 
 class Target {
   public:
@@ -45,14 +64,36 @@ class Target {
     // whether the last decode had the batch shape of the one before (rows, logits of all rows or the
     // last): libllama then reuses its graph, else it rebuilds it
     bool repeated_shape() const { return repeated_shape_; }
-    // Drops every cached position >= p.
+    // Drops every cached position >= p, by the memory's kind: seq_rm, libllama's snapshots, or the newest
+    // checkpoint at or before p with the tokens after it re-decoded (without touching features() or the
+    // shape record). Throws when the tokens to re-decode are not known (decoded by someone else).
     void truncate(int32_t p);
     void clear();
-    // The sequence's K/V as libllama serialises it (llama_state_seq_get_data), and back into a cleared
-    // context; load_seq throws when libllama refuses the bytes (another model, a smaller context).
+    // Before a decode whose last n_tokens may be dropped again: for a recurrent target that cannot roll
+    // them back itself, keep a checkpoint of the sequence as it is (replacing the previous such one).
+    void prepare_rollback(uint32_t n_tokens);
+    // A checkpoint of the sequence as it is that later truncate() calls may restore (a prompt's end, a
+    // calibration context); none is needed (nor kept) for attention-only memory.
+    void checkpoint();
+    // Someone else may have decoded in the context (an adopted llama_cpp.Llama): libllama's snapshots are
+    // not ours until our next decode, and the tokens after `keep` are no longer known.
+    void forget_after(uint32_t keep);
+    // The sequence's K/V (and recurrent state) as libllama serialises it (llama_state_seq_get_data), and
+    // back into a cleared context as the state of `tokens`; load_seq throws when libllama refuses the bytes
+    // (another model, a smaller context).
     std::vector<uint8_t> save_seq() const;
-    void load_seq(const std::vector<uint8_t> & bytes);
+    void load_seq(const std::vector<uint8_t> & bytes, const std::vector<int32_t> & tokens);
     uint32_t seq_len() const;  // positions the sequence holds (0..n-1)
+    TargetMemory memory() const { return memory_; }
+    bool recurrent() const { return memory_ != TargetMemory::Attention; }
+    uint32_t n_rs_seq() const;
+    const std::string & arch() const { return arch_; }
+    // what rollback has done so far (tests and statistics)
+    struct RollbackCounters {
+        uint64_t seq_rm = 0, snapshot = 0, restored = 0, replayed_tokens = 0, checkpoints = 0;
+        uint64_t checkpoint_bytes = 0;  // of the last checkpoint taken
+    };
+    const RollbackCounters & rollback_counters() const { return rollback_; }
 
     llama_model * model() const { return model_; }
     llama_context * ctx() const { return ctx_; }
@@ -66,6 +107,16 @@ class Target {
 
   private:
     void init_common();
+    // decodes a chunk of at most n_batch tokens; false when libllama refused it
+    void decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits, uint32_t last_row);
+    void replay(int32_t from, int32_t to);  // re-decodes known tokens [from, to) after a restore
+    void drop_checkpoints_after(int32_t p);
+
+    struct Checkpoint {
+        int32_t pos = 0;  // the state holds positions 0..pos-1
+        bool step = false;  // prepare_rollback's (replaced each time) rather than checkpoint()'s
+        std::vector<uint8_t> bytes;
+    };
 
     llama_model * model_ = nullptr;
     llama_context * ctx_ = nullptr;
@@ -79,6 +130,13 @@ class Target {
     uint32_t last_chunk_rows_ = 0;
     bool last_all_logits_ = false;
     bool repeated_shape_ = false;
+    std::string arch_;
+    TargetMemory memory_ = TargetMemory::Attention;
+    std::vector<int32_t> tokens_;  // the tokens of positions 0..tokens_.size()-1, as far as known
+    int32_t last_chunk_p0_ = -1;   // first position of our most recent llama_decode call; -1: not ours
+    bool rolled_back_ = false;     // a snapshot rollback since that call (libllama allows one)
+    std::vector<Checkpoint> checkpoints_;
+    RollbackCounters rollback_;
 };
 
 }  // namespace dflash
