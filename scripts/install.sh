@@ -27,7 +27,9 @@ if [[ "${1:-}" == "--test" ]]; then
     # torch runs the tests' PyTorch reference only (CPU is enough); pinned so that an
     # already-installed or locally cached build is reused
     "$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" install "torch==2.13.0"
-    "${PIP[@]}" install pytest matplotlib
+    # transformers builds the tiny targets of each architecture from configs (tests/arch_targets.py);
+    # upstream's convert_hf_to_gguf.py, which converts them, imports sentencepiece for llama-style vocabs
+    "${PIP[@]}" install pytest matplotlib "transformers==5.24.0" sentencepiece
 fi
 "${PIP[@]}" install --no-build-isolation --no-deps -e .
 echo "installed: $("$VENV/bin/python" -c 'import dflash_gguf; print(dflash_gguf.__file__)')"

@@ -128,13 +128,19 @@ def target_gguf(arch: str) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def drafter_for(arch: str, seed: int = 7) -> Path:
-    """A random DFlash2 drafter (1 layer, block 8) reading target layers 1 and 2 of `arch`'s target."""
+    """A random DFlash2 drafter (1 layer, block 8) reading target layers 1 and 2 of `arch`'s target.
+
+    Its final norm is scaled down to near zero, so its logits are nearly flat: at a high temperature a
+    draft token is then accepted with probability about sum_t min(p(t), 1/vocab), and sampled runs see
+    partial acceptances (rollbacks of every length), which greedy runs with a random drafter do not."""
+    import numpy as np
     from factories import make_checkpoint
 
     src = _workdir() / f"drafter-{arch}"
     make_checkpoint(src, version=2, hidden=HIDDEN, n_layers=1, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
                     ff=128, vocab=VOCAB, n_target_layers=N_LAYERS, target_layer_ids=(1, 2), top_k=4, rank=8,
-                    conv_kernel=2, conv_group=16, seed=seed)
+                    conv_kernel=2, conv_group=16, seed=seed,
+                    extra={"norm.weight": np.full(HIDDEN, 1e-3, np.float32)})
     return convert(src, target_gguf(arch), _workdir() / f"drafter-{arch}.gguf", "f32")
 
 

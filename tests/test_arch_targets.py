@@ -1,0 +1,144 @@
+"""The loop on the target architectures the published drafters serve, each by its memory kind.
+
+Tiny random-weight targets built by transformers from configs and converted by upstream's
+convert_hf_to_gguf.py (tests/arch_targets.py), each with a random DFlash2 drafter from dflash-convert:
+
+* llama, qwen3moe, gpt-oss (sliding window + MoE + sinks): attention K/V, rolled back with seq_rm;
+* qwen35, qwen35moe (Gated DeltaNet + attention, M-RoPE): libllama's recurrent-state snapshots;
+* qwen3next: no snapshots in libllama, so a checkpoint before each verify, restored on a rejection with
+  the kept tokens re-decoded;
+* qwen2: libllama exposes no layer inputs for it: refused when the object is built.
+
+Greedy output must be the target's own (plain one-token-at-a-time libllama through llama_cpp.Llama, near-
+ties of its top-2 logits tolerated and reported); sampled output's logprobs must be what a fresh decode
+of the same tokens gives (a rollback that left a wrong recurrent state would change them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers", reason="transformers builds the tiny targets")
+
+from arch_targets import ARCHS, RECURRENT, UNSUPPORTED, drafter_for, target_gguf  # noqa: E402
+from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
+from tinycode import GreedyReference, compare_greedy, record  # noqa: E402
+
+SUPPORTED = [a for a in ARCHS if a not in UNSUPPORTED]
+MEMORY = {"qwen35": "recurrent-snapshots", "qwen35moe": "recurrent-snapshots", "qwen3next": "recurrent-checkpoint"}
+PROMPTS = ["def foo(x):\n    return", "import os\nimport sys\n\nclass A:", "for i in range(10):\n    print(i)\n"]
+N_NEW = 24
+EPS = 1e-3  # F32 targets: batched and one-token decoding agree far closer than this
+N_CTX = 512
+
+
+@pytest.fixture(scope="module", params=SUPPORTED)
+def arch(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def ref(arch: str) -> GreedyReference:
+    return GreedyReference(target_gguf(arch), n_ctx=N_CTX, n_threads=1)
+
+
+def _spec(arch: str, n_max: int | str = 3) -> SpeculativeLlama:
+    # fallback off: a random drafter's drafts are all rejected, and every step should still draft
+    return SpeculativeLlama(str(target_gguf(arch)), str(drafter_for(arch)), n_ctx=N_CTX, n_threads=1, n_max=n_max,
+                            fallback=False)
+
+
+@pytest.mark.parametrize("n_max", [1, 3, 7, "auto"])
+def test_greedy_is_the_targets_own_with_each_prompt_twice(arch: str, ref: GreedyReference, n_max: int | str) -> None:
+    spec = _spec(arch, n_max)
+    assert spec._spec.target_memory == MEMORY.get(arch, "attention")
+    problems, ties = [], []
+    for text in PROMPTS:
+        prompt = ref.tokenize(text)
+        for rep in range(2):  # the second time reuses the cached prompt but its last token
+            ours = list(spec.generate_tokens(prompt, max_tokens=N_NEW))
+            p, t = compare_greedy(ref, prompt, ours, N_NEW, EPS, f"{arch} n_max={n_max} {text[:12]!r} #{rep}")
+            problems += p
+            ties += t
+        assert spec.stats.reused_prompt_tokens == len(prompt) - 1
+    record(f"arch_{arch}_{n_max}", {"near_ties": [vars(t) for t in ties], "rollback": spec._spec.rollback_counters})
+    assert not problems, problems
+    if n_max != "auto":
+        assert spec.stats.steps > 0 and spec.stats.plain_steps == 0
+    counters = spec._spec.rollback_counters
+    if arch in RECURRENT:
+        assert counters["seq_rm"] == 0
+        # snapshot rollbacks where libllama has them, else a restored checkpoint per rejected verify
+        assert counters["snapshot" if MEMORY[arch] == "recurrent-snapshots" else "restored"] > 0
+    else:
+        assert counters["snapshot"] == counters["restored"] == counters["checkpoints"] == 0
+
+
+def test_sampled_logprobs_are_a_fresh_decodes(arch: str, ref: GreedyReference) -> None:
+    """At T = 4 with a near-flat drafter some drafts are accepted and some rejected at every position: each
+    emitted token's logprob must be the target's after exactly the tokens before it."""
+    spec = _spec(arch, 3)
+    kw = dict(max_tokens=40, temperature=4.0, top_k=0, top_p=1.0, min_p=0.0, seed=11, logprobs=1)
+    prompt = ref.tokenize(PROMPTS[0])
+    out = spec.create_completion(prompt, **kw)
+    again = spec.create_completion(prompt, **kw)
+    assert again["choices"][0]["text"] == out["choices"][0]["text"]  # a fixed n_max repeats its draws
+    s = spec.stats
+    assert 0 < s.accepted < s.drafted, vars(s)
+    tokens = spec.tokenize(out["choices"][0]["text"].encode(), add_bos=False)
+    lp = out["choices"][0]["logprobs"]["token_logprobs"]
+    # the text may tokenize differently from the emitted ids: compare over the emitted ids themselves
+    ids = list(spec._completion_tokens)
+    assert len(ids) == len(lp) > 0, (len(ids), len(lp), len(tokens))
+    llm = ref.llm
+    llm.reset()
+    llm.eval(prompt + ids)
+    rows = np.asarray(llm.scores[len(prompt) - 1: len(prompt) - 1 + len(ids)], dtype=np.float64)
+    want = rows[np.arange(len(ids)), ids] - np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1)) - rows.max(1)
+    np.testing.assert_allclose(lp, want, atol=2e-3)
+
+
+def test_state_save_and_load(arch: str, ref: GreedyReference) -> None:
+    spec = _spec(arch, 3)
+    a, b = (ref.tokenize(t) for t in PROMPTS[:2])
+    out_a = list(spec.generate_tokens(a, max_tokens=8))
+    state = spec.save_state()
+    list(spec.generate_tokens(b, max_tokens=8))
+    spec.load_state(state)
+    assert spec._spec.cached_tokens == list(state.input_ids)
+    follow = a + out_a + ref.tokenize("\n")
+    ours = list(spec.generate_tokens(follow, max_tokens=N_NEW))
+    assert spec.stats.reused_prompt_tokens == len(state.input_ids)
+    problems, _ = compare_greedy(ref, follow, ours, N_NEW, EPS, f"{arch} after load_state")
+    assert not problems, problems
+
+
+@pytest.mark.parametrize("arch_", [a for a in SUPPORTED if a in RECURRENT])
+def test_an_adopted_llama_without_snapshots_takes_the_checkpoint_path(arch_: str) -> None:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(str(target_gguf(arch_)), n_ctx=N_CTX, n_threads=1, verbose=False)
+    spec = SpeculativeLlama.from_llama(llm, str(drafter_for(arch_)), n_max=3, fallback=False)
+    assert spec._spec.target_memory == "recurrent-checkpoint"
+    ref = GreedyReference(target_gguf(arch_), n_ctx=N_CTX, n_threads=1)
+    prompt = ref.tokenize(PROMPTS[1])
+    for rep in range(2):
+        ours = list(spec.generate_tokens(prompt, max_tokens=N_NEW))
+        problems, _ = compare_greedy(ref, prompt, ours, N_NEW, EPS, f"{arch_} adopted #{rep}")
+        assert not problems, problems
+    assert spec._spec.rollback_counters["restored"] > 0
+
+
+@pytest.mark.parametrize("arch_", UNSUPPORTED)
+def test_an_arch_without_layer_inputs_is_refused_in_process(arch_: str) -> None:
+    import llama_cpp
+
+    target = target_gguf(arch_)
+    draft = drafter_for("llama")  # any valid drafter: the target is refused first
+    with pytest.raises(DFlashError, match=rf"'{arch_}'.*does not expose its layer inputs"):
+        SpeculativeLlama(str(target), str(draft), n_ctx=N_CTX, n_threads=1)
+    llm = llama_cpp.Llama(str(target), n_ctx=N_CTX, n_threads=1, verbose=False)
+    with pytest.raises(DFlashError, match=rf"'{arch_}'"):
+        SpeculativeLlama.from_llama(llm, str(draft))
+    assert llm.create_completion("x", max_tokens=2)["choices"]  # the Llama is untouched and still works
