@@ -16,6 +16,8 @@ of the same tokens gives (a rollback that left a wrong recurrent state would cha
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -142,3 +144,31 @@ def test_an_arch_without_layer_inputs_is_refused_in_process(arch_: str) -> None:
     with pytest.raises(DFlashError, match=rf"'{arch_}'"):
         SpeculativeLlama.from_llama(llm, str(draft))
     assert llm.create_completion("x", max_tokens=2)["choices"]  # the Llama is untouched and still works
+
+
+def test_llama_server_drafts_with_the_same_files(arch: str, tmp_path: Path) -> None:
+    """Upstream llama-server --spec-type draft-dflash with this target and drafter: its output is its plain
+    output, and ours (greedy) is a prefix of it (ours stops at an end-of-generation token; it ignores EOS)."""
+    from test_llama_server import http_json, running_server, server_binary
+
+    binary = server_binary()
+    if binary is None:
+        pytest.skip("llama-server not built (scripts/build_llama_server.sh)")
+    target, draft = target_gguf(arch), drafter_for(arch)
+
+    def complete(base: str, text: str) -> str:
+        status, body = http_json(base + "/completion", {"prompt": text, "n_predict": N_NEW, "temperature": 0.0,
+                                                        "top_k": 1, "cache_prompt": False, "ignore_eos": True})
+        assert status == 200, body
+        return body["content"]
+
+    with running_server(binary, target, tmp_path / "plain.log") as base:
+        plain = [complete(base, t) for t in PROMPTS[:2]]
+    with running_server(binary, target, tmp_path / "draft.log", draft=draft) as base:
+        drafted = [complete(base, t) for t in PROMPTS[:2]]
+    assert "draft-dflash" in (tmp_path / "draft.log").read_text(errors="replace")
+    assert drafted == plain
+    spec = _spec(arch, 7)
+    for text, theirs in zip(PROMPTS[:2], plain):
+        ours = spec.create_completion(text, max_tokens=N_NEW, temperature=0.0)["choices"][0]["text"]
+        assert theirs.startswith(ours) and ours, (ours, theirs)

@@ -18,6 +18,7 @@ py::dict hparams_dict(const dflash::DraftHparams & h) {
     d["rms_eps"] = h.rms_eps;
     d["rope_freq_base"] = h.rope_freq_base;
     d["rope_freq_scale"] = h.rope_freq_scale;
+    d["rope_sections"] = h.rope_sections;
     d["block_size"] = h.block_size;
     d["target_layers"] = h.target_layers;
     d["mask_token_id"] = h.mask_token_id;
@@ -53,6 +54,7 @@ py::dict info_dict(const dflash::DraftFileInfo & info) {
         meta[py::str(k)] = py::reinterpret_steal<py::str>(text);
     }
     d["meta"] = meta;
+    d["mask_embedding"] = info.mask_embedding;
     py::list tensors;
     for (const auto & t : info.tensors) {
         py::dict td;

@@ -29,8 +29,10 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
         "target_hidden": hp["target_hidden"],
         "rms_eps": hp["rms_eps"],
         "rope_freq_base": hp["rope_freq_base"],
+        "rope_sections": hp["rope_sections"],
         "context_length": hp["context_length"],
         "embeds_target_head": bool(info["has_token_embd"] and info["has_output"]),
+        "mask_embedding": bool(info["mask_embedding"]),
         "tensor_count": len(info["tensors"]),
         "tensors_by_type": dict(sorted(by_type.items())),
         "bytes_by_type": dict(sorted(bytes_by_type.items())),
@@ -67,14 +69,16 @@ def format_text(s: dict[str, Any]) -> str:
         f"hidden          {s['n_embd']}  heads {s['n_head']}  kv heads {s['n_head_kv']}  "
         f"head dim {s['head_dim']}  ff {s['n_ff']}",
         f"target hidden   {s['target_hidden']}  vocab {s['n_vocab'] or '(from target)'}",
-        f"rope base       {s['rope_freq_base']:g}  rms eps {s['rms_eps']:g}",
+        f"rope base       {s['rope_freq_base']:g}  rms eps {s['rms_eps']:g}"
+        + (f"  M-RoPE sections {s['rope_sections']} (temporal only)" if s["rope_sections"] else ""),
     ]
     if "conv" in s:
         lines.append(f"conv            kernel {s['conv']['kernel_size']}  group size {s['conv']['group_size']}")
         lines.append(f"selector        rank {s['selector']['rank']}  top-k {s['selector']['top_k']}")
     if "scales" in s:
         lines.append("scales          " + "  ".join(f"{k} {v:g}" for k, v in s["scales"].items()))
-    lines.append(f"target head     {'embedded in the drafter' if s['embeds_target_head'] else 'shared from the target GGUF'}")
+    lines.append(f"target head     {'embedded in the drafter' if s['embeds_target_head'] else 'shared from the target GGUF'}"
+                 + ("  (token_embd: the target's with its own mask row)" if s.get("mask_embedding") else ""))
     types = "  ".join(f"{t}: {n} ({_mib(s['bytes_by_type'][t])})" for t, n in s["tensors_by_type"].items())
     lines.append(f"tensors         {s['tensor_count']}  ({types})")
     lines.append(f"total size      {_mib(s['tensor_bytes'])} of tensor data")

@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType
 
 from .config import DraftConfig, load_config
 from .errors import ConversionError
+from .mask_embedding import MASK_FILE, load_mask_embedding, with_mask_row
 from .metadata import build_metadata
 from .quantize import OutType, choose_type, llama_quantize, parse_outtype
 from .source import TensorSource, open_source
@@ -92,7 +93,8 @@ def build_plan(opts: Options) -> Plan:
             )
         raise ConversionError(f"{draft_dir}: expected the drafter directory (config.json + safetensors), not a file")
     cfg = load_config(draft_dir)
-    target = load_target(Path(opts.target), want_head=opts.embed_target_head)
+    mask_vec = load_mask_embedding(draft_dir, cfg)
+    target = load_target(Path(opts.target), want_head=opts.embed_target_head or mask_vec is not None)
     check_against_target(cfg, target)
     source = open_source(draft_dir, allow_pickle=opts.allow_pickle)
     matched, skipped = match_tensors(cfg, target, source, allow_extra=opts.allow_extra)
@@ -103,23 +105,30 @@ def build_plan(opts: Options) -> Plan:
         qtype, why = choose_type(out, m.spec.kind, m.spec.shape)
         tensors.append(PlannedTensor(m.source_key, m.spec.gguf, m.spec.shape, m.spec.kind, m.ref, qtype, why))
 
-    if opts.embed_target_head:
+    head = dict(target.head_tensors)
+    if mask_vec is not None:
+        if TOKEN_EMBD in {t.gguf for t in tensors}:
+            raise ConversionError(f"{draft_dir}: carries its own embed_tokens and a {MASK_FILE}; expected one of them")
+        # the head stays the target's own: tied targets read it from the unpatched embedding
+        head[OUTPUT] = head.get(OUTPUT, head[TOKEN_EMBD])
+        head[TOKEN_EMBD] = with_mask_row(head[TOKEN_EMBD], cfg.mask_token_id, mask_vec)
+    if opts.embed_target_head or mask_vec is not None:
         have = {t.gguf for t in tensors}
         for name in (TOKEN_EMBD, OUTPUT):
-            if name in have or name not in target.head_tensors:
+            if name in have or name not in head:
                 continue
-            ref = target.head_tensors[name]
+            ref = head[name]
             want = (cfg.vocab_size, cfg.hidden_size)
             if ref.shape != want:
                 raise ConversionError(
-                    f"{target.path}: --embed-target-head: target tensor '{name}' has shape {ref.shape}, "
-                    f"expected {want}"
+                    f"{target.path}: target tensor '{name}' has shape {ref.shape}, the drafter (embedding it for "
+                    f"{'--embed-target-head' if opts.embed_target_head else MASK_FILE}) expects {want}"
                 )
             qtype, why = choose_type(out, Kind.EMBEDDING, ref.shape)
-            tensors.append(PlannedTensor(f"target:{name}", name, ref.shape, Kind.EMBEDDING, ref, qtype, why))
+            tensors.append(PlannedTensor(f"target:{ref.key}", name, ref.shape, Kind.EMBEDDING, ref, qtype, why))
 
     outfile = resolve_outfile(opts.outfile, draft_dir, out)
-    kvs = build_metadata(cfg, target, out)
+    kvs = build_metadata(cfg, target, out, mask_embedding=mask_vec is not None)
     return Plan(cfg, target, source, out, outfile, kvs, tensors, skipped)
 
 

@@ -17,7 +17,7 @@ def _k(name: str) -> str:
     return f"{ARCH}.{name}"
 
 
-def build_metadata(cfg: DraftConfig, target: TargetInfo, out: OutType) -> list[KV]:
+def build_metadata(cfg: DraftConfig, target: TargetInfo, out: OutType, *, mask_embedding: bool = False) -> list[KV]:
     """Every key the drafter GGUF carries, in writing order (general.architecture is added by the writer)."""
     kv: list[KV] = []
 
@@ -55,6 +55,10 @@ def build_metadata(cfg: DraftConfig, target: TargetInfo, out: OutType) -> list[K
             add(_k("rope.scaling.yarn_beta_fast"), rs.beta_fast, T.FLOAT32)
         if rs.beta_slow is not None:
             add(_k("rope.scaling.yarn_beta_slow"), rs.beta_slow, T.FLOAT32)
+    if target.rope_sections:
+        # an M-RoPE target's drafter ropes on the temporal section alone (upstream writes these degenerate
+        # sections and then builds the M-RoPE variant; for text positions it is NeoX RoPE)
+        add(_k("rope.dimension_sections"), [cfg.head_dim // 2, 0, 0, 0], T.ARRAY, T.INT32)
     if cfg.hidden_act != "silu":
         add(_k("hidden_activation"), cfg.hidden_act.encode(), T.STRING)
 
@@ -77,6 +81,8 @@ def build_metadata(cfg: DraftConfig, target: TargetInfo, out: OutType) -> list[K
         add(_k("embedding_scale"), cfg.input_embedding_scale, T.FLOAT32)
     if cfg.attention_value_scale is not None:
         add(_k("attention.value_scale"), cfg.attention_value_scale, T.FLOAT32)
+    if mask_embedding:
+        add(_k("mask_embedding"), True, T.BOOL)
     if cfg.causal is not None:
         add(_k("attention.causal"), cfg.causal, T.BOOL)
     if cfg.sliding_window is not None and cfg.sliding_window_pattern is not None:

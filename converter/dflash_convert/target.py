@@ -36,6 +36,7 @@ class TargetInfo:
     vocab_size: int
     tokenizer_kvs: list[KV]
     head_tensors: dict[str, TensorRef] = field(default_factory=dict)  # token_embd.weight / output.weight
+    rope_sections: list[int] | None = None  # {arch}.rope.dimension_sections: an M-RoPE target (Qwen3.5)
 
 
 def _scalar(header: GGUFHeader, key: str, path: Path) -> Any:
@@ -73,6 +74,9 @@ def load_target(path: Path, *, want_head: bool = False) -> TargetInfo:
     ]
 
     info = TargetInfo(path, arch, n_layer, hidden, vocab, kvs)
+    sections = header.fields.get(f"{arch}.rope.dimension_sections")
+    if sections is not None and sections.vtype == GGUFValueType.ARRAY and any(sections.value):
+        info.rope_sections = [int(v) for v in sections.value]
     if want_head:
         tensors = header.tensors
         if "token_embd.weight" not in tensors:

@@ -178,6 +178,14 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
                     std::to_string(hp.rms_eps));
     }
     hp.rope_freq_base = keys.find_float(p + "rope.freq_base").value_or(10000.0f);
+    if (keys.find_array_size(p + "rope.dimension_sections")) {
+        const auto s = keys.get_int_array(p + "rope.dimension_sections", 0, hp.head_dim);
+        if (s.size() != 4 || s[0] <= 0 || s[1] != 0 || s[2] != 0 || s[3] != 0) {
+            throw Error(keys.where(p + "rope.dimension_sections") +
+                        ": expected 4 sections [n > 0, 0, 0, 0] (a drafter ropes on the temporal section alone)");
+        }
+        hp.rope_sections.assign(s.begin(), s.end());
+    }
     if (!(hp.rope_freq_base > 0.0f)) {
         throw Error(keys.where(p + "rope.freq_base") + ": expected > 0");
     }
@@ -264,6 +272,7 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
     for (const char * k : {"general.name", "general.architecture", "tokenizer.ggml.model"}) {
         if (auto v = keys.find_string(k)) info.meta[k] = *v;
     }
+    info.mask_embedding = keys.find_bool("dflash.mask_embedding").value_or(false);
 
     // Collect the tensor table and check every data range lies inside the file.
     const int64_t n_tensors = gguf_get_n_tensors(g.get());

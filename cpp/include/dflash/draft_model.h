@@ -28,6 +28,9 @@ struct DraftHparams {
     float rms_eps = 1e-6f;               // dflash.attention.layer_norm_rms_epsilon
     float rope_freq_base = 10000.0f;     // dflash.rope.freq_base
     float rope_freq_scale = 1.0f;        // dflash.rope.scaling.factor (linear), 1 = none
+    // dflash.rope.dimension_sections: a drafter for an M-RoPE target (Qwen3.5) ropes on the temporal section
+    // alone, [n, 0, 0, 0]: the same rotation as NeoX RoPE at the token's position; empty when absent
+    std::vector<int32_t> rope_sections;
     uint32_t block_size = 0;             // dflash.block_size
     std::vector<int32_t> target_layers;  // dflash.target_layers (= HF target_layer_ids + 1)
     int32_t mask_token_id = -1;          // tokenizer.ggml.mask_token_id
@@ -92,6 +95,7 @@ struct DraftFileInfo {
     std::vector<TensorInfo> tensors;
     bool has_token_embd = false;  // drafter carries the target's embedding / LM head
     bool has_output = false;
+    bool mask_embedding = false;  // dflash.mask_embedding: token_embd is the target's with a trained mask row
     std::map<std::string, std::string> meta;  // general.name etc, for display
 };
 
