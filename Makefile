@@ -7,7 +7,7 @@ PY := .venv/bin/python
 EX := examples/tinycode
 OUT := out
 
-.PHONY: install install-test demo test llama-server clean
+.PHONY: install install-test demo test llama-server hybrid clean
 
 install:
 	scripts/install.sh
@@ -25,6 +25,10 @@ demo: install
 
 llama-server:
 	scripts/build_llama_server.sh
+
+# the tinycode pair on a Qwen3.5 hybrid target (examples/tinycode-hybrid/README.md); needs the test install
+hybrid: install-test llama-server
+	$(PY) scripts/make_hybrid_pair.py
 
 test: install-test llama-server
 	$(PY) -m pytest -q

@@ -104,12 +104,12 @@ runpy.run_path(llama_cpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """
 
 
-def upstream_convert(src: Path, outfile: Path, *extra: str) -> Path:
-    """Run upstream's convert_hf_to_gguf.py (F32 output); raise with its output on failure."""
+def upstream_convert(src: Path, outfile: Path, *extra: str, outtype: str = "f32") -> Path:
+    """Run upstream's convert_hf_to_gguf.py; raise with its output on failure."""
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
         raise FileNotFoundError(f"{LLAMA_CPP}/convert_hf_to_gguf.py (unpacked by scripts/build_llama_server.sh)")
     cmd = [sys.executable, "-c", _UPSTREAM_CONVERT, str(LLAMA_CPP), str(src), "--outfile", str(outfile),
-           "--outtype", "f32", *extra]
+           "--outtype", outtype, *extra]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NO_LOCAL_GGUF": "1"})
     if res.returncode != 0 or not outfile.exists():
         raise RuntimeError(f"upstream conversion of {src} failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
