@@ -280,8 +280,8 @@ void Target::replay(int32_t from, int32_t to) {
         done += (int32_t) chunk;
         rollback_.replayed_tokens += chunk;
     }
-    // the shape record is of the caller's decodes: a replay's graph is an extra rebuild the next one may pay
-    last_chunk_rows_ = 0;
+    // the shape record stays the caller's: a step that rolls back this way pays the replay's graph rebuild
+    // every time, and the draft-length controller must time those steps as the steady ones they are
 }
 
 void Target::prepare_rollback(uint32_t n_tokens) {
