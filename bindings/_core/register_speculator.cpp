@@ -3,6 +3,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -101,13 +102,15 @@ dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std:
 // The drafter shares the target's embedding and LM head, read from the target's GGUF file.
 // Call without the GIL; the drafter is validated before the target is loaded (a bad drafter
 // should not cost a target load).
-// open_target gets the most drafted tokens a verify can hold (what libllama's snapshots must cover).
+// open_target gets the most drafted tokens a verify holds at the n_max asked for: what libllama's snapshots
+// (each a copy of the recurrent state) must cover; a later, longer n_max rolls back by checkpoint instead.
 std::unique_ptr<PySpeculator> make_speculator(
     const std::function<std::unique_ptr<dflash::Target>(uint32_t max_draft)> & open_target,
     const std::string & target_path, const std::string & draft, const std::string & device, int n_threads,
     bool repack, const dflash::SpeculatorOptions & sopt) {
     const dflash::DraftFileInfo info = dflash::inspect_draft_file(draft);
-    auto t = open_target(info.hparams.block_size - 1);
+    const uint32_t cap = info.hparams.block_size - 1;
+    auto t = open_target(sopt.n_max > 0 ? std::min(sopt.n_max, cap) : cap);
     dflash::DrafterOptions dopt;
     dopt.device = device;
     dopt.n_threads = n_threads;
