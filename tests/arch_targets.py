@@ -15,7 +15,8 @@ decoding may legitimately pick different tokens).
 
 Upstream's converter recognises a BPE pre-tokenizer only by the hash of a published tokenizer's output;
 the tinycode vocabulary is GPT-2's regex (tokenizer.ggml.pre "gpt-2"), so the conversion runs with that
-answer patched in.
+answer patched in (and Gemma 4's converter, which reads only SentencePiece-style vocabularies, with the
+GPT-2 one).
 """
 
 from __future__ import annotations
@@ -63,11 +64,22 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
                 dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
                      layer_types=["sliding_attention", "full_attention"] * (N_LAYERS // 2),
                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    # Mamba-2 + attention + MoE blocks, one kind per layer (libllama's snapshot rollback covers it)
+    "nemotron_h_moe": ("NemotronHConfig", "NemotronHForCausalLM",
+                       dict(intermediate_size=128, layers_block_type=["mamba", "moe", "attention", "moe"],
+                            mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1, expand=1,
+                            chunk_size=16, use_mamba_kernels=False, n_routed_experts=4, num_experts_per_tok=2,
+                            moe_intermediate_size=32, moe_shared_expert_intermediate_size=32)),
+    # alternating sliding-window and full attention, per-layer input embeddings
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM",
+               dict(intermediate_size=128, sliding_window=8, hidden_size_per_layer_input=16,
+                    vocab_size_per_layer_input=VOCAB,
+                    layer_types=["sliding_attention", "full_attention"] * (N_LAYERS // 2))),
     # archs libllama cannot feed a drafter (no layer inputs in their graphs)
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(intermediate_size=128)),
 }
 UNSUPPORTED = ("qwen2",)
-RECURRENT = ("qwen35", "qwen35moe", "qwen3next")
+RECURRENT = ("qwen35", "qwen35moe", "qwen3next", "nemotron_h_moe")
 
 
 @functools.lru_cache(maxsize=None)
@@ -99,6 +111,8 @@ llama_cpp, args = sys.argv[1], sys.argv[2:]
 sys.path[:0] = [llama_cpp, llama_cpp + "/gguf-py"]
 import conversion.base
 conversion.base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+import conversion.gemma  # its converter reads only SentencePiece-style vocabularies
+conversion.gemma.Gemma4Model.set_vocab = lambda self: self._set_vocab_gpt2()
 sys.argv = ["convert_hf_to_gguf.py", *args]
 runpy.run_path(llama_cpp + "/convert_hf_to_gguf.py", run_name="__main__")
 """

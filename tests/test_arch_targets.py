@@ -3,8 +3,9 @@
 Tiny random-weight targets built by transformers from configs and converted by upstream's
 convert_hf_to_gguf.py (tests/arch_targets.py), each with a random DFlash2 drafter from dflash-convert:
 
-* llama, qwen3moe, gpt-oss (sliding window + MoE + sinks): attention K/V, rolled back with seq_rm;
-* qwen35, qwen35moe (Gated DeltaNet + attention, M-RoPE): libllama's recurrent-state snapshots;
+* llama, qwen3moe, gpt-oss (sliding window + MoE + sinks), gemma4: attention K/V, rolled back with seq_rm;
+* qwen35, qwen35moe (Gated DeltaNet + attention, M-RoPE), nemotron_h_moe (Mamba-2 + attention + MoE):
+  libllama's recurrent-state snapshots;
 * qwen3next: no snapshots in libllama, so a checkpoint before each verify, restored on a rejection with
   the kept tokens re-decoded;
 * qwen2: libllama exposes no layer inputs for it: refused when the object is built.
@@ -28,7 +29,8 @@ from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
 from tinycode import GreedyReference, compare_greedy, record  # noqa: E402
 
 SUPPORTED = [a for a in ARCHS if a not in UNSUPPORTED]
-MEMORY = {"qwen35": "recurrent-snapshots", "qwen35moe": "recurrent-snapshots", "qwen3next": "recurrent-checkpoint"}
+MEMORY = {"qwen35": "recurrent-snapshots", "qwen35moe": "recurrent-snapshots", "nemotron_h_moe": "recurrent-snapshots",
+          "qwen3next": "recurrent-checkpoint"}
 PROMPTS = ["def foo(x):\n    return", "import os\nimport sys\n\nclass A:", "for i in range(10):\n    print(i)\n"]
 N_NEW = 24
 EPS = 1e-3  # F32 targets: batched and one-token decoding agree far closer than this
