@@ -174,3 +174,20 @@ def test_llama_server_drafts_with_the_same_files(arch: str, tmp_path: Path) -> N
     for text, theirs in zip(PROMPTS[:2], plain):
         ours = spec.create_completion(text, max_tokens=N_NEW, temperature=0.0)["choices"][0]["text"]
         assert theirs.startswith(ours) and ours, (ours, theirs)
+
+
+def test_dflash_serve_answers_as_the_python_api(arch: str) -> None:
+    """The server over each kind of target: the same completion twice (the second from the cached prompt)
+    and a streamed one, each what the Python API gives for the same request."""
+    from dflash_gguf.server import serving
+    from test_server import events, request
+
+    body = {"prompt": PROMPTS[1], "max_tokens": N_NEW, "temperature": 0.0}
+    want = _spec(arch, 3).create_completion(PROMPTS[1], max_tokens=N_NEW, temperature=0.0)["choices"][0]["text"]
+    with _spec(arch, "auto") as llm, serving(llm, arch) as port:
+        for _ in range(2):
+            status, out = request(port, "POST", "/v1/completions", body)
+            assert status == 200 and out["choices"][0]["text"] == want, out
+        status, payload = request(port, "POST", "/v1/completions", {**body, "stream": True})
+        assert status == 200
+        assert "".join(e["choices"][0]["text"] for e in events(payload)) == want
