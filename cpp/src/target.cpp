@@ -254,7 +254,7 @@ void Target::truncate(int32_t p) {
     for (const Checkpoint & c : checkpoints_) {
         if (c.pos <= p && (!from || c.pos > from->pos)) from = &c;
     }
-    if ((int32_t) tokens_.size() < p) {
+    if ((int32_t) tokens_.size() < p && (!from || from->pos < p)) {
         throw Error("target rollback to position " + std::to_string(p) + ": its recurrent state cannot go back, and "
                     "the tokens to re-decode from " + std::to_string(from ? from->pos : 0) + " are unknown");
     }
@@ -287,41 +287,30 @@ void Target::replay(int32_t from, int32_t to) {
 void Target::prepare_rollback(uint32_t n_tokens) {
     if (memory_ == TargetMemory::Attention || n_tokens == 0) return;
     if (memory_ == TargetMemory::RecurrentSnapshots && n_tokens <= n_rs_seq()) return;
-    std::vector<uint8_t> bytes;
-    for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
-        if (it->step) {
-            bytes = std::move(it->bytes);  // reuse its allocation
-            checkpoints_.erase(it);
-            break;
-        }
-    }
     Checkpoint c;
     c.step = true;
-    c.bytes = std::move(bytes);
-    c.pos = (int32_t) seq_len();
-    c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-    c.bytes.resize(llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-    rollback_.checkpoints++;
-    rollback_.checkpoint_bytes = c.bytes.size();
-    checkpoints_.push_back(std::move(c));
+    const auto old = std::find_if(checkpoints_.begin(), checkpoints_.end(), [](const Checkpoint & k) { return k.step; });
+    if (old != checkpoints_.end()) {
+        c.bytes = std::move(old->bytes);  // the previous step's: its allocation is reused
+        checkpoints_.erase(old);
+    }
+    save_checkpoint(std::move(c));
 }
 
 void Target::checkpoint() {
     if (memory_ == TargetMemory::Attention) return;
     constexpr size_t kMaxKept = 3;  // prompt ends: a repeated prompt, a chat's earlier turns
-    Checkpoint c;
-    c.pos = (int32_t) seq_len();
-    drop_checkpoints_after(c.pos - 1);  // one per position
-    size_t kept = 0;
-    for (const Checkpoint & k : checkpoints_) kept += !k.step;
-    if (kept >= kMaxKept) {
-        for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
-            if (!it->step) {
-                checkpoints_.erase(it);
-                break;
-            }
-        }
+    drop_checkpoints_after((int32_t) seq_len() - 1);  // one per position
+    const auto is_kept = [](const Checkpoint & k) { return !k.step; };
+    if ((size_t) std::count_if(checkpoints_.begin(), checkpoints_.end(), is_kept) >= kMaxKept) {
+        checkpoints_.erase(std::find_if(checkpoints_.begin(), checkpoints_.end(), is_kept));  // the oldest
     }
+    save_checkpoint(Checkpoint{});
+}
+
+void Target::save_checkpoint(Checkpoint c) {
+    c.pos = (int32_t) seq_len();
+    // the recurrent (partial) state alone: attention K/V rolls back with seq_rm after a restore
     c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     c.bytes.resize(llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     rollback_.checkpoints++;

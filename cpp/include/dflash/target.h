@@ -107,7 +107,8 @@ class Target {
 
   private:
     void init_common();
-    // decodes a chunk of at most n_batch tokens; false when libllama refused it
+    // decodes a chunk of at most n_batch tokens (logits for every row, or for last_row alone); throws when
+    // libllama refuses it
     void decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits, uint32_t last_row);
     void replay(int32_t from, int32_t to);  // re-decodes known tokens [from, to) after a restore
     void drop_checkpoints_after(int32_t p);
@@ -117,6 +118,7 @@ class Target {
         bool step = false;  // prepare_rollback's (replaced each time) rather than checkpoint()'s
         std::vector<uint8_t> bytes;
     };
+    void save_checkpoint(Checkpoint c);  // of the sequence as it is now, into c.bytes (reusing its capacity)
 
     llama_model * model_ = nullptr;
     llama_context * ctx_ = nullptr;
