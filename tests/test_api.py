@@ -539,6 +539,14 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
                                                                    tool_choice=choice, stream=True, **GREEDY)]
     assert "".join(c["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks
                    if c["delta"].get("tool_calls")) == call["function"]["arguments"]
+    # named in the first delta only: a client concatenating every field (the openai SDK's stream helper,
+    # LangChain) must read the name once, not "get_weatherget_weather..."
+    streamed_calls = [c["delta"]["tool_calls"][0] for c in chunks if c["delta"].get("tool_calls")]
+    assert len(streamed_calls) > 1
+    assert streamed_calls[0]["function"]["name"] == "get_weather" and streamed_calls[0]["id"].startswith("call_")
+    assert all(c == {"index": 0, "function": {"arguments": c["function"]["arguments"]}} for c in streamed_calls[1:])
+    assert [c["delta"]["function_call"].get("name") for c in chunks if c["delta"].get("function_call")][1:] == \
+        [None] * (len(streamed_calls) - 1)
     assert chunks[-1]["finish_reason"] == "tool_calls"
     # "required" (OpenAI's; llama_cpp.Llama ignores it): a call to one of the tools, named by the model
     for kwargs in ({"tools": tools}, {"functions": [t["function"] for t in tools]}):
@@ -1038,3 +1046,24 @@ def test_quantized_target_runs(repack: bool | None, draft: str, tmp_path: Path) 
     )
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and "ok 48" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+
+
+def test_a_list_of_prompts_gives_one_choice_each(spec: SpeculativeLlama) -> None:
+    """OpenAI's and llama-server's list `prompt` (LangChain's OpenAI class sends ["..."], lm-eval several):
+    choice i is what prompt i alone gives, streamed too, echo and logprobs included."""
+    texts = ["def add(a, b):", "import os\n"]
+    alone = [spec.create_completion(t, max_tokens=6, echo=True, logprobs=1, **GREEDY) for t in texts]
+    many = spec.create_completion(texts, max_tokens=6, echo=True, logprobs=1, **GREEDY)
+    assert [c["index"] for c in many["choices"]] == [0, 1]
+    for i, one in enumerate(alone):
+        assert {**many["choices"][i], "index": 0} == one["choices"][0]
+    assert many["usage"]["completion_tokens"] == sum(o["usage"]["completion_tokens"] for o in alone)
+    assert spec.create_completion(texts[:1], max_tokens=6, **GREEDY)["choices"][0]["text"] == \
+        spec.create_completion(texts[0], max_tokens=6, **GREEDY)["choices"][0]["text"]
+    chunks = list(spec.create_completion(texts, max_tokens=6, stream=True, **GREEDY))
+    assert len({c["id"] for c in chunks}) == 1
+    for i, one in enumerate(alone):
+        streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i)
+        assert texts[i] + streamed == one["choices"][0]["text"]
+    with pytest.raises(ValueError, match="list of token ids"):
+        spec.create_completion(["ok", 3], max_tokens=2)

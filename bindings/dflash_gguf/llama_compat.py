@@ -154,6 +154,7 @@ class ToolCall:
     def __init__(self, functions: dict[str, dict[str, Any]], name: str | None) -> None:
         self.name = name
         self.id = f"call_{uuid.uuid4().hex}"
+        self._named_in_stream = False
         if name is not None:
             self.grammar = schema_grammar(functions[name].get("parameters", {}), f"tool {name!r}'s parameters")
         else:
@@ -177,8 +178,15 @@ class ToolCall:
                 "tool_calls": [{"id": self.id, "type": "function", "function": call}]}
 
     def delta(self, text: str) -> dict[str, Any]:
+        """A streamed chunk of the call: as OpenAI streams them, the first names it (id, type, name) and
+        the later ones add to its arguments only (clients concatenate every field they are sent)."""
         call = self.call(text)
         if call is None:
             return {"content": text}
+        if self._named_in_stream:
+            more = {"arguments": call["arguments"]}
+            return {"role": None, "content": None, "function_call": more,
+                    "tool_calls": [{"index": 0, "function": more}]}
+        self._named_in_stream = True
         return {"role": None, "content": None, "function_call": call,
                 "tool_calls": [{"index": 0, "id": self.id, "type": "function", "function": call}]}

@@ -666,7 +666,11 @@ class SpeculativeLlama:
         (llama_cpp.LogitsProcessorList / StoppingCriteriaList, or any callable) are called as
         llama_cpp.Llama calls them: once per generated token, with the prompt and output before it;
         stopping_criteria gets the raw logits that chose the token and, when true, the completion ends
-        before that token with finish_reason "stop"."""
+        before that token with finish_reason "stop". A list of prompts (texts or token lists, as OpenAI's
+        API and llama-server take them) gives one choice per prompt, in order."""
+        if isinstance(prompt, (list, tuple)) and not all(isinstance(t, int) for t in prompt):
+            kw = {k: v for k, v in locals().items() if k not in ("self", "prompt")}
+            return self._completions_of(prompt, kw)
         check_logprobs(logprobs)
         echo_logprobs = echo and logprobs is not None
         tokens: str | Sequence[int] = prompt
@@ -717,6 +721,27 @@ class SpeculativeLlama:
         out = shape(text, reason, cursor.take(len(text)) if cursor is not None else None)
         out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
         return out
+
+    def _completions_of(self, prompts: Sequence[Any], kw: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
+        """create_completion over several prompts: choice i is prompt i's, under the first one's id."""
+        if not prompts or not all(isinstance(p, str) or (isinstance(p, (list, tuple)) and p and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in p)) for p in prompts):
+            raise ValueError("prompt must be a string, a list of token ids, or a non-empty list of those")
+
+        def indexed(out: dict[str, Any], i: int, cid: str) -> dict[str, Any]:
+            return {**out, "id": cid, "choices": [{**c, "index": i} for c in out["choices"]]}
+
+        if kw["stream"]:
+            def gen() -> Iterator[dict[str, Any]]:
+                cid = None
+                for i, p in enumerate(prompts):
+                    for chunk in self.create_completion(p, **kw):
+                        cid = cid or chunk["id"]
+                        yield indexed(chunk, i, cid)
+            return gen()
+        outs = [self.create_completion(p, **kw) for p in prompts]
+        usage = {k: sum(o["usage"][k] for o in outs) for k in outs[0]["usage"]}
+        return {**outs[0], "choices": [indexed(o, i, "")["choices"][0] for i, o in enumerate(outs)], "usage": usage}
 
     def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         return self.create_completion(prompt, **kwargs)
