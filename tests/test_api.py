@@ -180,8 +180,10 @@ def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None
     assert _keys(oc["choices"][0]) == _keys(tc["choices"][0])
     assert _keys(oc["choices"][0]["message"]) == _keys(tc["choices"][0]["message"])
     assert oc["choices"][0]["message"]["role"] == "assistant"
-    # the same ChatML prompt as llama-cpp-python's "chatml" format
-    assert oc["usage"]["prompt_tokens"] == tc["usage"]["prompt_tokens"]
+    # llama-server's ChatML (no template in the GGUF): llama-cpp-python's "chatml" format adds an empty
+    # system turn before it
+    empty_system = len(spec.tokenize("<|im_start|>system\n<|im_end|>\n", special=True))
+    assert oc["usage"]["prompt_tokens"] == tc["usage"]["prompt_tokens"] - empty_system
 
     ocs = list(spec.create_chat_completion(msgs, max_tokens=4, stream=True, **GREEDY))
     tcs = list(llm.create_chat_completion(msgs, max_tokens=4, stream=True, **GREEDY))
@@ -503,7 +505,8 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
     tool_calls shape, streamed too; contradictory or malformed requests are ValueErrors."""
     import json
 
-    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    # with a system turn, llama_cpp.Llama's ChatML is llama-server's (without one it adds an empty one)
+    msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
               "required": ["name", "n"]}
     for rf in ({"type": "json_object"}, {"type": "json_object", "schema": schema}):
@@ -817,7 +820,7 @@ def test_bad_prompts(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> 
         spec.create_chat_completion("hello")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="each needs a 'role' and a 'content'"):
         spec.create_chat_completion([{"role": "user"}])
-    for bad in (["a", "b"], None, [1.5], 7):  # e.g. from JSON: a batch of prompts, a null
+    for bad in (["a", 3], None, [1.5], 7):  # e.g. from JSON: a mixed list, a null
         with pytest.raises(ValueError, match="prompt must be a string or a sequence of token ids"):
             spec.create_completion(bad, max_tokens=2)  # type: ignore[arg-type]
     assert spec.create_completion(np.array(_toks(spec, 4)), max_tokens=64, **GREEDY)["choices"][0]["text"] == \
@@ -1065,5 +1068,23 @@ def test_a_list_of_prompts_gives_one_choice_each(spec: SpeculativeLlama) -> None
     for i, one in enumerate(alone):
         streamed = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i)
         assert texts[i] + streamed == one["choices"][0]["text"]
-    with pytest.raises(ValueError, match="list of token ids"):
+    with pytest.raises(ValueError, match="sequence of token ids, or a non-empty list of those"):
         spec.create_completion(["ok", 3], max_tokens=2)
+
+
+def test_chat_messages_as_llama_server_reads_them(spec: SpeculativeLlama) -> None:
+    """Content as a list of text parts is their text joined by newlines, `developer` is `system`, and the
+    ChatML fallback has no system turn of its own (llama-server's CHATML_TEMPLATE_SRC), on both the ChatML
+    and a Jinja template path."""
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "def add(a, b):"}, {"type": "text", "text": "x"}]}]
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):\nx"}]
+    prompt, _ = spec._format_chat(parts)
+    assert prompt == spec._format_chat(plain)[0] == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef add(a, b):\nx<|im_end|>\n"
+        "<|im_start|>assistant\n")
+    assert spec._format_chat([plain[1]])[0].startswith("<|im_start|>user\n")
+    assert spec.create_chat_completion(parts, max_tokens=6, **GREEDY)["choices"][0] == \
+        spec.create_chat_completion(plain, max_tokens=6, **GREEDY)["choices"][0]
+    with pytest.raises(ValueError, match="text only"):
+        spec._format_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])

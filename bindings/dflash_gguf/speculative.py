@@ -726,7 +726,7 @@ class SpeculativeLlama:
         """create_completion over several prompts: choice i is prompt i's, under the first one's id."""
         if not prompts or not all(isinstance(p, str) or (isinstance(p, (list, tuple)) and p and all(
                 isinstance(t, int) and not isinstance(t, bool) for t in p)) for p in prompts):
-            raise ValueError("prompt must be a string, a list of token ids, or a non-empty list of those")
+            raise ValueError("prompt must be a string or a sequence of token ids, or a non-empty list of those")
 
         def indexed(out: dict[str, Any], i: int, cid: str) -> dict[str, Any]:
             return {**out, "id": cid, "choices": [{**c, "index": i} for c in out["choices"]]}
@@ -890,7 +890,7 @@ class SpeculativeLlama:
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
         template = self._spec.chat_template
-        messages = [replayed_call(m, "arguments|items" in (template or "")) for m in messages]
+        messages = [replayed_call(as_template_message(m), "arguments|items" in (template or "")) for m in messages]
         try:
             if template:
                 eos, bos = (self._spec.token_to_piece(t, True).decode("utf-8", "replace") if t >= 0 else ""
@@ -900,7 +900,7 @@ class SpeculativeLlama:
                 if bos and self._spec.add_bos and resp.prompt.startswith(bos):  # tokenizing adds it back
                     resp.prompt = resp.prompt[len(bos):]
             else:
-                resp = llama_chat_format.format_chatml(messages=messages, **(template_args or {}))
+                resp = chatml(messages)
         except (KeyError, TypeError, AttributeError, jinja2.TemplateError) as e:  # a message the template rejects
             raise ValueError(f"the messages do not fit the chat template ({type(e).__name__}: {e}); each "
                              "needs a 'role' and a 'content'") from e
@@ -915,6 +915,37 @@ def template_arguments(tools: Any, tool_choice: Any, functions: Any, function_ca
         raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
     return {"tools": tools, "tool_choice": tool_choice, "functions": functions, "function_call": function_call,
             **(chat_template_kwargs or {})}
+
+
+def as_template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A message as llama-server hands it to a chat template: the `developer` role (OpenAI's newer name)
+    as `system`, and content given as a list of parts as their texts joined by newlines."""
+    out = dict(message)
+    if out.get("role") == "developer":
+        out["role"] = "system"
+    content = out.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise ValueError(f"message content parts must be {{'type': 'text', 'text': ...}} (text only), "
+                                 f"got a part of type {kind!r}")
+            texts.append(part["text"])
+        out["content"] = "\n".join(texts)
+    return out
+
+
+def chatml(messages: list[dict[str, Any]]) -> Any:
+    """llama-server's ChatML for a model without a chat template: every message as
+    <|im_start|>role\ncontent<|im_end|>\n, then the assistant's turn opened (no system turn of its own)."""
+    from llama_cpp.llama_chat_format import ChatFormatterResponse
+
+    for m in messages:  # a KeyError for a message without content, as templates raise it
+        if not isinstance(m["content"], (str, type(None))):
+            raise ValueError(f"a message's content must be text, got {m['content']!r:.80}")
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content'] or ''}<|im_end|>\n" for m in messages)
+    return ChatFormatterResponse(prompt=turns + "<|im_start|>assistant\n", stop=["<|im_end|>"])
 
 
 def replayed_call(message: dict[str, Any], object_arguments: bool) -> dict[str, Any]:
