@@ -1088,3 +1088,20 @@ def test_chat_messages_as_llama_server_reads_them(spec: SpeculativeLlama) -> Non
         spec.create_chat_completion(plain, max_tokens=6, **GREEDY)["choices"][0]
     with pytest.raises(ValueError, match="text only"):
         spec._format_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_alone(spec: SpeculativeLlama) -> None:
+    """OpenAI's way to score a prompt: the prompt's text and logprobs, no completion (without echo, 0 keeps
+    llama_cpp.Llama's meaning: no limit)."""
+    text = "def add(a, b):\n    return a + b\n"
+    out = spec.create_completion(text, max_tokens=0, echo=True, logprobs=1, **GREEDY)
+    choice = out["choices"][0]
+    assert choice["text"] == text and choice["finish_reason"] == "length"
+    assert out["usage"]["completion_tokens"] == 0
+    n = len(spec.tokenize(text.encode(), add_bos=False))
+    lp = choice["logprobs"]["token_logprobs"]
+    assert len(lp) == n and lp[0] is None and all(isinstance(x, float) for x in lp[1:])
+    one_more = spec.create_completion(text, max_tokens=1, echo=True, logprobs=1, **GREEDY)["choices"][0]["logprobs"]
+    assert lp == one_more["token_logprobs"][:n]
+    assert spec.create_completion(text, max_tokens=0, echo=True, **GREEDY)["choices"][0]["text"] == text
+    assert len(spec.create_completion(text, max_tokens=0, **GREEDY)["choices"][0]["text"]) > 0

@@ -442,7 +442,7 @@ class SpeculativeLlama:
                                   presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
                                   grammar_triggers=grammar_triggers)
-        return self._generate(list(prompt_tokens), max_tokens, sampling, seed, plain,
+        return self._generate(list(prompt_tokens), zero_is_no_limit(max_tokens), sampling, seed, plain,
                               stopping_criteria=stopping_criteria)
 
     def _sampling(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
@@ -470,7 +470,8 @@ class SpeculativeLlama:
                          plain: bool, logprobs: int | None, stopping_criteria: StoppingCriteria | None,
                          prompt_logprobs: bool) -> Iterator[int]:
         room = self.n_ctx() - len(prompt)  # as llama_cpp.Llama: the completion fits the context with its prompt
-        limit = room if max_tokens is None or max_tokens <= 0 else min(max_tokens, room)
+        # max_tokens <= 0 is no limit, as llama_cpp.Llama's, but for a prompt scored alone (prompt_only)
+        limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
@@ -507,6 +508,8 @@ class SpeculativeLlama:
         try:
             while True:
                 for i, tok in enumerate(pending):
+                    if n_out >= limit:  # max_tokens 0: the prompt alone
+                        return
                     if stopping_criteria is not None:
                         if stopping_criteria(ids[: len(prompt) + n_out], logits[i]):
                             self.finish_reason = "stop"
@@ -686,8 +689,9 @@ class SpeculativeLlama:
                                   presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(tokens, max_tokens, sampling, stop, seed, logprobs, stopping_criteria,
-                                         echo_logprobs)
+        # with echo, max_tokens 0 scores the prompt alone (what OpenAI clients ask for, lm-eval's loglikelihoods)
+        chunks = self._completion_chunks(tokens, max_tokens if echo else zero_is_no_limit(max_tokens), sampling, stop,
+                                         seed, logprobs, stopping_criteria, echo_logprobs)
         model_name = model if model is not None else self.model_path
         prompt_text = ""
         if echo or logprobs is not None:  # the echoed text, or where the logprobs' text offsets start
@@ -821,7 +825,7 @@ class SpeculativeLlama:
                                   typical_p=typical_p, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
                                   mirostat_eta=mirostat_eta, grammar_triggers=triggers)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, max_tokens, sampling, stops, seed, n_logprobs)
+        chunks = self._completion_chunks(prompt, zero_is_no_limit(max_tokens), sampling, stops, seed, n_logprobs)
         cursor = None
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
@@ -915,6 +919,11 @@ def template_arguments(tools: Any, tool_choice: Any, functions: Any, function_ca
         raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
     return {"tools": tools, "tool_choice": tool_choice, "functions": functions, "function_call": function_call,
             **(chat_template_kwargs or {})}
+
+
+def zero_is_no_limit(max_tokens: int | None) -> int | None:
+    """llama_cpp.Llama's max_tokens: 0 (and below) generates up to the end of the context."""
+    return None if max_tokens == 0 else max_tokens
 
 
 def as_template_message(message: dict[str, Any]) -> dict[str, Any]:
