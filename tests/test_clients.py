@@ -1,0 +1,93 @@
+"""`dflash serve` as the client libraries nobody here wrote speak to it, over real sockets: the openai SDK
+(its stream() helper accumulates tool-call deltas), LangChain (ChatOpenAI's tools and structured output,
+the OpenAI completions class that sends a list prompt). The bundled tinycode pair is no chat model: its
+replies are code, but shapes, forced tool calls (a grammar) and the prompt handling do not need better."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("langchain_openai")
+
+from dflash_gguf import SpeculativeLlama  # noqa: E402
+from dflash_gguf.server import serving  # noqa: E402
+from tinycode import TARGET, THREADS, drafter_gguf  # noqa: E402
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=1024, n_threads=THREADS, n_max=7) as llm, \
+            serving(llm, "tiny") as port:
+        yield f"http://127.0.0.1:{port}/v1"
+
+
+@pytest.fixture(scope="module")
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+
+
+def test_openai_stream_helper_accumulates_a_forced_tool_call(client: openai.OpenAI) -> None:
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "weather in Paris?"}], tools=[WEATHER],
+              tool_choice={"type": "function", "function": {"name": "get_weather"}}, max_tokens=40, temperature=0)
+    whole = client.chat.completions.create(**kw).choices[0].message.tool_calls[0]
+    with client.chat.completions.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == whole.function.arguments
+    assert isinstance(json.loads(call.function.arguments)["city"], str)
+    assert final.choices[0].finish_reason == "tool_calls"
+
+
+def test_openai_list_prompt_and_content_parts(client: openai.OpenAI) -> None:
+    texts = ["def add(a, b):", "import os\n"]
+    many = client.completions.create(model="tiny", prompt=texts, max_tokens=6, temperature=0)
+    assert [c.index for c in many.choices] == [0, 1]
+    for i, t in enumerate(texts):
+        alone = client.completions.create(model="tiny", prompt=t, max_tokens=6, temperature=0)
+        assert many.choices[i].text == alone.choices[0].text
+    parts = client.chat.completions.create(
+        model="tiny", max_tokens=6, temperature=0,
+        messages=[{"role": "developer", "content": "Be brief."},
+                  {"role": "user", "content": [{"type": "text", "text": "def add(a, b):"}]}])
+    plain = client.chat.completions.create(
+        model="tiny", max_tokens=6, temperature=0,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_langchain_tools_and_structured_output(base_url: str) -> None:
+    from langchain_openai import ChatOpenAI, OpenAI
+    from pydantic import BaseModel
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    chat = ChatOpenAI(base_url=base_url, api_key="none", model="tiny", temperature=0, max_tokens=40, max_retries=0)
+    bound = chat.bind_tools([WEATHER], tool_choice="get_weather")
+    streamed = None
+    for chunk in bound.stream("weather in Paris?"):
+        streamed = chunk if streamed is None else streamed + chunk
+    assert streamed is not None and streamed.tool_calls[0]["name"] == "get_weather"
+    whole = bound.invoke("weather in Paris?").tool_calls
+    assert [{k: c[k] for k in ("name", "args")} for c in streamed.tool_calls] == \
+        [{k: c[k] for k in ("name", "args")} for c in whole]
+    structured = chat.with_structured_output(Person, method="function_calling")
+    person = structured.invoke("who?")
+    assert isinstance(person, Person)
+    assert list(structured.stream("who?"))[-1] == person
+    text = OpenAI(base_url=base_url, api_key="none", model="tiny", temperature=0, max_tokens=6,
+                  max_retries=0).invoke("def add(a, b):")  # sends prompt=["def add(a, b):"]
+    assert isinstance(text, str) and text
