@@ -1105,3 +1105,27 @@ def test_echo_with_max_tokens_0_scores_the_prompt_alone(spec: SpeculativeLlama) 
     assert lp == one_more["token_logprobs"][:n]
     assert spec.create_completion(text, max_tokens=0, echo=True, **GREEDY)["choices"][0]["text"] == text
     assert len(spec.create_completion(text, max_tokens=0, **GREEDY)["choices"][0]["text"]) > 0
+
+
+def test_forced_tool_arguments_are_strict_json(spec: SpeculativeLlama) -> None:
+    """No raw control characters inside JSON strings (strict parsers refuse them), sampled hot."""
+    import json
+
+    from dflash_gguf.llama_compat import _LOOSE_CHAR, schema_grammar
+    from llama_cpp import llama_grammar
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    assert _LOOSE_CHAR in llama_grammar.json_schema_to_gbnf(json.dumps(schema))  # what the fix replaces
+    assert _LOOSE_CHAR not in schema_grammar(schema, "test")._grammar
+    tools = [{"type": "function", "function": {"name": "where", "parameters": schema}}]
+    choice = {"type": "function", "function": {"name": "where"}}
+    finished = 0
+    for seed in range(6):
+        out = spec.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=48, tools=tools,
+                                          tool_choice=choice, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0,
+                                          seed=seed)
+        if out["choices"][0]["finish_reason"] == "tool_calls":  # a call cut at max_tokens is no JSON yet
+            call = out["choices"][0]["message"]["tool_calls"][0]["function"]
+            assert isinstance(json.loads(call["arguments"])["city"], str)
+            finished += 1
+    assert finished > 0

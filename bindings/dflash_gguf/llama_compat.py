@@ -92,11 +92,18 @@ def response_format_grammar(response_format: Any) -> Any:
     return schema_grammar(schema, "response_format")
 
 
+# llama-cpp-python's converter lets raw control characters into JSON strings, which strict JSON parsers
+# refuse; llama.cpp's own converter (json-schema-to-grammar.cpp) keeps them out, as this rule does
+_LOOSE_CHAR = r'char ::= [^"\\] |'
+_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
 def schema_grammar(schema: Any, what: str) -> Any:
     from llama_cpp import llama_grammar
 
     try:
-        return llama_grammar.LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+        gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
+        return llama_grammar.LlamaGrammar.from_string(gbnf.replace(_LOOSE_CHAR, _JSON_CHAR), verbose=False)
     except Exception as e:  # the converter raises whatever it meets first
         raise ValueError(f"{what}: the JSON schema cannot be turned into a grammar: {e}") from e
 
