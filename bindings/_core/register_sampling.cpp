@@ -59,6 +59,34 @@ void register_sampling(py::module_ & m) {
         py::arg("p"), py::arg("q"), py::arg("n_draws"), py::arg("seed") = 0,
         "Draw d ~ q, verify it against p with the rejection step; histogram of the emitted token and the accept count.");
     m.def(
+        "gumbel_histogram",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> p,
+           py::array_t<float, py::array::c_style | py::array::forcecast> q, uint64_t n_draws, uint64_t seed) {
+            if (p.ndim() != 1 || q.ndim() != 1 || p.shape(0) != q.shape(0)) {
+                throw dflash::Error("p and q must be 1-D arrays of the same length");
+            }
+            const dflash::SparseDist ps = dense_to_sparse(p), qs = dense_to_sparse(q);
+            if (ps.ids.empty() || qs.ids.empty()) throw dflash::Error("p and q need positive mass");
+            py::array_t<int64_t> target(p.shape(0)), drafted(p.shape(0));
+            std::fill(target.mutable_data(), target.mutable_data() + p.shape(0), 0);
+            std::fill(drafted.mutable_data(), drafted.mutable_data() + p.shape(0), 0);
+            uint64_t agreed = 0;
+            {
+                py::gil_scoped_release nogil;
+                for (uint64_t i = 0; i < n_draws; ++i) {
+                    const int32_t x = dflash::gumbel_pick(ps, seed, (int32_t) i);
+                    const int32_t d = dflash::gumbel_pick(qs, seed, (int32_t) i);
+                    target.mutable_data()[x]++;
+                    drafted.mutable_data()[d]++;
+                    agreed += x == d;
+                }
+            }
+            return py::make_tuple(target, drafted, agreed);
+        },
+        py::arg("p"), py::arg("q"), py::arg("n_draws"), py::arg("seed") = 0,
+        "Positions 0..n_draws-1 drawn from p and from q with the same seeded Gumbel noise: both histograms and "
+        "how often the two draws agree.");
+    m.def(
         "target_distribution",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature, int32_t top_k,
            float top_p, float min_p, float typical_p) {

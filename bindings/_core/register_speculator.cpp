@@ -90,12 +90,17 @@ std::function<void(const std::vector<int32_t> &, float *, uint32_t)> wrap_logits
     };
 }
 
-dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std::string & draft_q, bool fallback) {
+dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std::string & draft_q, bool fallback,
+                                       const std::string & sampler) {
     dflash::SpeculatorOptions o;
     o.n_max = n_max;
     o.adaptive = adaptive;
     o.draft_q = parse_q(draft_q);
     o.fallback = fallback;
+    if (sampler != "rejection" && sampler != "gumbel") {
+        throw py::value_error("sampler must be 'rejection' or 'gumbel', got '" + sampler + "'");
+    }
+    o.gumbel = sampler == "gumbel";
     return o;
 }
 
@@ -132,8 +137,9 @@ void register_speculator(py::module_ & m) {
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
-                         const std::string & draft_q, bool fallback, std::optional<bool> repack) {
-                 const auto sopt = spec_options(n_max, adaptive, draft_q, fallback);
+                         const std::string & draft_q, bool fallback, std::optional<bool> repack,
+                         const std::string & sampler) {
+                 const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
                  topt.n_batch = n_batch;
@@ -152,13 +158,13 @@ void register_speculator(py::module_ & m) {
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
              py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true,
-             py::arg("repack") = py::none())
+             py::arg("repack") = py::none(), py::arg("sampler") = "gumbel")
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,
                int n_threads, const std::string & device, uint32_t n_max, bool adaptive, const std::string & draft_q,
-               bool fallback) {
-                const auto sopt = spec_options(n_max, adaptive, draft_q, fallback);
+               bool fallback, const std::string & sampler) {
+                const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                 py::gil_scoped_release nogil;
                 return make_speculator(
                     [&](uint32_t) {
@@ -168,7 +174,7 @@ void register_speculator(py::module_ & m) {
             },
             py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"), py::arg("n_threads") = 0,
             py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = "logits",
-            py::arg("fallback") = true,
+            py::arg("fallback") = true, py::arg("sampler") = "gumbel",
             "Use the model and context of an existing llama_cpp.Llama as the target (they stay owned by it).")
         .def(
             "start",

@@ -47,6 +47,9 @@ class Drafter:
 def speculative_sample_histogram(
     p: npt.ArrayLike, q: npt.ArrayLike, n_draws: int, seed: int = 0
 ) -> tuple[npt.NDArray[np.int64], int]: ...
+def gumbel_histogram(
+    p: npt.ArrayLike, q: npt.ArrayLike, n_draws: int, seed: int = 0
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]: ...
 def target_distribution(
     logits: npt.ArrayLike, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
     typical_p: float = 1.0,
@@ -90,6 +93,7 @@ class Speculator:
         draft_q: str = "logits",
         fallback: bool = True,
         repack: bool | None = None,
+        sampler: str = "gumbel",
     ) -> None: ...
     @staticmethod
     def adopt(
@@ -103,7 +107,14 @@ class Speculator:
         adaptive: bool = False,
         draft_q: str = "logits",
         fallback: bool = True,
+        sampler: str = "gumbel",
     ) -> Speculator: ...
+    @property
+    def target_arch(self) -> str: ...
+    @property
+    def target_memory(self) -> str: ...
+    @property
+    def rollback_counters(self) -> dict[str, int]: ...
     def start(
         self, prompt: list[int], temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
         seed: int = 0, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,

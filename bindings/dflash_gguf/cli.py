@@ -59,6 +59,10 @@ _MODEL_OPTIONS = [
                       "(0 = block size - 1)."),
     click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
                  help="Which exact q the draft tokens are sampled from at temperature > 0."),
+    click.option("--sampler", type=click.Choice(["gumbel", "rejection"]), default="gumbel", show_default=True,
+                 help="At temperature > 0: gumbel = every draw keyed by (seed, position), so a seed fixes the text "
+                      "whatever the draft lengths; rejection = exact rejection sampling with q (a few percent more "
+                      "accepted, the text depends on the drafts)."),
     click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size."),
     click.option("--batch-size", "-b", default=512, show_default=True,
                  help="Prompt tokens per decode; also where /infill cuts the prefix and suffix, as llama-server "
@@ -81,12 +85,14 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int, batch_size: int, n_gpu_layers: int,
-                threads: int, device: str, no_repack: bool, verbose: bool, **kw: Any) -> SpeculativeLlama:
+def _open_model(target: str, draft: str, n_max: str, draft_q: str, sampler: str, ctx_size: int, batch_size: int,
+                n_gpu_layers: int, threads: int, device: str, no_repack: bool, verbose: bool,
+                **kw: Any) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
 
     return SpeculativeLlama(target, draft, n_ctx=ctx_size, n_batch=batch_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                            n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, device=device,
+                            n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, sampler=sampler,
+                            device=device,
                             repack=False if no_repack else None, verbose=verbose, **kw)
 
 
@@ -120,7 +126,7 @@ def _open_model(target: str, draft: str, n_max: str, draft_q: str, ctx_size: int
 def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
              min_p: float, typical_p: float, mirostat_mode: int, mirostat_eta: float, mirostat_tau: float,
              repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
-             frequency_penalty: float, seed: int, n_max: str, draft_q: str, ctx_size: int, batch_size: int,
+             frequency_penalty: float, seed: int, n_max: str, draft_q: str, sampler: str, ctx_size: int, batch_size: int,
              n_gpu_layers: int, threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
              json_schema: str | None, json_schema_file: str | None, no_stream: bool, verbose: bool) -> None:
     """Generate text with speculative decoding, then print the statistics."""
@@ -150,7 +156,7 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
             _fail(e)
 
     try:
-        llm = _open_model(target, draft, n_max, draft_q, ctx_size, batch_size, n_gpu_layers, threads, device,
+        llm = _open_model(target, draft, n_max, draft_q, sampler, ctx_size, batch_size, n_gpu_layers, threads, device,
                           no_repack, verbose, last_n_tokens_size=repeat_last_n)
         kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
                   mirostat_mode=mirostat_mode, mirostat_eta=mirostat_eta, mirostat_tau=mirostat_tau,

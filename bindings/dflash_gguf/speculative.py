@@ -193,6 +193,7 @@ class SpeculativeLlama:
         repack: bool | None = None,
         last_n_tokens_size: int = 64,
         verbose: bool = False,
+        sampler: str = "gumbel",
         _core: Speculator | None = None,
     ) -> None:
         # libllama logs through llama-cpp-python's logger; like llama_cpp.Llama, quiet unless verbose
@@ -210,7 +211,7 @@ class SpeculativeLlama:
             _core = Speculator(
                 target, draft, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
                 device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive, draft_q=draft_q,
-                fallback=fallback, repack=repack,
+                fallback=fallback, repack=repack, sampler=sampler,
             )
         self._spec = _core
         self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as llama_cpp.Llama's
@@ -232,7 +233,7 @@ class SpeculativeLlama:
 
     @classmethod
     def from_llama(cls, llm: Any, draft: str, *, n_max: int | str = "auto", draft_q: str = "logits",
-                   device: str = "auto", fallback: bool = True) -> SpeculativeLlama:
+                   device: str = "auto", fallback: bool = True, sampler: str = "gumbel") -> SpeculativeLlama:
         """Adopt an existing llama_cpp.Llama as the target (its model and context are reused)."""
         try:
             model, ctx, path = llm._model.model, llm._ctx.ctx, llm.model_path
@@ -245,7 +246,7 @@ class SpeculativeLlama:
         n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
         core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0),
                                 device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive,
-                                draft_q=draft_q, fallback=fallback)
+                                draft_q=draft_q, fallback=fallback, sampler=sampler)
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, _core=core)
         obj.n_batch = int(getattr(llm, "n_batch", obj.n_batch))

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "dflash/error.h"
@@ -326,6 +327,35 @@ int32_t sample(const SparseDist & d, Rng & rng) {
         if (d.probs[i] > 0.0f) return d.ids[i];
     }
     return d.ids.empty() ? 0 : d.ids[0];
+}
+
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+}  // namespace
+
+int32_t gumbel_pick(const SparseDist & d, uint64_t seed, int32_t pos) {
+    // argmax log p + G = argmin E / p with E = -log(u) ~ Exp(1): one log per candidate
+    const uint64_t key = splitmix64(seed ^ splitmix64((uint64_t) (uint32_t) pos));
+    int32_t best = d.ids.empty() ? 0 : d.ids[0];
+    double best_score = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < d.ids.size(); ++i) {
+        if (!(d.probs[i] > 0.0f)) continue;
+        const uint64_t bits = splitmix64(key ^ (uint64_t) (uint32_t) d.ids[i]);
+        const double u = ((double) (bits >> 11) + 0.5) * 0x1.0p-53;  // in (0, 1)
+        const double score = -std::log(u) / d.probs[i];
+        if (score < best_score) {
+            best_score = score;
+            best = d.ids[i];
+        }
+    }
+    return best;
 }
 
 RejectionOutcome verify_draft_token(const SparseDist & p, const SparseDist & q, int32_t drafted, Rng & rng) {

@@ -135,6 +135,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     generated_ = TokenWindow(params.penalizes() ? params.penalty_last_n : 0);
     mu_ = 2.0f * params.mirostat_tau;
     rng_.seed(seed);
+    seed_ = seed;
     stats_ = SpecStats{};
     if (opts_.adaptive && !calibrated_) calibrate();
     stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
@@ -151,7 +152,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     const uint32_t last_row = prefill(prompt, (uint32_t) reuse);
     committed_ = prompt;
     history_ = prompt;
-    const int32_t first = choose_token(target_->logits(last_row), generated_);
+    const int32_t first = choose_token(target_->logits(last_row), generated_, (int32_t) prompt.size());
     commit_token(first);
     start_output_ = StepOutput{};
     start_output_.tokens = {first};
@@ -388,10 +389,14 @@ void Speculator::describe(StepOutput & out, uint32_t first_row) {
     }
 }
 
-int32_t Speculator::choose_token(const float * logits, const TokenWindow & window) {
+int32_t Speculator::draw(const SparseDist & d, int32_t pos) {
+    return opts_.gumbel ? gumbel_pick(d, seed_, pos) : sample(d, rng_);
+}
+
+int32_t Speculator::choose_token(const float * logits, const TokenWindow & window, int32_t pos) {
     if (params_.greedy()) return greedy_token(logits, window);
     const SparseDist p = sampling_distribution(shaped(logits, window));
-    const int32_t token = sample(p, rng_);
+    const int32_t token = draw(p, pos);
     sampled(p, token);
     return token;
 }
@@ -452,7 +457,7 @@ StepOutput Speculator::step() {
         int32_t pred_index = 0;  // row 1: every predecessor row is the anchor
         for (uint32_t t = 0; t < m; ++t) {
             q.push_back(draft_distribution(r, t, pred_index));
-            seq[t + 1] = sample(q.back(), rng_);
+            seq[t + 1] = draw(q.back(), (int32_t) (n + 1 + t));
             if (r.top_k > 0) {
                 const int32_t * c = &r.candidates[(size_t) t * r.top_k];
                 pred_index = (int32_t) (std::find(c, c + r.top_k, seq[t + 1]) - c);
@@ -487,13 +492,19 @@ StepOutput Speculator::step() {
             if (best != seq[j + 1]) { next = best; break; }
         } else {
             const SparseDist p = sampling_distribution(shaped(target_->logits(j), generated_));
-            const RejectionOutcome o = verify_draft_token(p, q[j], seq[j + 1], rng_);
+            RejectionOutcome o;
+            if (opts_.gumbel) {  // the target's own draw at this position, accepted when the draft is it
+                o.token = draw(p, (int32_t) (n + 1 + j));
+                o.accepted = o.token == seq[j + 1];
+            } else {
+                o = verify_draft_token(p, q[j], seq[j + 1], rng_);
+            }
             sampled(p, o.token);
             if (!o.accepted) { next = o.token; break; }
         }
         commit_token(seq[j + 1]);
     }
-    if (j == m) next = choose_token(target_->logits(m), generated_);
+    if (j == m) next = choose_token(target_->logits(m), generated_, (int32_t) (n + 1 + m));
     commit_token(next);
     stats_.sample_ms += ms_since(t0);
     out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
@@ -537,7 +548,7 @@ StepOutput Speculator::step_plain() {
     const auto t0 = std::chrono::steady_clock::now();
     target_->decode(&anchor_, 1, (int32_t) n, false);
     const float * lg = target_->logits(0);
-    const int32_t next = choose_token(lg, generated_);
+    const int32_t next = choose_token(lg, generated_, (int32_t) n + 1);
     commit_token(next);
     stats_.verify_ms += ms_since(t0);
     const auto & f = target_->features();

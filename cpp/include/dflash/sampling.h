@@ -120,6 +120,13 @@ SparseDist softmax_on(const int32_t * ids, const float * values, uint32_t n, flo
 
 int32_t sample(const SparseDist & d, Rng & rng);
 
+// The token at absolute sequence position `pos` drawn from d by the Gumbel-max trick, its noise a function
+// of (seed, pos, token id) alone: argmax over d's ids of log d(id) + G(seed, pos, id). Exactly distributed
+// as d, and the same whoever draws it: a draft drawn from q with the same noise at the same position is
+// the target's own token exactly when they agree, so seeded speculative sampling emits, token for token,
+// what seeded plain sampling emits, whatever the draft lengths.
+int32_t gumbel_pick(const SparseDist & d, uint64_t seed, int32_t pos);
+
 // One verification of a drafted token d ~ q against p: returns d when accepted,
 // else a token drawn from normalize(max(p - q, 0)) (p itself if that is empty).
 struct RejectionOutcome {

@@ -24,6 +24,10 @@ struct SpeculatorOptions {
     bool adaptive = false;          // choose the draft length per step (n_max is then the cap)
     DraftQ draft_q = DraftQ::Logits;
     bool fallback = true;           // fixed n_max: stop drafting while it cannot pay
+    // sampling: every draw keyed by (seed, position) and the drafter's draft coupled to the target's token
+    // through the same Gumbel noise (gumbel_pick), so that a seed fixes the text whatever the draft lengths;
+    // else exact rejection sampling with q, whose draws follow the drafts
+    bool gumbel = false;
 };
 
 class DraftLengthController;
@@ -124,7 +128,10 @@ class Speculator {
     // chosen token first for the same reason)
     int32_t greedy_token(const float * logits, const TokenWindow & window);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
-    int32_t choose_token(const float * logits, const TokenWindow & window);
+    // (pos: the token's absolute position, which keys its draw in Gumbel mode)
+    int32_t choose_token(const float * logits, const TokenWindow & window, int32_t pos);
+    // a token drawn from d for position pos: the seeded Gumbel draw, or from the stream of draws
+    int32_t draw(const SparseDist & d, int32_t pos);
     // what a sampled token is drawn from, given the shaped row and the output so far (Mirostat's mu)
     SparseDist sampling_distribution(const float * shaped_logits) const;
     // a token drawn from p (directly or by the rejection step) is part of the output: Mirostat moves mu
@@ -143,6 +150,7 @@ class Speculator {
     uint32_t n_max_ = 0;
     SamplingParams params_;
     Rng rng_;
+    uint64_t seed_ = 0;
     std::vector<int32_t> committed_;     // tokens whose K/V the target holds (positions 0..n-1)
     int32_t anchor_ = -1;                // newest token, not yet decoded
     TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
