@@ -272,3 +272,21 @@ def test_cli_serves_until_interrupted() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_connections_are_kept_alive(port: int) -> None:
+    """HTTP/1.1: answers carry their length and one connection serves request after request (a stream
+    closes its own at its end)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for _ in range(3):
+        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "x = ", "max_tokens": 3, **GREEDY}),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.version == 11 and resp.status == 200
+        assert json.loads(resp.read())["choices"]
+        assert not resp.will_close
+    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "x = ", "max_tokens": 3, "stream": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.will_close and resp.read().endswith(b"data: [DONE]\n\n")
+    conn.close()

@@ -200,11 +200,11 @@ def timings(s: GenerationStats) -> dict[str, Any]:
             "mean_accepted_length": s.mean_accepted_length}
 
 
-def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: bool) -> list[dict[str, Any]]:
+def openai_last_events(held: dict[str, Any], s: GenerationStats, with_usage: bool) -> list[dict[str, Any]]:
     """A stream's last chunk with the generation's timings, then (stream_options.include_usage) OpenAI's
     usage chunk."""
     events = [{**held, "timings": timings(s)}]
-    if usage:
+    if with_usage:
         events.append({**{k: held[k] for k in ("id", "object", "created", "model")}, "choices": [],
                        "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                                  "total_tokens": s.prompt_tokens + s.completion_tokens}})
@@ -227,6 +227,9 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "dflash-gguf"
+        # keep-alive: clients (the openai SDK's pool) reuse one connection; every answer but a stream has a
+        # Content-Length, and a stream closes its connection at its end
+        protocol_version = "HTTP/1.1"
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet, as the rest of the CLI; errors reach the client
@@ -296,13 +299,13 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                     return
                 # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
                 options = body.get("stream_options")
-                usage = isinstance(options, dict) and bool(options.get("include_usage"))
+                include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
                 method = getattr(llm, _FIELDS[self.path][0])
                 # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
                 n_before_prefill = 2 if self.path == "/v1/chat/completions" else 1
                 self._generate(lambda: method(**kw, model=model_name), bool(kw.get("stream")), n_before_prefill,
                                lambda out: {**out, "timings": timings(llm.stats)},
-                               lambda held: openai_last_events(held, llm.stats, usage), done=True)
+                               lambda held: openai_last_events(held, llm.stats, include_usage), done=True)
 
         def _native(self, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
             """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""
@@ -354,7 +357,9 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
-            self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
+            self.send_header("Connection", "close")  # the stream ends when the connection closes
+            self.close_connection = True
+            self.end_headers()
             held: dict[str, Any] | None = None  # each chunk goes out when the next exists: the last gets timings
             try:
                 try:
