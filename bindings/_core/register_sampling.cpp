@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <utility>
 
 #include "dflash/error.h"
 #include "dflash/sampling.h"
@@ -21,6 +22,18 @@ dflash::SparseDist dense_to_sparse(const py::array_t<float, py::array::c_style |
     return d;
 }
 
+using DenseArray = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// p and q of a test over the same vocabulary, as the sampler takes them
+std::pair<dflash::SparseDist, dflash::SparseDist> target_and_draft(const DenseArray & p, const DenseArray & q) {
+    if (p.ndim() != 1 || q.ndim() != 1 || p.shape(0) != q.shape(0)) {
+        throw dflash::Error("p and q must be 1-D arrays of the same length");
+    }
+    auto pq = std::make_pair(dense_to_sparse(p), dense_to_sparse(q));
+    if (pq.first.ids.empty() || pq.second.ids.empty()) throw dflash::Error("p and q need positive mass");
+    return pq;
+}
+
 py::array_t<float> dense(const dflash::SparseDist & d, py::ssize_t n) {
     py::array_t<float> out(n);
     std::fill(out.mutable_data(), out.mutable_data() + n, 0.0f);
@@ -35,11 +48,7 @@ void register_sampling(py::module_ & m) {
         "speculative_sample_histogram",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> p,
            py::array_t<float, py::array::c_style | py::array::forcecast> q, uint64_t n_draws, uint64_t seed) {
-            if (p.ndim() != 1 || q.ndim() != 1 || p.shape(0) != q.shape(0)) {
-                throw dflash::Error("p and q must be 1-D arrays of the same length");
-            }
-            const dflash::SparseDist ps = dense_to_sparse(p), qs = dense_to_sparse(q);
-            if (ps.ids.empty() || qs.ids.empty()) throw dflash::Error("p and q need positive mass");
+            const auto [ps, qs] = target_and_draft(p, q);
             py::array_t<int64_t> counts(p.shape(0));
             std::fill(counts.mutable_data(), counts.mutable_data() + p.shape(0), 0);
             uint64_t accepted = 0;
@@ -62,11 +71,7 @@ void register_sampling(py::module_ & m) {
         "gumbel_histogram",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> p,
            py::array_t<float, py::array::c_style | py::array::forcecast> q, uint64_t n_draws, uint64_t seed) {
-            if (p.ndim() != 1 || q.ndim() != 1 || p.shape(0) != q.shape(0)) {
-                throw dflash::Error("p and q must be 1-D arrays of the same length");
-            }
-            const dflash::SparseDist ps = dense_to_sparse(p), qs = dense_to_sparse(q);
-            if (ps.ids.empty() || qs.ids.empty()) throw dflash::Error("p and q need positive mass");
+            const auto [ps, qs] = target_and_draft(p, q);
             py::array_t<int64_t> target(p.shape(0)), drafted(p.shape(0));
             std::fill(target.mutable_data(), target.mutable_data() + p.shape(0), 0);
             std::fill(drafted.mutable_data(), drafted.mutable_data() + p.shape(0), 0);
