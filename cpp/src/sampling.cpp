@@ -341,14 +341,25 @@ uint64_t splitmix64(uint64_t x) {
 }  // namespace
 
 int32_t gumbel_pick(const SparseDist & d, uint64_t seed, int32_t pos) {
-    // argmax log p + G = argmin E / p with E = -log(u) ~ Exp(1): one log per candidate
+    // argmax log p + G = argmin E / p with E = -log(u) ~ Exp(1); u from a hash of (seed, pos, id)
     const uint64_t key = splitmix64(seed ^ splitmix64((uint64_t) (uint32_t) pos));
-    int32_t best = d.ids.empty() ? 0 : d.ids[0];
-    double best_score = std::numeric_limits<double>::infinity();
+    const auto uniform = [key](int32_t id) {  // in (0, 1)
+        return ((double) (splitmix64(key ^ (uint64_t) (uint32_t) id) >> 11) + 0.5) * 0x1.0p-53;
+    };
+    // start from the most likely token, whose score bounds the rest: since -log(u) >= 1 - u, a token with
+    // 1 - u >= best * p cannot win, and most tokens of a large vocabulary are ruled out so, without a log
+    size_t first = 0;
+    for (size_t i = 1; i < d.ids.size(); ++i) {
+        if (d.probs[i] > d.probs[first]) first = i;
+    }
+    if (d.ids.empty() || !(d.probs[first] > 0.0f)) return d.ids.empty() ? 0 : d.ids[0];
+    int32_t best = d.ids[first];
+    double best_score = -std::log(uniform(best)) / d.probs[first];
     for (size_t i = 0; i < d.ids.size(); ++i) {
-        if (!(d.probs[i] > 0.0f)) continue;
-        const uint64_t bits = splitmix64(key ^ (uint64_t) (uint32_t) d.ids[i]);
-        const double u = ((double) (bits >> 11) + 0.5) * 0x1.0p-53;  // in (0, 1)
+        if (i == first || !(d.probs[i] > 0.0f)) continue;
+        const double u = uniform(d.ids[i]);
+        const double bound = best_score * d.probs[i];
+        if (1.0 - u >= bound) continue;
         const double score = -std::log(u) / d.probs[i];
         if (score < best_score) {
             best_score = score;
