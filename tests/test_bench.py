@@ -156,6 +156,19 @@ def test_upstream_figures(bench_run: dict[str, Any]) -> None:
     assert s["per_position_acceptance"] is not None
 
 
+def test_progress_outside_a_terminal_is_a_line_per_configuration() -> None:
+    cmd = [sys.executable, "-m", "dflash_gguf.cli", "bench", "--target", str(TARGET), "--draft", str(drafter_gguf("f16")),
+           "--prompts", str(PROMPTS), "--threads", str(THREADS), "--limit", "1", "-n", "4", "--n-max", "1,2",
+           "--systems", "ar,ours"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # stderr is a pipe, not a terminal
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.startswith("[bench]")]
+    assert "\r" not in res.stderr
+    assert [line.split(":")[0] for line in lines[:2]] == ["[bench] n_max=1", "[bench] n_max=2"]
+    done, total = lines[-1].removeprefix("[bench] ").removesuffix(" runs done").split("/")
+    assert len(lines) == 3 and done == total and int(total) > 0
+
+
 def test_n_max_auto_runs_or_says_so() -> None:
     res = run_cli("--limit", "1", "-n", "4", "--n-max", "auto", "--systems", "ar,ours", timeout=60)
     if res.returncode == 0:
