@@ -31,7 +31,7 @@ if [[ "${1:-}" == "--test" ]]; then
     # upstream's convert_hf_to_gguf.py, which converts them, imports sentencepiece for llama-style vocabs
     "${PIP[@]}" install pytest matplotlib "transformers==5.24.0" sentencepiece
     # the client libraries tests/test_clients.py speaks to `dflash serve` with
-    "${PIP[@]}" install openai langchain-openai
+    "${PIP[@]}" install openai langchain-openai lm-eval
 fi
 "${PIP[@]}" install --no-build-isolation --no-deps -e .
 echo "installed: $("$VENV/bin/python" -c 'import dflash_gguf; print(dflash_gguf.__file__)')"

@@ -91,3 +91,30 @@ def test_langchain_tools_and_structured_output(base_url: str) -> None:
     text = OpenAI(base_url=base_url, api_key="none", model="tiny", temperature=0, max_tokens=6,
                   max_retries=0).invoke("def add(a, b):")  # sends prompt=["def add(a, b):"]
     assert isinstance(text, str) and text
+
+
+def test_lm_eval_local_completions_scores_loglikelihoods(base_url: str) -> None:
+    """lm-eval's `local-completions` (echo + logprobs, the HF tokenizer's ids as prompts), batch sizes 1 and
+    2 (a list of prompts per request): the continuations' log-likelihoods a plain libllama decode gives."""
+    pytest.importorskip("lm_eval")
+    import numpy as np
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+    from tinycode import TINY, GreedyReference
+
+    pairs = [("def add(a, b):\n", "    return a + b\n"), ("import os\n", "import sys\n"), ("x = 1\n", "y = 2\n")]
+    ref = GreedyReference(TARGET, n_ctx=1024, n_threads=THREADS)
+    lms = {b: LocalCompletionsAPI(base_url=f"{base_url}/completions", model="tiny", tokenizer_backend="huggingface",
+                                  tokenizer=str(TINY / "target"), batch_size=b, max_retries=1) for b in (1, 2)}
+    want = []
+    for context, continuation in pairs:
+        ctx, cont = lms[1]._encode_pair(context, continuation)  # lm-eval's own split of the tokens
+        ref.llm.reset()
+        ref.llm.eval(ctx + cont)
+        rows = np.asarray(ref.llm.scores[len(ctx) - 1: len(ctx) + len(cont) - 1], dtype=np.float64)
+        logz = np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1)) + rows.max(1)
+        want.append(float((rows[np.arange(len(cont)), cont] - logz).sum()))
+    for lm in lms.values():
+        got = lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=p, idx=i)
+                                for i, p in enumerate(pairs)])
+        np.testing.assert_allclose([ll for ll, _ in got], want, atol=5e-3)
