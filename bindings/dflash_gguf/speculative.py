@@ -471,7 +471,7 @@ class SpeculativeLlama:
                          plain: bool, logprobs: int | None, stopping_criteria: StoppingCriteria | None,
                          prompt_logprobs: bool) -> Iterator[int]:
         room = self.n_ctx() - len(prompt)  # as llama_cpp.Llama: the completion fits the context with its prompt
-        # max_tokens <= 0 is no limit, as llama_cpp.Llama's, but for a prompt scored alone (prompt_only)
+        # below 0 no limit (the public calls turn llama_cpp.Llama's 0 into None); 0 scores the prompt alone
         limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
@@ -746,7 +746,7 @@ class SpeculativeLlama:
             return gen()
         outs = [self.create_completion(p, **kw) for p in prompts]
         usage = {k: sum(o["usage"][k] for o in outs) for k in outs[0]["usage"]}
-        return {**outs[0], "choices": [indexed(o, i, "")["choices"][0] for i, o in enumerate(outs)], "usage": usage}
+        return {**outs[0], "choices": [{**o["choices"][0], "index": i} for i, o in enumerate(outs)], "usage": usage}
 
     def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
         return self.create_completion(prompt, **kwargs)
