@@ -18,19 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def drafter(src: Path, target: Path, out: Path) -> Path:
-    if not out.exists():
-        subprocess.run([sys.executable, "-m", "dflash_convert", str(src), "--target", str(target), "--outfile",
-                        str(out), "--outtype", "q4_0", "--no-progress"], check=True, capture_output=True)
-    return out
+from bench_common import ROOT, TINY, converted_drafter
 
 
 def main() -> None:
@@ -47,16 +38,16 @@ def main() -> None:
     import llama_cpp
     from dflash_gguf import SpeculativeLlama
 
-    tiny, hybrid = ROOT / "examples" / "tinycode", ROOT / "examples" / "tinycode-hybrid"
+    hybrid = ROOT / "examples" / "tinycode-hybrid"
     if not (hybrid / "target-f16.gguf").exists():
-        sys.exit(f"{hybrid / 'target-f16.gguf'} missing: run `make hybrid` first")
+        raise SystemExit(f"{hybrid / 'target-f16.gguf'} missing: run `make hybrid` first")
     out = ROOT / "out"
-    out.mkdir(exist_ok=True)
     pairs = {
-        "dense": (tiny / "target-f16.gguf", drafter(tiny / "drafter-dflash2", tiny / "target-f16.gguf",
-                                                     out / "tinycode-dflash2-q4_0.gguf")),
-        "hybrid": (hybrid / "target-f16.gguf", drafter(hybrid / "drafter-dflash2", hybrid / "target-f16.gguf",
-                                                       out / "hybrid-dflash2-q4_0.gguf")),
+        "dense": (TINY / "target-f16.gguf", converted_drafter(TINY / "drafter-dflash2", TINY / "target-f16.gguf",
+                                                                out / "tinycode-dflash2-q4_0.gguf")),
+        "hybrid": (hybrid / "target-f16.gguf", converted_drafter(hybrid / "drafter-dflash2",
+                                                                 hybrid / "target-f16.gguf",
+                                                                 out / "hybrid-dflash2-q4_0.gguf")),
     }
     kw = dict(n_ctx=1024, n_threads=args.threads, n_max=n_max)
     systems = {
@@ -66,7 +57,7 @@ def main() -> None:
     llm = llama_cpp.Llama(str(pairs["hybrid"][0]), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads,
                           verbose=False)
     systems["checkpoint"] = SpeculativeLlama.from_llama(llm, str(pairs["hybrid"][1]), n_max=n_max)
-    prompts = [json.loads(line)["text"] for line in (tiny / "prompts.jsonl").read_text().splitlines()]
+    prompts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
     prompts = prompts[: args.limit or None]
     rows: dict[str, dict[str, list[float]]] = {}
     outputs: dict[str, list[list[int]]] = {}

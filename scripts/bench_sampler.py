@@ -9,18 +9,15 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_common import TINY, converted_drafter, pair_parser
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = pair_parser(__doc__)  # the bundled pair; its drafter is converted where --draft points when missing
     ap.add_argument("--temps", default="0.8,1.0")
     ap.add_argument("--n-max", type=int, default=3)
     ap.add_argument("-n", "--n-predict", type=int, default=96)
@@ -31,15 +28,9 @@ def main() -> None:
 
     from dflash_gguf import SpeculativeLlama
 
-    tiny = ROOT / "examples" / "tinycode"
-    draft = ROOT / "out" / "tinycode-dflash2-q4_0.gguf"
-    if not draft.exists():
-        draft.parent.mkdir(exist_ok=True)
-        subprocess.run([sys.executable, "-m", "dflash_convert", str(tiny / "drafter-dflash2"), "--target",
-                        str(tiny / "target-f16.gguf"), "--outfile", str(draft), "--outtype", "q4_0", "--no-progress"],
-                       check=True, capture_output=True)
-    prompts = [json.loads(line)["text"] for line in (tiny / "prompts.jsonl").read_text().splitlines()]
-    specs = {s: SpeculativeLlama(str(tiny / "target-f16.gguf"), str(draft), n_ctx=1024, n_threads=args.threads,
+    draft = converted_drafter(TINY / "drafter-dflash2", Path(args.target), Path(args.draft))
+    prompts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
+    specs = {s: SpeculativeLlama(args.target, str(draft), n_ctx=1024, n_threads=args.threads,
                                  n_max=args.n_max, fallback=False, draft_q=args.draft_q, sampler=s)
              for s in ("rejection", "gumbel")}
     print(f"{len(prompts)} prompts x {args.seeds} seeds, {args.n_predict} tokens, n_max {args.n_max}, "

@@ -26,6 +26,7 @@ pytest.importorskip("transformers", reason="transformers builds the tiny targets
 
 from arch_targets import ARCHS, RECURRENT, UNSUPPORTED, drafter_for, target_gguf  # noqa: E402
 from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
+from test_llama_server import llama_server  # noqa: E402, F401 (the fixture: skipped without it, failed in CI)
 from tinycode import GreedyReference, compare_greedy, record  # noqa: E402
 
 SUPPORTED = [a for a in ARCHS if a not in UNSUPPORTED]
@@ -148,14 +149,12 @@ def test_an_arch_without_layer_inputs_is_refused_in_process(arch_: str) -> None:
     assert llm.create_completion("x", max_tokens=2)["choices"]  # the Llama is untouched and still works
 
 
-def test_llama_server_drafts_with_the_same_files(arch: str, tmp_path: Path) -> None:
+def test_llama_server_drafts_with_the_same_files(arch: str, llama_server: Path, tmp_path: Path) -> None:
     """Upstream llama-server --spec-type draft-dflash with this target and drafter: its output is its plain
     output, and ours (greedy) is a prefix of it (ours stops at an end-of-generation token; it ignores EOS)."""
-    from test_llama_server import http_json, running_server, server_binary
+    from test_llama_server import http_json, running_server
 
-    binary = server_binary()
-    if binary is None:
-        pytest.skip("llama-server not built (scripts/build_llama_server.sh)")
+    binary = llama_server
     target, draft = target_gguf(arch), drafter_for(arch)
 
     def complete(base: str, text: str) -> str:

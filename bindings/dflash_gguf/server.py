@@ -200,11 +200,11 @@ def timings(s: GenerationStats) -> dict[str, Any]:
             "mean_accepted_length": s.mean_accepted_length}
 
 
-def openai_last_events(held: dict[str, Any], s: GenerationStats, with_usage: bool) -> list[dict[str, Any]]:
+def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: bool) -> list[dict[str, Any]]:
     """A stream's last chunk with the generation's timings, then (stream_options.include_usage) OpenAI's
     usage chunk."""
     events = [{**held, "timings": timings(s)}]
-    if with_usage:
+    if usage:
         events.append({**{k: held[k] for k in ("id", "object", "created", "model")}, "choices": [],
                        "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                                  "total_tokens": s.prompt_tokens + s.completion_tokens}})
@@ -299,13 +299,13 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                     return
                 # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
                 options = body.get("stream_options")
-                include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
+                usage = isinstance(options, dict) and bool(options.get("include_usage"))
                 method = getattr(llm, _FIELDS[self.path][0])
                 # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
                 n_before_prefill = 2 if self.path == "/v1/chat/completions" else 1
                 self._generate(lambda: method(**kw, model=model_name), bool(kw.get("stream")), n_before_prefill,
                                lambda out: {**out, "timings": timings(llm.stats)},
-                               lambda held: openai_last_events(held, llm.stats, include_usage), done=True)
+                               lambda held: openai_last_events(held, llm.stats, usage), done=True)
 
         def _native(self, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
             """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""

@@ -39,6 +39,12 @@ std::string supported_list() {
     return out;
 }
 
+std::string model_arch(const llama_model * model) {
+    char arch[128] = {0};
+    if (llama_model_meta_val_str(model, "general.architecture", arch, sizeof(arch)) < 0) arch[0] = 0;
+    return arch;
+}
+
 void check_arch(const std::string & arch, const std::string & where) {
     if (arch_exposes_layer_inputs(arch)) return;
     throw Error(where + ": the target's architecture '" + arch + "' cannot feed a DFlash drafter: libllama does "
@@ -119,14 +125,12 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
 
 Target::Target(llama_model * model, llama_context * ctx) : model_(model), ctx_(ctx), owns_(false) {
     if (!model_ || !ctx_) throw Error("adopting a target needs a loaded llama model and context");
+    check_arch(model_arch(model_), "target model");  // a file is checked before its load, in the other constructor
     init_common();
 }
 
 void Target::init_common() {
-    char arch[128] = {0};
-    if (llama_model_meta_val_str(model_, "general.architecture", arch, sizeof(arch)) < 0) arch[0] = 0;
-    arch_ = arch;
-    check_arch(arch_, "target model");
+    arch_ = model_arch(model_);
     if (llama_model_is_recurrent(model_) || llama_model_is_hybrid(model_)) {
         memory_ = llama_n_rs_seq(ctx_) > 0 ? TargetMemory::RecurrentSnapshots : TargetMemory::RecurrentCheckpoint;
     }
