@@ -57,8 +57,9 @@ def with_mask_row(embedding: TensorRef, mask_id: int, vec: np.ndarray) -> Tensor
     """The target's embedding with row `mask_id` replaced (read as float32: the copy is re-encoded)."""
 
     def rows(start: int, stop: int) -> np.ndarray:
-        out = np.array(embedding.rows(start, stop), dtype=np.float32, copy=True)
-        if start <= mask_id < stop:
+        out = embedding.rows(start, stop)
+        if start <= mask_id < stop:  # a copy only of the chunk holding the row (others may be the file's view)
+            out = np.array(out, dtype=np.float32, copy=True)
             out[mask_id - start] = vec
         return out
 
