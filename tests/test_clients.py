@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("langchain_openai")
+openai = pytest.importorskip("openai", reason="the test extras (scripts/install.sh --test) bring the clients")
+pytest.importorskip("langchain_openai", reason="the test extras (scripts/install.sh --test) bring the clients")
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
 from dflash_gguf.server import serving  # noqa: E402
@@ -96,7 +96,7 @@ def test_langchain_tools_and_structured_output(base_url: str) -> None:
 def test_lm_eval_local_completions_scores_loglikelihoods(base_url: str) -> None:
     """lm-eval's `local-completions` (echo + logprobs, the HF tokenizer's ids as prompts), batch sizes 1 and
     2 (a list of prompts per request): the continuations' log-likelihoods a plain libllama decode gives."""
-    pytest.importorskip("lm_eval")
+    pytest.importorskip("lm_eval", reason="the test extras (scripts/install.sh --test) bring lm-eval")
     import numpy as np
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
