@@ -124,7 +124,7 @@ def make_bench_checkpoint(root: Path, size_gb: float, seed: int = 0) -> dict[str
     (draft / "config.json").write_text(json.dumps(config, indent=1))
 
     # a metadata-only target GGUF: sizes + a byte-level BPE tokenizer of the same vocabulary
-    from dflash_gguf.scale_models import add_tokenizer
+    from dflash_gguf.synthetic import add_tokenizer
     from gguf import GGUFWriter
 
     target = root / "target-meta.gguf"

@@ -1,6 +1,6 @@
 """What a saved context buys: a long prompt's prefill against load_state + the first token, and what
-save_state costs, on the 0.5B-shaped scale pair of `dflash bench --scale` (random weights, generated
-on first use into its cache folder) or on --target/--draft.
+save_state costs, on the 0.6B-shaped inflated pair of `dflash bench --scale` (generated on first use
+into its cache folder) or on --target/--draft.
 
     .venv/bin/python scripts/bench_state.py [--prompt-tokens 1000] [--threads 2] [--rounds 2]
 """
@@ -14,7 +14,7 @@ import numpy as np
 from bench_common import pair_parser
 
 import dflash_gguf
-from dflash_gguf.scale_models import SIZES, default_scale_dir, ensure_models
+from dflash_gguf.inflate import SIZES, default_scale_dir, ensure_pair
 
 
 def ms(t0: float) -> float:
@@ -29,10 +29,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     if args.target is None or args.draft is None:
-        args.target, args.draft = map(str, ensure_models(SIZES["0.5B"], default_scale_dir(), print))
+        pair = ensure_pair(SIZES["0.6B"], default_scale_dir(), target_types=("f16",), log=print)
+        args.target, args.draft = str(pair.targets["f16"]), str(pair.draft)
     llm = dflash_gguf.SpeculativeLlama(args.target, args.draft, n_ctx=args.prompt_tokens + 64,
                                        n_threads=args.threads, n_max=3)
-    prompt = np.random.default_rng(0).integers(100, llm.n_vocab() - 1, args.prompt_tokens).tolist()
+    prompt = np.random.default_rng(0).integers(100, 2047, args.prompt_tokens).tolist()  # real tokens
     other = prompt[:1] + [7] * 8  # a short prompt sharing only the first token: the context moves away
     for r in range(args.rounds):
         t0 = time.perf_counter()

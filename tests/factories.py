@@ -284,7 +284,7 @@ def make_target_gguf(
     ``dtype`` "f32" or "f16" for the 2-D weights (norms stay F32).
     Returns {GGUF tensor name: float32 array (torch order)} as stored.
     """
-    from dflash_gguf.scale_models import add_qwen3_header
+    from dflash_gguf.synthetic import add_qwen3_header
     from gguf import GGMLQuantizationType, GGUFWriter
 
     path = Path(path)

@@ -1,107 +1,111 @@
-"""`dflash bench --scale` machinery, end to end on a tiny size (the CLI's 0.5B / 2B take minutes).
+"""`dflash bench --scale` end to end on a small inflated size (the CLI's 0.6B / 1.7B take minutes).
 
-Generates a tiny random Qwen3 target and its DFlash2 drafter, loads them in libllama and our
-Drafter, measures, and checks the JSON: every figure present, positive and finite, and every
-implied speedup recomputed from the measured medians with S = min(tau, k+1) * plain / (draft + verify).
+Inflates the bundled pair to a small shape, runs the interleaved three-way bench on two target types
+through the real libllama, our loop and upstream llama-server, and checks the JSON's `end_to_end` rows
+against the raw per-prompt figures they summarise, the goals against the rows, and the cache.
 """
 
 from __future__ import annotations
 
 import json
-import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_llama_server import llama_server  # noqa: F401 - the fixture (skips, or fails in CI, without the build)
 
-from dflash_gguf.bench_scale import TAUS, format_table, run_scale, write_json
-from dflash_gguf.scale_models import SIZES, ScaleSize, ensure_models, synthetic_vocab
+from dflash_gguf import bench_scale
+from dflash_gguf.bench_scale import format_table, goals, run_scale, write_json
 from dflash_gguf.cli import main as cli_main
+from dflash_gguf.inflate import SIZES, ScaleSize, ensure_pair
 
-TINY = ScaleSize("tiny", hidden=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16, ff=128, vocab=300,
-                 rope_theta=1e4, draft_layers=2, block_size=8, selector_rank=8, selector_top_k=4,
-                 target_layer_ids=(1, 2))
-REPEAT = 3
+SMALL = ScaleSize("small", hidden=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=128, ff=1024, vocab=4096)
+TYPES = ("f16", "q8_0")
 
 
 @pytest.fixture(scope="module")
-def scale_json(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def scale_json(tmp_path_factory: pytest.TempPathFactory, llama_server: Path,  # noqa: F811
+               monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Any]:
+    monkeypatch_module.setenv("DFLASH_LLAMA_SERVER", str(llama_server))
     folder = tmp_path_factory.mktemp("scale")
-    result = run_scale([TINY], folder=folder, context=40, repeat=REPEAT, threads=1, log=lambda m: None)
+    captured: list[dict[str, Any]] = []
+    real_run_bench = bench_scale.run_bench
+
+    def run_bench(o, log):  # type: ignore[no-untyped-def]
+        res = real_run_bench(o, log)
+        captured.append(res)
+        return res
+
+    monkeypatch_module.setattr(bench_scale, "run_bench", run_bench)
+    result = run_scale([SMALL], folder=folder, target_types=TYPES, n_max="2,auto", n_predict=12, limit=2,
+                       threads=1, progress=False, log=lambda m: None)
     write_json(result, folder / "scale.json")
-    return json.loads((folder / "scale.json").read_text())
+    out = json.loads((folder / "scale.json").read_text())
+    out["_raw"] = captured
+    return out
 
 
-def _positive(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+@pytest.fixture(scope="module")
+def monkeypatch_module() -> Any:
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
 
 
-def _check_spread(d: dict[str, float]) -> None:
-    for key in ("median", "p10", "p90", "min", "max", "mean"):
-        assert _positive(d[key]), (key, d)
-    assert d["min"] <= d["p10"] <= d["median"] <= d["p90"] <= d["max"]
+def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
+    rows = scale_json["end_to_end"]
+    assert [(r["target_type"], r["n_max"]) for r in rows] == [(t, n) for t in TYPES for n in (2, "auto")]
+    for row, (raw, cfg) in zip(rows, [(raw, cfg) for raw in scale_json["_raw"] for cfg in raw["configs"]]):
+        assert row["size"] == "small" and row["draft_type"] == "q4_0"
+        assert set(row) == {"size", "target_type", "draft_type", "n_max", "ar_tok_s", "implied_speedup", "systems"}
+        ar = [r for r in cfg["runs"] if r["system"] == "ar"]
+        assert row["ar_tok_s"] == pytest.approx(statistics.median(r["tok_s"] for r in ar))
+        for system in ("ours", "upstream"):
+            runs = [r for r in cfg["runs"] if r["system"] == system]
+            s = row["systems"][system]
+            assert {"speedup", "acc_len", "identical", "runs"} <= set(s)
+            assert s["runs"] == len(runs) == 2
+            assert s["speedup"] == pytest.approx(statistics.median(r["tok_s"] / a["tok_s"] for r, a in zip(runs, ar)))
+            assert s["identical"] == sum(r["output"] == a["output"] for r, a in zip(runs, ar)) == 2, "greedy is lossless"
+            assert s["acc_len"] >= 1
+        ours = [r for r in cfg["runs"] if r["system"] == "ours"]
+        assert row["implied_speedup"] == pytest.approx(statistics.median(r["limit_vs_ar"] for r in ours))
+    assert scale_json["meta"]["threads"] == 1
 
 
-def test_json_has_every_figure(scale_json: dict[str, Any]) -> None:
-    assert scale_json["meta"]["repeat"] == REPEAT and scale_json["meta"]["context"] == 40
-    assert [t["value"] for t in scale_json["taus"]] == [t.value for t in TAUS]
-    (r,) = scale_json["sizes"]
-    assert r["size"]["name"] == "tiny" and r["target_layer_ids"] == [1, 2]
-    assert _positive(r["target_params"]) and _positive(r["draft_params"])
-    assert Path(r["target"]).is_file() and Path(r["draft"]).is_file()
-    assert r["features_extracted"] is True
-    _check_spread(r["plain_ms"])
-    assert [row["k"] for row in r["per_k"]] == list(range(1, TINY.block_size))
-    for row in r["per_k"]:
-        _check_spread(row["draft_ms"])
-        _check_spread(row["verify_ms"])
-        assert _positive(row["c"])
-        assert set(row["speedup"]) == {str(t.value) for t in TAUS}
-        assert all(_positive(v) for v in row["speedup"].values())
-    for name, samples in r["samples_ms"].items():
-        assert len(samples) == REPEAT and all(_positive(x) for x in samples), name
-
-
-def test_speedups_follow_the_formula(scale_json: dict[str, Any]) -> None:
-    (r,) = scale_json["sizes"]
-    plain = r["plain_ms"]["median"]
-    by_k = {row["k"]: row for row in r["per_k"]}
-    for k, row in by_k.items():
-        draft, verify = row["draft_ms"]["median"], row["verify_ms"]["median"]
-        assert row["c"] == pytest.approx(draft / verify)
-        for tau in TAUS:
-            assert row["speedup"][str(tau.value)] == pytest.approx(min(tau.value, k + 1) * plain / (draft + verify))
-    for imp, tau in zip(r["implied"], TAUS):
-        k = min(tau.k, TINY.block_size - 1)
-        assert imp["tau"] == tau.value and imp["k"] == k
-        assert imp["speedup"] == pytest.approx(by_k[k]["speedup"][str(tau.value)])
-        best = max(by_k.values(), key=lambda row: row["speedup"][str(tau.value)])
-        assert imp["best_k"] == best["k"] and imp["best_speedup"] == pytest.approx(best["speedup"][str(tau.value)])
+def test_goals_follow_the_rows(scale_json: dict[str, Any]) -> None:
+    rows = scale_json["end_to_end"]
+    assert scale_json["goals"] == goals(rows)
+    ahead = next(g for g in scale_json["goals"] if g["goal"].startswith("ours ahead of upstream"))
+    assert ahead["met"] == all(r["systems"]["ours"]["speedup"] >= r["systems"]["upstream"]["speedup"] for r in rows)
+    faked = [dict(r, systems=dict(r["systems"], upstream=dict(r["systems"]["upstream"], speedup=99.0))) for r in rows]
+    assert next(g for g in goals(faked) if g["goal"].startswith("ours ahead"))["met"] is False
     text = format_table(scale_json)
-    assert "not measured end to end" in text and "tiny:" in text
+    assert "small" in text and "goals:" in text and text.count("\nsmall ") == len(rows)
 
 
-def test_models_are_reused_and_keyed_by_config(scale_json: dict[str, Any]) -> None:
-    (r,) = scale_json["sizes"]
-    target, draft = Path(r["target"]), Path(r["draft"])
-    before = (target.stat().st_mtime_ns, draft.stat().st_mtime_ns)
-    assert ensure_models(TINY, target.parent, log=lambda m: None) == (target, draft)
-    assert (target.stat().st_mtime_ns, draft.stat().st_mtime_ns) == before
-    assert replace(TINY, selector_top_k=3).key() != TINY.key()
-    assert replace(TINY, name="renamed").key() == TINY.key()  # the name is not part of the config
-    assert not list(target.parent.glob(".*.tmp")), "no temp files left behind"
+def test_pairs_are_cached_by_config(scale_json: dict[str, Any]) -> None:
+    (size,) = scale_json["sizes"]
+    files = [Path(p) for p in size["targets"].values()] + [Path(size["draft"])]
+    before = [p.stat().st_mtime_ns for p in files]
+    pair = ensure_pair(SMALL, files[0].parent, target_types=TYPES)
+    assert [*pair.targets.values(), pair.draft] == files
+    assert [p.stat().st_mtime_ns for p in files] == before
+    assert replace(SMALL, ff=2048).key() != SMALL.key()
+    assert replace(SMALL, name="renamed").key() == SMALL.key()  # the name is not part of the config
+    assert not list(files[0].parent.glob(".*.tmp")), "no temp files left behind"
 
 
-def test_named_sizes_and_vocabulary() -> None:
-    assert SIZES["0.5B"].layer_ids() == [1, 7, 13, 19, 25] == SIZES["2B"].layer_ids()
-    tokens, types, merges = synthetic_vocab(151936)
-    assert len(tokens) == len(types) == 151936 and len(set(tokens)) == len(tokens)
-    assert tokens[1] == "<|mask|>" and all(m.replace(" ", "") in tokens for m in merges)
+def test_named_sizes() -> None:
+    assert SIZES["0.6B"].layer_ids() == [1, 7, 13, 19, 25] == SIZES["1.7B"].layer_ids()
+    assert SIZES["4B"].layer_ids() == [1, 9, 17, 25, 33]
+    assert 0.7e9 < SIZES["0.6B"].target_params() < 0.8e9 and 3.9e9 < SIZES["4B"].target_params() < 4.5e9
 
 
-def test_cli_options_without_scale_still_required() -> None:
+def test_cli_options() -> None:
     runner = CliRunner()
     res = runner.invoke(cli_main, ["bench", "--target", "t.gguf"])
     assert res.exit_code == 2 and "missing --draft, --prompts (required unless --scale)" in res.output
@@ -109,3 +113,5 @@ def test_cli_options_without_scale_still_required() -> None:
     assert res.exit_code == 2 and "drop --draft" in res.output
     res = runner.invoke(cli_main, ["bench", "--scale", "--scale-sizes", "7B"])
     assert res.exit_code == 2 and "unknown size 7B" in res.output
+    res = runner.invoke(cli_main, ["bench", "--scale", "--scale-types", "q3_x"])
+    assert res.exit_code == 2 and "--scale-types" in res.output and "q3_x" in res.output

@@ -221,25 +221,24 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ra
 @click.option("--prompts", type=click.Path(dir_okay=False),
               help="JSONL, one {\"id\": ..., \"text\": ...} per line (raw text, no chat template; not with --scale).")
 @click.option("--scale", is_flag=True,
-              help="Instead: draft/verify/plain step costs on generated random 0.5B and 2B Qwen3 targets with "
-                   "5-layer DFlash2 drafters, and the speedups they imply (docs/bench.md).")
-@click.option("--scale-sizes", default="0.5B,2B", show_default=True, help="--scale: comma list of 0.5B, 2B.")
+              help="Instead: ar / ours / upstream end to end on the bundled pair inflated to Qwen3-0.6B ... 8B "
+                   "shapes (generated and cached; docs/bench.md).")
+@click.option("--scale-sizes", default="0.6B,1.7B", show_default=True, help="--scale: comma list of 0.6B, 1.7B, 4B, 8B.")
+@click.option("--scale-types", default="f16,q8_0,q4_k_m", show_default=True, help="--scale: target types.")
 @click.option("--scale-dir", type=click.Path(file_okay=False),
               help="--scale: where the generated GGUFs are kept and reused [default: ~/.cache/dflash-gguf/scale].")
-@click.option("--scale-context", default=512, show_default=True,
-              help="--scale: committed context (prefilled target tokens, injected drafter rows).")
-@click.option("-n", "--n-predict", default=128, show_default=True, help="Tokens to generate per prompt.")
+@click.option("-n", "--n-predict", type=int, default=None, help="Tokens to generate per prompt [default: 128; --scale: 32].")
 @click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy).")
 @click.option("--top-k", default=0, show_default=True, help="Top-k for every system (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, help="Top-p for every system (1 = off).")
 @click.option("--min-p", default=0.0, show_default=True, help="Min-p for every system (0 = off).")
-@click.option("--n-max", default="0", show_default=True,
+@click.option("--n-max", default=None,
               help="Drafted tokens per step: an int (0 = block size - 1), a comma list (one configuration "
-                   "each), or 'auto'.")
-@click.option("--repeat", type=int, default=None, help="Rounds over the prompts [default: 1; --scale: 5 rounds].")
+                   "each), or 'auto' [default: 0; --scale: 2,3,auto].")
+@click.option("--repeat", default=1, show_default=True, help="Rounds over the prompts.")
 @click.option("--systems", default="ar,ours,upstream", show_default=True,
               help="Comma list of ar, ours, upstream, upstream-ar (ar always runs: it is the baseline).")
-@click.option("--limit", default=0, show_default=True, help="Use only the first N prompts (0 = all).")
+@click.option("--limit", type=int, default=None, help="Use only the first N prompts (0 = all) [default: all; --scale: 3].")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all raw per-prompt figures here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), help="Write a PNG (acceptance, tok/s) here.")
 @click.option("--threads", "-t", default=0, show_default=True, help="CPU threads for every system (0 = the physical cores this process may run on).")
@@ -253,14 +252,15 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ra
               help="llama-server to use (default: $DFLASH_LLAMA_SERVER, the build script's cache, PATH).")
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def bench(target: str | None, draft: str | None, prompts: str | None, scale: bool, scale_sizes: str,
-          scale_dir: str | None, scale_context: int, n_predict: int, temp: float, top_k: int, top_p: float,
-          min_p: float, n_max: str, repeat: int | None, systems: str, limit: int, json_out: str | None,
+def bench(target: str | None, draft: str | None, prompts: str | None, scale: bool, scale_sizes: str, scale_types: str,
+          scale_dir: str | None, n_predict: int | None, temp: float, top_k: int, top_p: float, min_p: float,
+          n_max: str | None, repeat: int, systems: str, limit: int | None, json_out: str | None,
           plot_out: str | None, threads: int, seed: int, ctx_size: int, n_gpu_layers: int, device: str,
           draft_q: str, server_binary: str | None, server_args: tuple[str, ...], no_progress: bool) -> None:
     """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved.
 
-    With --scale: step costs at 0.5B / 2B on generated random-weight pairs (no --target/--draft/--prompts)."""
+    With --scale: the same, end to end, on the bundled pair inflated to realistic sizes (no --target/--draft/
+    --prompts)."""
     from .bench import BenchError, BenchOptions, format_table, parse_n_max, parse_systems, run_bench, write_json
 
     if scale:
@@ -268,8 +268,8 @@ def bench(target: str | None, draft: str | None, prompts: str | None, scale: boo
                                       ("--plot", plot_out)) if v]
         if given:
             raise click.UsageError(f"--scale generates its own models and prompts; drop {', '.join(given)}")
-        _bench_scale(scale_sizes, scale_dir, scale_context, 5 if repeat is None else repeat, threads, n_gpu_layers,
-                     device, json_out)
+        _bench_scale(scale_sizes, scale_types, scale_dir, n_predict, n_max, limit, systems, threads, n_gpu_layers,
+                     device, json_out, not no_progress)
         return
     missing = [name for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts)) if not v]
     if missing:
@@ -277,11 +277,11 @@ def bench(target: str | None, draft: str | None, prompts: str | None, scale: boo
     assert target and draft and prompts
     try:
         opts = BenchOptions(
-            target=target, draft=draft, prompts=prompts, n_predict=n_predict, temperature=temp, top_k=top_k,
-            top_p=top_p, min_p=min_p, n_max=parse_n_max(n_max), repeat=1 if repeat is None else repeat,
-            systems=parse_systems(systems), threads=threads, seed=seed, n_ctx=ctx_size, n_gpu_layers=n_gpu_layers,
-            device=device, draft_q=draft_q, limit=limit or None, server_binary=server_binary,
-            server_args=list(server_args), progress=not no_progress,
+            target=target, draft=draft, prompts=prompts, n_predict=128 if n_predict is None else n_predict,
+            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, n_max=parse_n_max(n_max or "0"),
+            repeat=repeat, systems=parse_systems(systems), threads=threads, seed=seed, n_ctx=ctx_size,
+            n_gpu_layers=n_gpu_layers, device=device, draft_q=draft_q, limit=limit or None,
+            server_binary=server_binary, server_args=list(server_args), progress=not no_progress,
         )
         result = run_bench(opts)
     except (BenchError, DFlashError, ValueError, RuntimeError) as e:
@@ -297,23 +297,27 @@ def bench(target: str | None, draft: str | None, prompts: str | None, scale: boo
         click.echo(f"wrote {plot_out}", err=True)
 
 
-def _bench_scale(sizes: str, folder: str | None, context: int, repeat: int, threads: int, n_gpu_layers: int,
-                 device: str, json_out: str | None) -> None:
+def _bench_scale(sizes: str, types: str, folder: str | None, n_predict: int | None, n_max: str | None,
+                 limit: int | None, systems: str, threads: int, n_gpu_layers: int, device: str,
+                 json_out: str | None, progress: bool) -> None:
     from pathlib import Path
 
     from dflash_convert.errors import ConversionError
 
-    from .bench import BenchError
-    from .bench_scale import format_table, parse_sizes, run_scale, write_json
+    from . import bench_scale as bs
+    from .bench import BenchError, parse_systems
 
     try:
-        result = run_scale(parse_sizes(sizes), folder=Path(folder) if folder else None, context=context,
-                           repeat=repeat, threads=threads, n_gpu_layers=n_gpu_layers, device=device)
+        result = bs.run_scale(
+            bs.parse_sizes(sizes), folder=Path(folder) if folder else None, target_types=bs.parse_types(types),
+            n_max=n_max or bs.DEFAULT_N_MAX, n_predict=bs.DEFAULT_N_PREDICT if n_predict is None else n_predict,
+            limit=bs.DEFAULT_LIMIT if limit is None else (limit or None), systems=parse_systems(systems),
+            threads=threads, n_gpu_layers=n_gpu_layers, device=device, progress=progress)
     except (BenchError, ConversionError, DFlashError, OSError, ValueError, RuntimeError) as e:
         _fail(e)
-    click.echo(format_table(result))
+    click.echo(bs.format_table(result))
     if json_out:
-        write_json(result, json_out)
+        bs.write_json(result, json_out)
         click.echo(f"wrote {json_out}", err=True)
 
 

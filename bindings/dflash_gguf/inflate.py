@@ -1,0 +1,533 @@
+"""Inflated tinycode pairs: realistic Qwen3 shapes that compute exactly the bundled pair's function.
+
+`dflash bench --scale` needs targets of a realistic size whose drafter is accepted as often as a trained
+one, and no pair larger than the bundled 5.8M one exists here. So the bundled pair is inflated: every
+tensor gets the shape of a Qwen3-0.6B/1.7B/4B/8B (and of a 5-layer DFlash2 drafter for it), the real
+weights sit inside, and what is added cannot change the result:
+
+- hidden: the real dimensions are 0..h-1, the rest stay zero in the residual stream (no weight writes
+  them). RMSNorm over H dimensions of which h are real is the real one times sqrt(H/h) if eps is
+  scaled by h/H, so every hidden norm's weight is scaled by sqrt(h/H) and eps is eps * h/H.
+- heads: head_dim 64 -> 128 by interleaving: real dimension i of a half sits at 2i of the new half,
+  so NeoX RoPE's frequency base^(-2(2i)/128) is the real base^(-2i/64); the other dimensions are zero.
+  The attention scale 1/sqrt(128) instead of 1/8 is made up in q_norm (x sqrt 2) and the RMSNorm over
+  twice the dimensions in both norms (/ sqrt 2): q_norm keeps its weights, k_norm's are / sqrt 2.
+  Added query heads read added (zero) KV heads; their output columns are zero.
+- FFN width: added units have zero weights. Layers: the real ones at positions that keep the drafter's
+  feature layers after the same real layers; the others have zero weights (their output adds nothing).
+- vocabulary: padded to 151,936 as Qwen3's, so the LM head costs what a real one does. A padded token's
+  logit must stay below every real one, for greedy choices, the drafter's top-k candidates and sampling
+  alike. The last layer (an added one) writes a small positive constant M = a c sum(h_i^2) ~ 1e-3 into
+  the spare dimension d* = H-1 (FFN units silu(z) z + silu(-z)(-z) = z^2 over the normed real
+  dimensions); the final norm weights d* by G and every padded LM-head row is -L on d* alone, so a padded
+  logit is about -L G M sqrt(H) / |x|, below -1e3 for any residual norm |x| < 1e4. M is far below |x|, so
+  the real logits change by a common factor 1 - O(M^2/|x|^2) (< 1e-8): argmax, top-k, the selector's
+  walk (scores scale by the same factor) and probabilities are the real pair's. The drafter's final
+  norm and last layer do the same.
+- drafter: its 2 real layers first, 3 added ones (the last one writes d*), 5 feature layers (the DFlash
+  default spread of the target's layers) of which two carry the real features, the conv kernels of the
+  added channels the identity, the selector codebooks' padded rows zero.
+
+Left as is: rope_theta (10,000, the pair's), block size 8 (what the drafter was trained for), and one
+eps for all norms, so q_norm and k_norm see eps * h/H where eps/2 would be exact (a relative change
+below 1e-6 in their output). Files are cached under names with a hash of everything that shapes them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+GENERATOR_VERSION = 1  # part of every cached file's name: bump it when the generated files change
+TINYCODE = Path(__file__).resolve().parents[2] / "examples" / "tinycode"
+TARGET_TYPES = ("f16", "q8_0", "q4_k_m")
+DRAFT_TYPE = "q4_0"  # the fastest drafter type on a CPU (README)
+
+# the spare dimension's constant and weights (module docstring): M = A * C * sum(h^2) with sum(h^2) ~ H
+PAD_LOGIT_WEIGHT = -32768.0  # L, exact in F16 and every quantized type's scale
+SPARE_NORM_WEIGHT = 1e4  # G, in an F32 norm
+SPARE_TARGET = 2.0 ** -10  # M
+
+
+@dataclass(frozen=True)
+class ScaleSize:
+    """A Qwen3 target shape and its 5-layer DFlash2 drafter (same hidden size, heads and FFN width)."""
+
+    name: str
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ff: int
+    vocab: int = 151936
+    draft_layers: int = 5
+
+    def layer_ids(self) -> list[int]:
+        """The drafter's feature layers (HF ids): the DFlash default spread."""
+        from dflash_convert.config import default_target_layer_ids
+
+        return default_target_layer_ids(self.n_layers, self.draft_layers)
+
+    def key(self) -> str:
+        """Short hash of everything that shapes the generated files (the name aside)."""
+        blob = json.dumps([GENERATOR_VERSION, asdict(self) | {"name": ""}], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+    def target_params(self) -> int:
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        per_layer = 2 * self.hidden * (q + kv) + 3 * self.hidden * self.ff
+        return 2 * self.vocab * self.hidden + self.n_layers * per_layer
+
+    def draft_params(self) -> int:
+        """The drafter's own weights (the LM head is the target's)."""
+        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        per_layer = 2 * self.hidden * (q + kv) + 3 * self.hidden * self.ff
+        return self.draft_layers * per_layer + self.hidden * self.hidden * len(self.layer_ids())
+
+
+# shaped like Qwen3-0.6B, -1.7B, -4B, -8B (untied embeddings: the bundled pair's are untied)
+SIZES = {
+    "0.6B": ScaleSize("0.6B", hidden=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ff=3072),
+    "1.7B": ScaleSize("1.7B", hidden=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ff=6144),
+    "4B": ScaleSize("4B", hidden=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ff=9728),
+    "8B": ScaleSize("8B", hidden=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ff=12288),
+}
+
+
+def default_scale_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "dflash-gguf" / "scale"
+
+
+def format_count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
+# --- the source pair ---------------------------------------------------------------------------
+
+
+@dataclass
+class Source:
+    """The bundled pair's tensors as float32 (target by GGUF name, drafter by HF key) and shapes."""
+
+    target: dict[str, np.ndarray]
+    draft: dict[str, np.ndarray]
+    draft_config: dict[str, Any]
+    tokenizer: dict[str, Any]  # tokenizer.ggml.* fields of the target GGUF
+    hidden: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    ff: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    context_length: int
+
+
+def load_source(folder: Path = TINYCODE) -> Source:
+    from dflash_convert.source import open_source
+    from gguf import GGUFReader
+
+    path = folder / "target-f16.gguf"
+    r = GGUFReader(path)
+    fields = {name: f.contents() for name, f in r.fields.items() if not name.startswith("GGUF.")}
+    target = {t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
+              for t in r.tensors}
+    cfg = json.loads((folder / "drafter-dflash2" / "config.json").read_text())
+    src = open_source(folder / "drafter-dflash2")
+    draft = {}
+    for key, ref in src.refs.items():
+        rows, _ = ref.nrows_ncols
+        draft[key] = ref.rows(0, rows).reshape(ref.shape)
+    a = fields["general.architecture"]
+    return Source(
+        target=target, draft=draft, draft_config=cfg,
+        tokenizer={k: v for k, v in fields.items() if k.startswith("tokenizer.ggml.")},
+        hidden=int(fields[f"{a}.embedding_length"]), n_layers=int(fields[f"{a}.block_count"]),
+        n_heads=int(fields[f"{a}.attention.head_count"]), n_kv_heads=int(fields[f"{a}.attention.head_count_kv"]),
+        head_dim=int(fields[f"{a}.attention.key_length"]), ff=int(fields[f"{a}.feed_forward_length"]),
+        vocab=target["token_embd.weight"].shape[0], eps=float(fields[f"{a}.attention.layer_norm_rms_epsilon"]),
+        rope_theta=float(fields[f"{a}.rope.freq_base"]), context_length=int(fields[f"{a}.context_length"]),
+    )
+
+
+# --- the inflation -----------------------------------------------------------------------------
+
+
+class Inflation:
+    """Index maps from the source's dimensions into a size's, and the inflated tensors by name."""
+
+    def __init__(self, src: Source, s: ScaleSize) -> None:
+        self.src, self.s = src, s
+        h, H = src.hidden, s.hidden
+        problems = []
+        if H < h + 1 or H % 16:
+            problems.append(f"hidden {H} must be a multiple of 16 above {h}")
+        if s.head_dim % src.head_dim:
+            problems.append(f"head_dim {s.head_dim} must be a multiple of {src.head_dim}")
+        group_src, group = src.n_heads // src.n_kv_heads, s.n_heads // s.n_kv_heads
+        if s.n_kv_heads < src.n_kv_heads or group < group_src:
+            problems.append(f"{s.n_heads}/{s.n_kv_heads} heads cannot hold {src.n_heads}/{src.n_kv_heads}")
+        if s.ff < src.ff or s.ff < 2 * h:
+            problems.append(f"ff {s.ff} must be >= {max(src.ff, 2 * h)}")
+        if s.vocab < src.vocab:
+            problems.append(f"vocab {s.vocab} must be >= {src.vocab}")
+        self.real_layers = self._place_layers()
+        if self.real_layers is None:
+            problems.append(f"{s.n_layers} layers cannot hold the {src.n_layers} real ones around the feature "
+                            f"layers {s.layer_ids()}")
+        if problems:
+            raise ValueError(f"size {s.name}: " + "; ".join(problems))
+        self.spare = H - 1
+        self.norm_scale = math.sqrt(h / H)
+        self.eps = src.eps * h / H
+        m = s.head_dim // src.head_dim
+        self.head_scale = m
+        half_src, half = src.head_dim // 2, s.head_dim // 2
+        self.head_dims = np.array([(j // half_src) * half + m * (j % half_src) for j in range(src.head_dim)])
+        q_heads = [(i // group_src) * group + i % group_src for i in range(src.n_heads)]
+        self.q_rows = np.concatenate([q * s.head_dim + self.head_dims for q in q_heads])
+        self.kv_rows = np.concatenate([k * s.head_dim + self.head_dims for k in range(src.n_kv_heads)])
+        self.hid = np.arange(h)
+        self.ffr = np.arange(src.ff)
+        self.tok = np.arange(src.vocab)
+
+    # layout
+
+    def _place_layers(self) -> list[int] | None:
+        """Positions of the real target layers: the real feature layers' outputs at two of the new feature
+        layers, nothing real after the second one's successors, the last layer an added one (it writes d*)."""
+        ids_src = list(self.src.draft_config["dflash_config"]["target_layer_ids"])
+        ids = self.s.layer_ids()
+        n_src, n = self.src.n_layers, self.s.n_layers
+        slots = self.feature_slots()
+        if slots is None:
+            return None
+        pos, nxt = [], 0
+        for r in range(n_src):
+            if r in ids_src:  # must end exactly at its feature layer
+                p = ids[slots[ids_src.index(r)]]
+            else:
+                p = nxt
+            if p < nxt:
+                return None
+            pos.append(p)
+            nxt = p + 1
+        return pos if nxt <= n - 1 else None
+
+    def feature_slots(self) -> list[int] | None:
+        """Which of the new feature layers carry the real ones: spread like the real ids among the real layers."""
+        ids_src = list(self.src.draft_config["dflash_config"]["target_layer_ids"])
+        n_new = len(self.s.layer_ids())
+        if len(ids_src) > n_new:
+            return None
+        slots = [1 + 2 * i for i in range(len(ids_src))]  # [1, 3] of 5: tinycode's [1, 3] of its 6 layers
+        return slots if slots[-1] < n_new else list(range(len(ids_src)))
+
+    # helpers
+
+    @staticmethod
+    def _place(shape: tuple[int, ...], value: np.ndarray | None, *index: np.ndarray) -> np.ndarray:
+        out = np.zeros(shape, np.float32)
+        if value is not None:
+            out[np.ix_(*index)] = value
+        return out
+
+    def hidden_norm(self, w: np.ndarray, spare: float = 0.0) -> np.ndarray:
+        out = self._place((self.s.hidden,), w * self.norm_scale, self.hid)
+        out[self.spare] = spare
+        return out
+
+    def _spare_writer(self, gate: str, up: str, down: str, norm: str) -> dict[str, np.ndarray]:
+        """An FFN whose output is M on d* (z^2 = silu(z) z + silu(-z) (-z) summed over the normed real dims)."""
+        H, ff, h = self.s.hidden, self.s.ff, self.src.hidden
+        a = c = math.sqrt(SPARE_TARGET / H)
+        g, u, d = np.zeros((ff, H), np.float32), np.zeros((ff, H), np.float32), np.zeros((H, ff), np.float32)
+        for i in range(h):
+            for sign, unit in ((1.0, 2 * i), (-1.0, 2 * i + 1)):
+                g[unit, i], u[unit, i] = sign, sign * a
+        d[self.spare, : 2 * h] = c
+        return {norm: self._place((H,), np.ones(h, np.float32), self.hid), gate: g, up: u, down: d}
+
+    def _layer(self, names: dict[str, str], real: dict[str, np.ndarray] | None, last: bool) -> dict[str, np.ndarray]:
+        """One transformer layer's tensors under `names` (role -> tensor name), from `real` (role -> source
+        tensor) or, for an added layer, zero (the last one writes d*)."""
+        s, H = self.s, self.s.hidden
+        q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        r = real or {}
+        out = {
+            names["attn_norm"]: self.hidden_norm(r["attn_norm"]) if real else np.zeros(H, np.float32),
+            names["q"]: self._place((q, H), r.get("q"), self.q_rows, self.hid),
+            names["k"]: self._place((kv, H), r.get("k"), self.kv_rows, self.hid),
+            names["v"]: self._place((kv, H), r.get("v"), self.kv_rows, self.hid),
+            names["o"]: self._place((H, q), r.get("o"), self.hid, self.q_rows),
+            names["q_norm"]: self._place((s.head_dim,), r.get("q_norm"), self.head_dims),
+            names["k_norm"]: self._place((s.head_dim,), None if not real else r["k_norm"] / math.sqrt(self.head_scale),
+                                         self.head_dims),
+            names["ffn_norm"]: self.hidden_norm(r["ffn_norm"]) if real else np.zeros(H, np.float32),
+            names["gate"]: self._place((s.ff, H), r.get("gate"), self.ffr, self.hid),
+            names["up"]: self._place((s.ff, H), r.get("up"), self.ffr, self.hid),
+            names["down"]: self._place((H, s.ff), r.get("down"), self.hid, self.ffr),
+        }
+        if last:
+            out.update(self._spare_writer(names["gate"], names["up"], names["down"], names["ffn_norm"]))
+        return out
+
+    # the target (GGUF names)
+
+    def target_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        s, t = self.s, self.src.target
+        embd = self._place((s.vocab, s.hidden), t["token_embd.weight"], self.tok, self.hid)
+        yield "token_embd.weight", embd.astype(np.float16)
+        del embd
+        roles = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
+                 "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "ffn_norm": "ffn_norm", "gate": "ffn_gate",
+                 "up": "ffn_up", "down": "ffn_down"}
+        for i in range(s.n_layers):
+            names = {role: f"blk.{i}.{name}.weight" for role, name in roles.items()}
+            real = None
+            if i in self.real_layers:
+                r = self.real_layers.index(i)
+                real = {role: t[f"blk.{r}.{name}.weight"] for role, name in roles.items()}
+            for name, value in self._layer(names, real, last=i == s.n_layers - 1).items():
+                yield name, value if value.ndim == 1 else value.astype(np.float16)
+        yield "output_norm.weight", self.hidden_norm(t["output_norm.weight"], SPARE_NORM_WEIGHT)
+        yield "output.weight", self.lm_head(t["output.weight"]).astype(np.float16)
+
+    def lm_head(self, w: np.ndarray) -> np.ndarray:
+        out = self._place((self.s.vocab, self.s.hidden), w, self.tok, self.hid)
+        out[self.src.vocab:, self.spare] = PAD_LOGIT_WEIGHT
+        return out
+
+    # the drafter (HF keys)
+
+    def draft_config(self) -> dict[str, Any]:
+        s, c = self.s, dict(self.src.draft_config)
+        dc = dict(c["dflash_config"])
+        dc["target_layer_ids"] = s.layer_ids()
+        c.update(hidden_size=s.hidden, num_hidden_layers=s.draft_layers, num_attention_heads=s.n_heads,
+                 num_key_value_heads=s.n_kv_heads, head_dim=s.head_dim, intermediate_size=s.ff,
+                 rms_norm_eps=self.eps, vocab_size=s.vocab, num_target_layers=s.n_layers, dflash_config=dc,
+                 torch_dtype="float16")
+        return c
+
+    def draft_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        s, d, src = self.s, self.src.draft, self.src
+        H, h = s.hidden, src.hidden
+        n_feat = len(s.layer_ids())
+        fc = np.zeros((H, n_feat * H), np.float32)
+        for k, slot in enumerate(self.feature_slots() or []):
+            fc[np.ix_(self.hid, slot * H + self.hid)] = d["fc.weight"][:, k * h:(k + 1) * h]
+        yield "fc.weight", fc
+        yield "hidden_norm.weight", self.hidden_norm(d["hidden_norm.weight"])
+        yield "norm.weight", self.hidden_norm(d["norm.weight"], SPARE_NORM_WEIGHT)
+        roles = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
+                 "v": "self_attn.v_proj", "o": "self_attn.o_proj", "q_norm": "self_attn.q_norm",
+                 "k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "gate": "mlp.gate_proj",
+                 "up": "mlp.up_proj", "down": "mlp.down_proj"}
+        n_src = src.draft_config["num_hidden_layers"]
+        for i in range(s.draft_layers):
+            names = {role: f"layers.{i}.{name}.weight" for role, name in roles.items()}
+            real = {role: d[f"layers.{i}.{name}.weight"] for role, name in roles.items()} if i < n_src else None
+            yield from self._layer(names, real, last=i == s.draft_layers - 1).items()
+            for conv in ("attention_conv", "mlp_conv"):
+                p = f"layers.{i}.{conv}."
+                yield from self._conv(p, d.get(p + "base_kernel") if i < n_src else None,
+                                      d.get(p + "kernel_projection.weight") if i < n_src else None)
+        for book in ("predecessor_codebook", "successor_codebook"):
+            w = d[f"candidate_selector.{book}"]
+            yield f"candidate_selector.{book}", self._place((s.vocab, w.shape[1]), w, self.tok, np.arange(w.shape[1]))
+        w = d["candidate_selector.hidden_projection.weight"]
+        yield ("candidate_selector.hidden_projection.weight",
+               self._place((w.shape[0], H), w, np.arange(w.shape[0]), self.hid))
+
+    def _conv(self, prefix: str, base: np.ndarray | None, proj: np.ndarray | None) -> Iterator[tuple[str, np.ndarray]]:
+        """Added channels (and added layers) get the identity kernel and no dynamic part."""
+        dc = self.src.draft_config["dflash_config"]
+        K, group = int(dc["conv_kernel_size"]), int(dc["conv_group_size"])
+        G_src, G = self.src.hidden // group, self.s.hidden // group
+        b = np.zeros((2, K, self.s.hidden), np.float32)
+        b[:, 0, :] = 1.0
+        if base is not None:
+            b[:, :, : self.src.hidden] = base
+        yield prefix + "base_kernel", b
+        p = np.zeros((2 * K * G, self.s.hidden), np.float32)
+        if proj is not None:
+            for side in range(2):
+                for tap in range(K):
+                    p[side * K * G + tap * G: side * K * G + tap * G + G_src, : self.src.hidden] = \
+                        proj[side * K * G_src + tap * G_src: (side * K + tap + 1) * G_src]
+        yield prefix + "kernel_projection.weight", p
+
+
+# --- writing -----------------------------------------------------------------------------------
+
+
+def target_shapes(s: ScaleSize) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> torch shape of a qwen3 target of this size, in file order."""
+    q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (s.vocab, s.hidden)}
+    for i in range(s.n_layers):
+        p = f"blk.{i}."
+        shapes.update({
+            p + "attn_norm.weight": (s.hidden,), p + "attn_q.weight": (q, s.hidden),
+            p + "attn_k.weight": (kv, s.hidden), p + "attn_v.weight": (kv, s.hidden),
+            p + "attn_output.weight": (s.hidden, q), p + "attn_q_norm.weight": (s.head_dim,),
+            p + "attn_k_norm.weight": (s.head_dim,), p + "ffn_norm.weight": (s.hidden,),
+            p + "ffn_gate.weight": (s.ff, s.hidden), p + "ffn_up.weight": (s.ff, s.hidden),
+            p + "ffn_down.weight": (s.hidden, s.ff),
+        })
+    shapes["output_norm.weight"] = (s.hidden,)
+    shapes["output.weight"] = (s.vocab, s.hidden)
+    return shapes
+
+
+def _add_tokenizer(w: Any, tok: dict[str, Any], vocab: int) -> None:
+    """The source's tokenizer, its token list padded with UNUSED tokens (never produced by tokenizing)."""
+    unused = 5  # llama_token_type
+    tokens = list(tok["tokenizer.ggml.tokens"])
+    known = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+             "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+             "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
+             "tokenizer.ggml.mask_token_id"}
+    extra = sorted(set(tok) - known)
+    if extra:
+        raise ValueError(f"the source target's tokenizer has keys the inflation does not carry over: {extra}")
+    w.add_tokenizer_model(tok["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(tok["tokenizer.ggml.pre"])
+    w.add_token_list(tokens + [f"<|unused{i}|>" for i in range(len(tokens), vocab)])
+    w.add_token_types(list(tok["tokenizer.ggml.token_type"]) + [unused] * (vocab - len(tokens)))
+    w.add_token_merges(list(tok["tokenizer.ggml.merges"]))
+    w.add_bos_token_id(int(tok["tokenizer.ggml.bos_token_id"]))
+    w.add_eos_token_id(int(tok["tokenizer.ggml.eos_token_id"]))
+    if "tokenizer.ggml.padding_token_id" in tok:
+        w.add_pad_token_id(int(tok["tokenizer.ggml.padding_token_id"]))
+    if "tokenizer.ggml.add_bos_token" in tok:
+        w.add_add_bos_token(bool(tok["tokenizer.ggml.add_bos_token"]))
+    if "tokenizer.ggml.add_eos_token" in tok:
+        w.add_add_eos_token(bool(tok["tokenizer.ggml.add_eos_token"]))
+    if "tokenizer.ggml.mask_token_id" in tok:
+        w.add_mask_token_id(int(tok["tokenizer.ggml.mask_token_id"]))
+
+
+def write_target_gguf(path: Path, infl: Inflation) -> None:
+    """The inflated target: F16 matrices, F32 norms, the source's tokenizer padded to the vocabulary."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+
+    s, src = infl.s, infl.src
+    w = GGUFWriter(path, "qwen3")
+    w.add_type("model")
+    w.add_name(f"tinycode inflated to Qwen3-{s.name} shapes ({s.key()})")
+    w.add_file_type(1)  # mostly F16
+    w.add_context_length(src.context_length)
+    w.add_embedding_length(s.hidden)
+    w.add_block_count(s.n_layers)
+    w.add_feed_forward_length(s.ff)
+    w.add_head_count(s.n_heads)
+    w.add_head_count_kv(s.n_kv_heads)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_layer_norm_rms_eps(infl.eps)
+    w.add_rope_freq_base(src.rope_theta)
+    _add_tokenizer(w, src.tokenizer, s.vocab)
+    shapes = target_shapes(s)
+    F16, F32 = GGMLQuantizationType.F16, GGMLQuantizationType.F32
+    for name, shape in shapes.items():
+        dtype = np.dtype(np.float32 if len(shape) == 1 else np.float16)
+        w.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=F32 if len(shape) == 1 else F16)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        order = iter(shapes.items())
+        for name, value in infl.target_tensors():  # one layer in memory at a time
+            assert next(order) == (name, value.shape), name
+            w.write_tensor_data(value)
+    finally:
+        w.close()
+
+
+def write_draft_checkpoint(folder: Path, infl: Inflation) -> None:
+    """The inflated drafter as a Hugging Face DFlash2 checkpoint: F16 matrices, F32 norms and conv bases."""
+    from safetensors.numpy import save_file
+
+    (folder / "config.json").write_text(json.dumps(infl.draft_config(), indent=1))
+    tensors = {k: v if v.ndim == 1 or k.endswith("base_kernel") else v.astype(np.float16)
+               for k, v in infl.draft_tensors()}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _atomic(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` then rename: a cached file exists only complete."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)  # mkstemp makes it private
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Pair:
+    targets: dict[str, Path]  # target type -> GGUF
+    draft: Path
+
+
+def ensure_pair(s: ScaleSize, folder: Path, *, target_types: tuple[str, ...] = TARGET_TYPES,
+                draft_type: str = DRAFT_TYPE, source: Path = TINYCODE,
+                log: Callable[[str], None] = lambda m: None) -> Pair:
+    """The inflated pair of size `s` in `folder` (generated unless files of the same key are there): the F16
+    target quantized to each of `target_types` by libllama's quantizer, the drafter converted by
+    dflash-convert against the F16 target."""
+    from dflash_convert.convert import Options, convert
+    from dflash_convert.quantize import llama_quantize, parse_outtype
+
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = f"{s.name}-{s.key()}"
+    f16 = folder / f"{stem}-target-f16.gguf"
+    targets = {t: folder / f"{stem}-target-{parse_outtype(t).name}.gguf" for t in target_types}
+    draft = folder / f"{stem}-dflash2-{parse_outtype(draft_type).name}-head.gguf"
+    missing = [p for p in (f16, *targets.values(), draft) if not p.is_file()]
+    if not missing:
+        return Pair(targets, draft)
+    infl = Inflation(load_source(source), s)
+    if not f16.is_file():
+        log(f"[scale] writing {f16.name} ({format_count(s.target_params())} params) ...")
+        t0 = time.perf_counter()
+        _atomic(f16, lambda tmp: write_target_gguf(tmp, infl))
+        log(f"[scale] ... {time.perf_counter() - t0:.0f} s")
+    for t, path in targets.items():
+        if not path.is_file():
+            log(f"[scale] quantizing {path.name} with libllama ...")
+            t0 = time.perf_counter()
+            _atomic(path, lambda tmp: llama_quantize(f16, tmp, parse_outtype(t)))
+            log(f"[scale] ... {time.perf_counter() - t0:.0f} s")
+    if not draft.is_file():
+        log(f"[scale] writing {draft.name} ({format_count(s.draft_params())} params + the target's head) ...")
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix=".ckpt-", dir=folder) as tmp:
+            write_draft_checkpoint(Path(tmp), infl)
+            # the head in the drafter's type: at a real vocabulary the F16 head is most of a draft step on a CPU
+            convert(Options(draft_dir=Path(tmp), target=f16, outfile=draft, outtype=draft_type, force=True,
+                            progress=False, embed_target_head=True))  # writes atomically itself
+        log(f"[scale] ... {time.perf_counter() - t0:.0f} s")
+    return Pair(targets, draft)
+
+
+__all__ = ["DRAFT_TYPE", "Inflation", "Pair", "SIZES", "ScaleSize", "TARGET_TYPES", "default_scale_dir",
+           "ensure_pair", "format_count", "load_source", "target_shapes"]

@@ -1,0 +1,134 @@
+"""The inflated pairs of `dflash bench --scale` (bindings/dflash_gguf/inflate.py) at the smallest size, 0.6B.
+
+The inflated target must compute the tinycode target's function: the same greedy text on the bundled
+prompts (near-ties reported), the same logits over the real vocabulary, and every padded token's logit
+far below. The inflated drafter must be accepted as often as the bundled one (within 5%).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tinycode import EOS, TARGET, THREADS, GreedyReference, drafter_gguf, prompts, record
+
+from dflash_gguf import SpeculativeLlama
+from dflash_gguf.inflate import SIZES, Inflation, ScaleSize, ensure_pair, load_source
+
+SIZE = SIZES["0.6B"]
+N_TOKENS = 24
+REAL_VOCAB = 2048
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    return ensure_pair(SIZE, tmp_path_factory.mktemp("inflated"), target_types=("f16", "q8_0", "q4_k_m"))
+
+
+@pytest.fixture(scope="module")
+def reference() -> GreedyReference:
+    return GreedyReference(TARGET)
+
+
+def _greedy_with_logits(ref: GreedyReference, prefix: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
+    llm = ref.llm
+    llm.reset()
+    llm.eval(list(prefix))
+    tokens, logits = [], []
+    for _ in range(n):
+        row = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        logits.append(row)
+        tokens.append(int(np.argmax(row)))
+        if tokens[-1] == EOS:
+            break
+        llm.eval([tokens[-1]])
+    return tokens, logits
+
+
+def test_f16_target_computes_tinycodes_function(pair, reference: GreedyReference) -> None:  # type: ignore[no-untyped-def]
+    inflated = GreedyReference(pair.targets["f16"])
+    assert inflated.llm.n_vocab() == SIZE.vocab
+    near_ties, worst_diff, top_pad = [], 0.0, -np.inf
+    identical = 0
+    for p in prompts():
+        toks = reference.tokenize(p["text"])
+        assert inflated.tokenize(p["text"]) == toks, "the padded vocabulary tokenizes as tinycode's"
+        ref = reference.greedy(toks, N_TOKENS)
+        got, logits = _greedy_with_logits(inflated, toks, N_TOKENS)
+        for i, row in enumerate(logits):
+            top_pad = max(top_pad, float(row[REAL_VOCAB:].max()))
+        if got == ref.tokens:
+            identical += 1
+        else:
+            i = next(i for i, (a, b) in enumerate(zip(got, ref.tokens)) if a != b)
+            near_ties.append({"prompt": p["id"], "index": i, "margin": ref.margins[i]})
+            assert ref.margins[i] < 1e-2, f"{p['id']}: differs at {i}, tinycode's margin {ref.margins[i]}"
+        same = min(len(got), len(ref.tokens))
+        if same:
+            want = reference.logits_after(toks + ref.tokens[: same - 1])
+            worst_diff = max(worst_diff, float(np.abs(logits[same - 1][:REAL_VOCAB] - want).max()))
+    record("inflate_f16", {"identical": identical, "near_ties": near_ties, "max_real_logit_diff": worst_diff,
+                           "max_padded_logit": top_pad})
+    assert identical >= len(prompts()) - 2, near_ties
+    assert worst_diff < 2e-2, "the real logits are tinycode's up to F16 rounding"
+    assert top_pad < -1e3, "a padded token can never win or enter the drafter's top-k"
+
+
+def _same_prefix(reference: GreedyReference, target: GreedyReference) -> tuple[int, float]:
+    """Greedy tokens of `target` that agree with tinycode's before the first difference (10 prompts), and
+    the highest padded-token logit seen."""
+    same, top_pad = 0, -np.inf
+    for p in prompts()[:10]:
+        toks = reference.tokenize(p["text"])
+        ref = reference.greedy(toks, N_TOKENS).tokens
+        got, logits = _greedy_with_logits(target, toks, N_TOKENS)
+        top_pad = max(top_pad, max(float(row[REAL_VOCAB:].max()) if len(row) > REAL_VOCAB else -np.inf
+                                   for row in logits))
+        same += next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    return same, top_pad
+
+
+@pytest.mark.parametrize("ftype", ["q8_0", "q4_k_m"])
+def test_quantized_targets_keep_the_text(pair, reference: GreedyReference, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                         ftype: str) -> None:
+    """Quantized, the inflated target is not bit-for-bit tinycode's quantized the same way (its blocks
+    group other values), so it is held to that: its greedy text agrees with tinycode's F16 text about as
+    long as tinycode's own quantization does, and padded tokens stay out."""
+    from dflash_convert.quantize import llama_quantize, parse_outtype
+
+    llama_quantize(TARGET, tmp_path / f"tinycode-{ftype}.gguf", parse_outtype(ftype))
+    baseline, _ = _same_prefix(reference, GreedyReference(tmp_path / f"tinycode-{ftype}.gguf"))
+    same, top_pad = _same_prefix(reference, GreedyReference(pair.targets[ftype]))
+    record(f"inflate_{ftype}", {"same_prefix_tokens": same, "tinycode_quantized_same_prefix_tokens": baseline,
+                                "tokens": 10 * N_TOKENS, "max_padded_logit": top_pad})
+    assert same >= 0.7 * baseline, (same, baseline)
+    assert top_pad < -1e3
+
+
+def _acceptance(target: Path | str, draft: Path | str) -> tuple[float, int]:
+    llm = SpeculativeLlama(str(target), str(draft), n_ctx=512, n_threads=THREADS, n_max=7)
+    accepted = steps = 0
+    for p in prompts():
+        toks = llm.tokenize(p["text"], add_special=False, parse_special=False)
+        list(llm.generate_tokens(toks, max_tokens=N_TOKENS, temperature=0.0))
+        s = llm.stats
+        accepted, steps = accepted + s.accepted, steps + s.steps - s.plain_steps
+    llm.close()
+    return (accepted + steps) / steps
+
+
+def test_inflated_drafter_is_accepted_as_the_bundled_one(pair) -> None:  # type: ignore[no-untyped-def]
+    bundled = _acceptance(TARGET, drafter_gguf("q4_0"))
+    inflated = _acceptance(pair.targets["f16"], pair.draft)
+    record("inflate_acceptance", {"bundled": bundled, "inflated": inflated})
+    assert abs(inflated / bundled - 1) <= 0.05, (inflated, bundled)
+
+
+def test_sizes_that_cannot_hold_the_pair_are_refused() -> None:
+    src = load_source()
+    with pytest.raises(ValueError, match=r"size bad: hidden 200 must be a multiple of 16 above 256.*ff 512"):
+        Inflation(src, ScaleSize("bad", hidden=200, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ff=512))
+    with pytest.raises(ValueError, match=r"7 layers cannot hold the 6 real ones"):
+        Inflation(src, ScaleSize("bad", hidden=512, n_layers=7, n_heads=16, n_kv_heads=8, head_dim=128, ff=1024))
+    assert Inflation(src, SIZE).real_layers == [0, 7, 8, 19, 20, 21]
