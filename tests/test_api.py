@@ -67,6 +67,14 @@ def _toks(spec: SpeculativeLlama, i: int) -> list[int]:
     return spec.tokenize(_text(i), add_special=False, parse_special=False)
 
 
+def _llama_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """Our usage as llama_cpp.Llama's (which has no prompt_tokens_details: the cached tokens are
+    test_cached_tokens_are_the_reused_prompt_s)."""
+    details = usage["prompt_tokens_details"]
+    assert set(details) == {"cached_tokens"} and 0 <= details["cached_tokens"] < usage["prompt_tokens"]
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
+
+
 @pytest.fixture(scope="module")
 def baseline(spec: SpeculativeLlama) -> dict[int, list[int]]:
     """Greedy token outputs (64 tokens) for a few prompts, taken before anything else runs on the object."""
@@ -94,7 +102,7 @@ def test_stream_and_plain_completion_give_the_same_text(spec: SpeculativeLlama) 
     # and it is the detokenized token stream
     toks = list(spec.generate_tokens(spec.tokenize(prompt, special=True), max_tokens=64, **GREEDY))
     assert full["choices"][0]["text"] == spec.detokenize(toks).decode("utf-8", errors="replace")
-    assert full["usage"] == {"prompt_tokens": len(spec.tokenize(prompt, special=True)), "completion_tokens": 64,
+    assert _llama_usage(full["usage"]) == {"prompt_tokens": len(spec.tokenize(prompt, special=True)), "completion_tokens": 64,
                              "total_tokens": len(spec.tokenize(prompt, special=True)) + 64}
 
 
@@ -144,7 +152,7 @@ def test_max_tokens_beyond_the_context_stops_where_llama_cpp_does(draft: str) ->
         for max_tokens in (500, None):
             a = ours.create_completion("def add(a, b):\n", max_tokens=max_tokens, **GREEDY)
             b = llm.create_completion("def add(a, b):\n", max_tokens=max_tokens, **GREEDY)
-            assert a["usage"] == b["usage"] and a["usage"]["total_tokens"] == 256
+            assert _llama_usage(a["usage"]) == b["usage"] and a["usage"]["total_tokens"] == 256
             assert a["choices"][0]["text"] == b["choices"][0]["text"]
             assert a["choices"][0]["finish_reason"] == "length"
     finally:
@@ -157,25 +165,28 @@ def _keys(d: dict[str, Any]) -> set[str]:
 
 
 def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None:
+    """Key for key llama_cpp.Llama's, plus what OpenAI and llama-server send and it does not:
+    system_fingerprint, and usage.prompt_tokens_details."""
     prompt = _text(0)
     ours, theirs = spec.create_completion(prompt, max_tokens=4, **GREEDY), llm.create_completion(prompt, max_tokens=4,
                                                                                                   **GREEDY)
-    assert _keys(ours) == _keys(theirs) == {"id", "object", "created", "model", "choices", "usage"}
+    assert _keys(ours) - {"system_fingerprint"} == _keys(theirs) == {"id", "object", "created", "model", "choices",
+                                                                     "usage"}
     assert ours["object"] == theirs["object"] == "text_completion"
     assert _keys(ours["choices"][0]) == _keys(theirs["choices"][0])
-    assert _keys(ours["usage"]) == _keys(theirs["usage"])
+    assert _keys(ours["usage"]) - {"prompt_tokens_details"} == _keys(theirs["usage"])
     assert isinstance(ours["created"], int) and isinstance(ours["id"], str) and ours["id"].startswith("cmpl-")
     assert ours["usage"]["prompt_tokens"] == theirs["usage"]["prompt_tokens"]
 
     o_chunks = list(spec.create_completion(prompt, max_tokens=4, stream=True, **GREEDY))
     t_chunks = list(llm.create_completion(prompt, max_tokens=4, stream=True, **GREEDY))
-    assert _keys(o_chunks[0]) == _keys(t_chunks[0])
+    assert _keys(o_chunks[0]) - {"system_fingerprint"} == _keys(t_chunks[0])
     assert _keys(o_chunks[0]["choices"][0]) == _keys(t_chunks[0]["choices"][0])
 
     msgs = [{"role": "user", "content": "def add(a, b):"}]
     oc, tc = spec.create_chat_completion(msgs, max_tokens=4, **GREEDY), llm.create_chat_completion(msgs, max_tokens=4,
                                                                                                     **GREEDY)
-    assert _keys(oc) == _keys(tc) == {"id", "object", "created", "model", "choices", "usage"}
+    assert _keys(oc) - {"system_fingerprint"} == _keys(tc) == {"id", "object", "created", "model", "choices", "usage"}
     assert oc["object"] == tc["object"] == "chat.completion"
     assert _keys(oc["choices"][0]) == _keys(tc["choices"][0])
     assert _keys(oc["choices"][0]["message"]) == _keys(tc["choices"][0]["message"])
@@ -188,11 +199,13 @@ def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None
     ocs = list(spec.create_chat_completion(msgs, max_tokens=4, stream=True, **GREEDY))
     tcs = list(llm.create_chat_completion(msgs, max_tokens=4, stream=True, **GREEDY))
     for o, t in ((ocs[0], tcs[0]), (ocs[1], tcs[1]), (ocs[-1], tcs[-1])):
-        assert _keys(o) == _keys(t)
+        assert _keys(o) - {"system_fingerprint"} == _keys(t)
         assert _keys(o["choices"][0]) == _keys(t["choices"][0])
         assert _keys(o["choices"][0]["delta"]) == _keys(t["choices"][0]["delta"])
     assert ocs[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert ocs[-1]["choices"][0]["finish_reason"] is not None
+    for out in (ours, *o_chunks, oc, *ocs):
+        assert out["system_fingerprint"] == spec.system_fingerprint
 
 
 # what LangChain's LlamaCpp (and other wrappers) pass to llama_cpp.Llama on every call
@@ -459,7 +472,7 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
 
     ours_c = spec(prompt, max_tokens=40, stopping_criteria=after(7), **GREEDY)
     theirs_c = llm(prompt, max_tokens=40, stopping_criteria=after(7), **GREEDY)
-    assert ours_c["choices"][0] == theirs_c["choices"][0] and ours_c["usage"] == theirs_c["usage"]
+    assert ours_c["choices"][0] == theirs_c["choices"][0] and _llama_usage(ours_c["usage"]) == theirs_c["usage"]
     assert ours_c["choices"][0]["finish_reason"] == "stop" and ours_c["usage"]["completion_tokens"] == 7
     streamed = list(spec(prompt, max_tokens=40, stopping_criteria=after(7), stream=True, **GREEDY))
     assert "".join(c["choices"][0]["text"] for c in streamed) == ours_c["choices"][0]["text"]
@@ -1129,3 +1142,182 @@ def test_forced_tool_arguments_are_strict_json(spec: SpeculativeLlama) -> None:
             assert isinstance(json.loads(call["arguments"])["city"], str)
             finished += 1
     assert finished > 0
+
+
+def test_cached_tokens_are_the_reused_prompt_s(spec: SpeculativeLlama) -> None:
+    """usage.prompt_tokens_details.cached_tokens (OpenAI's and llama-server's): the prompt's tokens taken from
+    what the context held, not decoded again: 0 for a fresh context, all but the last for a repeated prompt,
+    the shared prefix for one that goes on from the last call; chats and lists of prompts alike."""
+    prompt = _text(5)
+    spec.reset()
+    fresh = spec.create_completion(prompt, max_tokens=8, **GREEDY)["usage"]
+    assert fresh["prompt_tokens_details"] == {"cached_tokens": 0}
+    again = spec.create_completion(prompt, max_tokens=8, **GREEDY)["usage"]
+    n = again["prompt_tokens"]
+    assert again["prompt_tokens_details"] == {"cached_tokens": n - 1} and spec.stats.reused_prompt_tokens == n - 1
+    longer = spec.create_completion(prompt + "\n\n# more\n", max_tokens=8, **GREEDY)["usage"]
+    held = spec.tokenize(prompt, special=True)
+    mine = spec.tokenize(prompt + "\n\n# more\n", special=True)
+    common = next((i for i, (a, b) in enumerate(zip(held, mine)) if a != b), len(held))
+    assert 0 < longer["prompt_tokens_details"]["cached_tokens"] <= common
+    assert longer["prompt_tokens_details"]["cached_tokens"] >= common - 2  # a merge at the seam may differ
+
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    spec.reset()
+    first = spec.create_chat_completion(msgs, max_tokens=6, **GREEDY)["usage"]
+    second = spec.create_chat_completion(msgs, max_tokens=6, **GREEDY)["usage"]
+    assert first["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second["prompt_tokens_details"]["cached_tokens"] == second["prompt_tokens"] - 1
+    streamed = list(spec.create_chat_completion(msgs, max_tokens=6, stream=True, **GREEDY))
+    assert streamed[-1]["choices"][0]["finish_reason"] and spec.stats.usage() == second
+
+    spec.reset()
+    many = spec.create_completion([prompt, prompt], max_tokens=4, **GREEDY)["usage"]
+    assert many["prompt_tokens"] == 2 * n and many["prompt_tokens_details"] == {"cached_tokens": n - 1}
+
+
+def test_end_of_text_counts_as_a_generated_token(spec: SpeculativeLlama, llm: Any) -> None:
+    """An end-of-generation token the target samples is no text but is counted in usage.completion_tokens,
+    as llama-server counts it (llama_cpp.Llama does not: README, differences); streamed usage alike."""
+    from tinycode import EOS
+
+    prompt = _text(2)
+    now = spec.create_completion(prompt, max_tokens=16, logit_bias={EOS: 100.0}, **GREEDY)
+    assert now["choices"][0]["text"] == "" and now["choices"][0]["finish_reason"] == "stop"
+    n_prompt = now["usage"]["prompt_tokens"]
+    assert now["usage"]["completion_tokens"] == 1 and now["usage"]["total_tokens"] == n_prompt + 1
+    assert spec.stats.completion_tokens == 0 and spec.stats.end_of_text and spec.stats.generated_tokens == 1
+    theirs = llm.create_completion(prompt, max_tokens=16, logit_bias={EOS: 100.0}, **GREEDY)
+    assert theirs["choices"][0]["text"] == "" and theirs["usage"]["completion_tokens"] == 0
+    chat = spec.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=16, logit_bias={EOS: 100.0},
+                                       **GREEDY)
+    assert chat["choices"][0]["message"]["content"] == "" and chat["usage"]["completion_tokens"] == 1
+
+    # a text that ends itself: its tokens and the end of text; one cut by max_tokens or a stop string: its tokens
+    short = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main'
+    ended = spec.create_completion(short, max_tokens=200, **GREEDY)
+    assert ended["choices"][0]["finish_reason"] == "stop" and spec.stats.end_of_text
+    n_text = spec.stats.completion_tokens
+    assert ended["usage"]["completion_tokens"] == n_text + 1 and n_text >= 2
+    streamed = list(spec.create_completion(short, max_tokens=200, stream=True, **GREEDY))
+    assert streamed[-1]["choices"][0]["finish_reason"] == "stop" and spec.stats.usage()["completion_tokens"] == n_text + 1
+    cut = spec.create_completion(short, max_tokens=n_text, **GREEDY)
+    assert cut["usage"]["completion_tokens"] == n_text and not spec.stats.end_of_text
+    stopped = spec.create_completion(short, max_tokens=200, stop=ended["choices"][0]["text"][-1], **GREEDY)
+    assert stopped["choices"][0]["finish_reason"] == "stop" and not spec.stats.end_of_text
+    assert stopped["usage"]["completion_tokens"] == spec.stats.completion_tokens <= n_text
+
+
+def test_system_fingerprint_names_the_build_and_files(spec: SpeculativeLlama, draft: str) -> None:
+    """OpenAI's system_fingerprint: this package's version and a hash of libllama's version, the target and
+    drafter files and the sampler; the same for the same setup, another for another drafter or sampler."""
+    import re
+
+    from dflash_gguf import __version__
+
+    fp = spec.system_fingerprint
+    assert re.fullmatch(rf"dflash-gguf-{re.escape(__version__)}-[0-9a-f]{{12}}", fp), fp
+    with SpeculativeLlama(str(TARGET), draft, n_ctx=64, n_threads=THREADS, n_max=3) as same:
+        assert same.system_fingerprint == fp
+        assert same.create_completion("x", max_tokens=1)["system_fingerprint"] == fp
+    with SpeculativeLlama(str(TARGET), draft, n_ctx=64, n_threads=THREADS, n_max=3, sampler="rejection") as other:
+        assert other.system_fingerprint != fp
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f16")), n_ctx=64, n_threads=THREADS, n_max=3) as f16:
+        assert f16.system_fingerprint != fp
+    adopted_llm = llama_cpp.Llama(str(TARGET), n_ctx=64, n_threads=THREADS, verbose=False)
+    try:
+        assert SpeculativeLlama.from_llama(adopted_llm, draft, n_max=3).system_fingerprint == fp
+    finally:
+        adopted_llm.close()
+
+
+MULTIBYTE = "# café → 😀, naïve\ndef f(x):"
+
+
+def test_logprobs_of_characters_split_over_byte_tokens(spec: SpeculativeLlama) -> None:
+    """The tinycode vocabulary spells é, → and emoji in byte tokens: each token's string is the text it
+    completes (the leading bytes ""), so the strings join to the text and the offsets follow it; the
+    top_logprobs keys stay distinct (a token that is no text by itself there is keyed "bytes:\\xNN", as
+    OpenAI writes one), so every listed alternative survives; a chat's bytes are each token's own."""
+    toks = spec.tokenize(MULTIBYTE, special=True)
+    assert any(not _whole(spec._spec.token_to_piece(t)) for t in toks)  # byte tokens: the case is exercised
+    n = len(toks)
+    out = spec.create_completion(MULTIBYTE, max_tokens=12, logprobs=3, echo=True, **GREEDY)["choices"][0]
+    lp = out["logprobs"]
+    assert "".join(lp["tokens"]) == out["text"] and out["text"].startswith(MULTIBYTE)
+    assert lp["text_offset"] == [len("".join(lp["tokens"][:k])) for k in range(len(lp["tokens"]))]
+    assert len(lp["tokens"]) == n + 12
+    k = toks.index(spec.tokenize("é", add_bos=False)[0])
+    assert lp["tokens"][k: k + 2] == ["", "é"]
+
+    theirs = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True,
+                             verbose=False)
+    theirs.eval(toks)
+    rows = np.asarray(theirs.scores[: n - 1], dtype=np.float64)
+    rows = rows - rows.max(1, keepdims=True)
+    rows -= np.log(np.exp(rows).sum(1, keepdims=True))
+    for i in range(1, n):
+        top = lp["top_logprobs"][i]
+        assert top[lp["tokens"][i]] == lp["token_logprobs"][i]
+        best = np.sort(rows[i - 1])[::-1][:3]
+        listed = sorted(top.values(), reverse=True)
+        # all three most likely are there under their own keys (and the token itself, when not among them)
+        assert len(top) == 3 + (lp["token_logprobs"][i] < best[2] - 1e-3)
+        np.testing.assert_allclose(listed[:3], best, atol=2e-3)
+    # byte tokens and the end of text among the alternatives (the tiny model ranks them low: listed by
+    # hand, with the vocabulary's own pieces): each under a key of its own
+    from dflash_gguf.llama_compat import top_keys
+    from tinycode import EOS
+
+    lead = {b: spec.tokenize(c, add_bos=False)[0] for b, c in ((0xC3, "é"), (0xE2, "→"), (0xF0, "😀"))}
+    tail = spec.tokenize("é", add_bos=False)[1]  # \xa9
+    whole = spec.tokenize(" a", add_bos=False)[0]
+    best = [(lead[0xC3], -1.0), (tail, -1.5), (lead[0xE2], -2.0), (EOS, -2.5), (lead[0xF0], -3.0), (whole, -3.5)]
+    keys = top_keys(lead[0xE2], "", b"\xe2", -2.0, best, b"\xc3", spec._spec.token_to_piece)
+    assert [k for k, _, _ in keys] == ["bytes:\\xc3", "é", "", "<|endoftext|>", "bytes:\\xf0", " a"]
+    assert [b for _, b, _ in keys] == [b"\xc3", b"\xa9", b"\xe2", b"<|endoftext|>", b"\xf0", b" a"]
+    chosen_last = top_keys(tail, "é", b"\xa9", -9.0, best[:1] + best[2:], b"\xc3", spec._spec.token_to_piece)
+    assert [k for k, _, _ in chosen_last][-1] == "é" and len({k for k, _, _ in chosen_last}) == len(best)
+
+    streamed = [c["choices"][0] for c in spec(MULTIBYTE, max_tokens=12, logprobs=3, echo=True, stream=True,
+                                               **GREEDY)]
+    assert {key: [v for c in streamed if c["logprobs"] for v in c["logprobs"][key]] for key in lp} == lp
+
+    # generated: a grammar makes the target write them; a character cut by max_tokens ends as U+FFFD
+    grammar = 'root ::= "é→😀 naïve"'
+    gen = spec.create_completion("x = '", max_tokens=24, logprobs=2, grammar=grammar, **GREEDY)["choices"][0]
+    assert gen["text"] == "é→😀 naïve" and "".join(gen["logprobs"]["tokens"]) == gen["text"]
+    assert "" in gen["logprobs"]["tokens"]
+    for top in gen["logprobs"]["top_logprobs"]:
+        assert len(top) in (2, 3)
+    parts = [c["choices"][0] for c in spec("x = '", max_tokens=24, logprobs=2, grammar=grammar, stream=True,
+                                           **GREEDY)]
+    assert [t for c in parts if c["logprobs"] for t in c["logprobs"]["tokens"]] == gen["logprobs"]["tokens"]
+    assert all(c["logprobs"] is None or "".join(c["logprobs"]["tokens"]) == c["text"] for c in parts)
+    cut = spec.create_completion("x = '", max_tokens=3, logprobs=1, grammar=grammar, **GREEDY)["choices"][0]
+    assert cut["text"] == "é\ufffd" and "".join(cut["logprobs"]["tokens"]) == cut["text"]
+    cut_parts = [c["choices"][0] for c in spec("x = '", max_tokens=3, logprobs=1, grammar=grammar, stream=True,
+                                               **GREEDY)]
+    assert [t for c in cut_parts if c["logprobs"] for t in c["logprobs"]["tokens"]] == cut["logprobs"]["tokens"]
+
+    # chat: each token's bytes are its own; together the reply's
+    msgs = [{"role": "user", "content": "x"}]
+    reply = spec.create_chat_completion(msgs, max_tokens=24, logprobs=True, top_logprobs=2, grammar=grammar,
+                                        **GREEDY)["choices"][0]
+    content = reply["logprobs"]["content"]
+    assert "".join(c["token"] for c in content) == reply["message"]["content"] == "é→😀 naïve"
+    assert bytes(b for c in content for b in c["bytes"]) == "é→😀 naïve".encode()
+    assert all(len({t["token"] for t in c["top_logprobs"]}) == len(c["top_logprobs"]) for c in content)
+
+    # an echoed text prompt's special tokens are in its text, and in its tokens
+    special = "x = 1<|endoftext|>y = 2\n"
+    echoed = spec.create_completion(special, max_tokens=0, logprobs=1, echo=True)["choices"][0]
+    assert echoed["text"] == special and "".join(echoed["logprobs"]["tokens"]) == special
+
+
+def _whole(piece: bytes) -> bool:
+    try:
+        piece.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True

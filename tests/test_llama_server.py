@@ -343,3 +343,64 @@ def sse_deltas(url: str, payload: dict[str, Any]) -> dict[str, str]:
                 for key in joined:
                     joined[key] += choice.get("delta", {}).get(key) or ""
     return joined
+
+
+def test_openai_usage_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """/v1/completions and /v1/chat/completions usage as llama-server counts it, request after request on
+    a fresh server each: completion_tokens with an end of text the target sampled (the first token or a
+    later one), prompt_tokens_details.cached_tokens of a repeated or continued prompt and of one an earlier
+    request left in the prompt cache (llama-server's --cache-ram is on by default, ours given one);
+    streamed usage (stream_options.include_usage) and the native tokens_predicted alike; a
+    system_fingerprint each."""
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+    from tinycode import drafter_gguf
+
+    target = tinycode / "target-f16.gguf"
+    ends_now = 'if __name__ == "__main__":\n    main()\n'  # greedy: the end of text at once
+    ends_soon = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main'  # "()\n", then the end
+    greedy = {"temperature": 0.0, "max_tokens": 24}
+    requests = [("/v1/completions", {"prompt": ends_now, **greedy}),
+                ("/v1/completions", {"prompt": ends_now, **greedy}),
+                ("/v1/completions", {"prompt": ends_soon, **greedy}),
+                ("/v1/completions", {"prompt": ends_soon + "()\n", **greedy}),
+                ("/v1/completions", {"prompt": prompts(tinycode)[0], **greedy}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b):"}], **greedy}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b):"}], **greedy})]
+    with running_server(llama_server, target, tmp_path / "usage.log") as base, \
+            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm, \
+            serving(llm, "ours") as port:
+        import llama_cpp
+
+        llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=256 << 20))  # `dflash serve --cache-ram 256`
+        answers: dict[str, list[Any]] = {}
+        for server_base in (base, f"http://127.0.0.1:{port}"):
+            got = answers.setdefault(server_base, [])
+            for path, body in requests:
+                status, out = http_json(server_base + path, body)
+                assert status == 200, out
+                assert isinstance(out["system_fingerprint"], str) and out["system_fingerprint"]
+                got.append((out["usage"], out["choices"][0]["finish_reason"]))
+            usage_chunks = sse_usage(server_base + "/v1/completions",
+                                     {"prompt": ends_soon, **greedy, "stream": True,
+                                      "stream_options": {"include_usage": True}})
+            got.append(usage_chunks)
+            got.append({k: http_json(server_base + "/completion", {"prompt": ends_now, "n_predict": 24,
+                                                                    "temperature": 0.0})[1][k]
+                        for k in ("tokens_predicted", "tokens_evaluated")})
+        ours, theirs = answers[f"http://127.0.0.1:{port}"], answers[base]
+    assert ours == theirs
+    assert ours[0][0]["completion_tokens"] == 1 and ours[1][0]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert llm.system_fingerprint.startswith("dflash-gguf-")
+
+
+def sse_usage(url: str, payload: dict[str, Any]) -> list[Any]:
+    """The usage of each chunk of an OpenAI stream that has one, and the system_fingerprint's presence."""
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    out = []
+    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[len("data: "):])
+                out.append(("system_fingerprint" in chunk, chunk.get("usage")))
+    return [u for u in out if u[1] is not None] + [all(f for f, _ in out)]

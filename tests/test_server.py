@@ -67,10 +67,12 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     status, out = request(port, "POST", "/v1/completions",
                           {"prompt": prompt, "max_tokens": 40, "user": "someone", "stream_options": {}, **GREEDY})
     assert status == 200 and out["model"] == "tiny" and out["object"] == "text_completion"
-    assert out["choices"] == direct["choices"] and out["usage"] == direct["usage"]
+    assert out["choices"] == direct["choices"] and out["system_fingerprint"] == llm.system_fingerprint
     t = out["timings"]  # llama-server's names, from the generation's statistics
     assert t["predicted_n"] == 40 and t["cache_n"] + t["prompt_n"] == out["usage"]["prompt_tokens"]
     assert t["cache_n"] == out["usage"]["prompt_tokens"] - 1  # the same prompt as the direct call's
+    # the usage is the Python API's, the prompt's tokens reused from the direct call as cached_tokens
+    assert out["usage"] == {**direct["usage"], "prompt_tokens_details": {"cached_tokens": t["cache_n"]}}
     assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_per_second"] > 0
     # streamed: the same text, chunk by chunk
     status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
@@ -84,8 +86,9 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
                                                                  "stream_options": {"include_usage": True}, **GREEDY})
     with_usage = events(payload)
-    assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"] == direct["usage"]
+    assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"] == out["usage"]
     assert with_usage[-1]["id"] == with_usage[0]["id"] and len(with_usage) == len(chunks) + 1
+    assert {c["system_fingerprint"] for c in with_usage} == {llm.system_fingerprint}
     # sampling options by llama-server's names ("mirostat") and llama_cpp.server's ("mirostat_mode")
     sampled = {"temperature": 1.0, "seed": 3, "mirostat_tau": 2.0, "mirostat_eta": 0.5, "typical_p": 0.9}
     direct = llm.create_completion(prompt, max_tokens=16, mirostat_mode=2, **sampled)
@@ -101,6 +104,8 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
                               {"messages": CHAT, "max_tokens": 24, "stream": True, **GREEDY})
     chunks = events(payload)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
+    assert out["system_fingerprint"] == llm.system_fingerprint
+    assert {c["system_fingerprint"] for c in chunks} == {llm.system_fingerprint}
     text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
     assert text == direct["choices"][0]["message"]["content"]
     # logit_bias arrives with string keys (JSON): banning the greedy first token changes it as it does directly

@@ -4,11 +4,16 @@ a forced call's shape)."""
 
 from __future__ import annotations
 
-import codecs
+import contextlib
+import hashlib
 import json
+import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from .text import utf8_decoder
 
 
 def check_logprobs(n: int | None) -> None:
@@ -22,47 +27,133 @@ def check_logprobs(n: int | None) -> None:
 TokenLogprob = tuple[float, list[tuple[int, float]]]
 
 
+@dataclass(frozen=True)
+class LogprobEntry:
+    """One token of a completion's logprobs: `token` is the text it completes (its piece decoded after the
+    bytes before it; "" for the leading bytes of a character split over several tokens), `piece` its
+    bytes; `top`: (key, bytes, logprob) of the most likely, the token itself under `token`."""
+
+    token: str
+    piece: bytes
+    offset: int
+    logprob: float | None
+    top: list[tuple[str, bytes, float]] | None
+
+
 class LogprobCursor:
     """llama_cpp.Llama's `logprobs` of a completion's tokens, handed out as their text is released: a
     chunk that brings the released text to `upto` characters gets the tokens that start before that
     (so a stop string cuts tokens and text alike, and a streamed chunk carries its own tokens).
     `tokens` and `logprobs` are the generation's lists, read as they grow (with echo, the prompt's tokens
-    first, the first of them with None: OpenAI's shape)."""
+    first, the first of them with None: OpenAI's shape); the first `n_special` tokens are rendered with
+    their special text (an echoed text prompt's <|im_start|>). The tokens' texts join to the text
+    exactly, multi-byte characters split over byte tokens included; see `top_keys` for the others."""
 
-    def __init__(self, tokens: list[int], logprobs: list[TokenLogprob | None], piece: Callable[[int], bytes],
-                 text_offset: int) -> None:
+    def __init__(self, tokens: list[int], logprobs: list[TokenLogprob | None], piece: Callable[[int, bool], bytes],
+                 text_offset: int, n_special: int = 0) -> None:
         self._tokens, self._logprobs, self._piece = tokens, logprobs, piece
-        self._base, self._next, self._chars = text_offset, 0, 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+        self._base, self._next, self._chars, self._n_special = text_offset, 0, 0, n_special
+        self._decoder = utf8_decoder()  # TextStream's decoding, so the texts add up to the text
 
-    def take(self, upto: int) -> dict[str, list[Any]]:
-        out: dict[str, list[Any]] = {"tokens": [], "text_offset": [], "token_logprobs": [], "top_logprobs": []}
+    def take(self, upto: int) -> list[LogprobEntry]:
+        out: list[LogprobEntry] = []
+        pending = b""
         while self._next < min(len(self._tokens), len(self._logprobs)) and self._chars < upto:
             tok, entry = self._tokens[self._next], self._logprobs[self._next]
-            piece = self._piece(tok)
-            token_str = piece.decode("utf-8", "ignore")
-            lp, best = None, None
-            if entry is not None:
-                lp, top = entry
-                best = {self._piece(i).decode("utf-8", "ignore"): v for i, v in top}
-                best[token_str] = lp
-            out["tokens"].append(token_str)
-            out["text_offset"].append(self._base + self._chars)
-            out["token_logprobs"].append(lp)
-            out["top_logprobs"].append(best)
-            self._chars += len(self._decoder.decode(piece))
+            piece = self._piece(tok, self._next < self._n_special)
+            pending = self._decoder.getstate()[0]
+            text = self._decoder.decode(piece)
+            out.append(self._entry(tok, text, piece, pending, entry))
+            self._chars += len(text)
             self._next += 1
+        if out and self._chars < upto and self._next == len(self._tokens):
+            # the text's end: an incomplete character the last token left, replaced as TextStream flushes it
+            tail = self._decoder.decode(b"", final=True)
+            last, tok = out[-1], self._tokens[self._next - 1]
+            out[-1] = self._entry(tok, last.token + tail, last.piece, pending, self._logprobs[self._next - 1])
+            self._chars += len(tail)
         return out
 
+    def _entry(self, tok: int, text: str, piece: bytes, pending: bytes, entry: TokenLogprob | None) -> LogprobEntry:
+        offset = self._base + self._chars
+        if entry is None:
+            return LogprobEntry(text, piece, offset, None, None)
+        lp, best = entry
+        return LogprobEntry(text, piece, offset, lp, top_keys(tok, text, piece, lp, best, pending, self._piece))
 
-def chat_logprobs(lp: dict[str, list[Any]]) -> dict[str, Any]:
-    """A completion's logprobs in OpenAI's chat shape."""
-    def entry(token: str, logprob: float) -> dict[str, Any]:
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
 
-    return {"content": [{**entry(t, v), "top_logprobs": [entry(a, b) for a, b in top.items()]}
-                        for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])],
+def top_keys(tok: int, text: str, piece: bytes, logprob: float, best: list[tuple[int, float]], pending: bytes,
+             piece_of: Callable[[int, bool], bytes]) -> list[tuple[str, bytes, float]]:
+    """The most likely tokens at one place as (key, bytes, logprob), the chosen one (`tok`, keyed by its
+    text) in its rank or last. Keys are distinct: another token is keyed by the text it would complete
+    there (after the `pending` bytes of an unfinished character) or else its own text, when whole; a special
+    token by its text; otherwise by its bytes, as OpenAI writes a token that is no text by itself
+    ("bytes:\\xe2")."""
+    taken = {text}
+    out: list[tuple[str, bytes, float]] = []
+    for i, v in best:
+        if i == tok:
+            out.append((text, piece, logprob))
+            continue
+        p = piece_of(i, False)
+        candidates: list[tuple[str, bytes]] = []
+        if p:
+            for whole in (pending + p, p) if pending else (p,):
+                with contextlib.suppress(UnicodeDecodeError):
+                    candidates.append((whole.decode("utf-8"), p))
+            candidates.append(("bytes:" + "".join(f"\\x{b:02x}" for b in p), p))
+        else:
+            special = piece_of(i, True)
+            if special:
+                candidates.append((special.decode("utf-8", "replace"), special))
+        key, raw = next(((k, b) for k, b in candidates if k not in taken), (f"token:{i}", p))
+        while key in taken:
+            key += "'"
+        taken.add(key)
+        out.append((key, raw, v))
+    if all(i != tok for i, _ in best):
+        out.append((text, piece, logprob))
+    return out
+
+
+def completion_logprobs(entries: list[LogprobEntry]) -> dict[str, list[Any]]:
+    """A completion's logprobs in llama_cpp.Llama's (OpenAI's) shape."""
+    return {"tokens": [e.token for e in entries], "text_offset": [e.offset for e in entries],
+            "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [None if e.top is None else {k: v for k, _, v in e.top} for e in entries]}
+
+
+def chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
+    """A chat reply's logprobs in OpenAI's chat shape: each token's `bytes` are its own (a character split
+    over several tokens: their bytes joined)."""
+    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.piece),
+                         "top_logprobs": [{"token": k, "logprob": v, "bytes": list(b)} for k, b, v in e.top or []]}
+                        for e in entries],
             "refusal": None}
+
+
+def sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The usage of several completions answered as one (a list of prompts)."""
+    return {k: sum_usage([u[k] for u in usages]) if isinstance(v, dict) else sum(u[k] for u in usages)
+            for k, v in usages[0].items()}
+
+
+def system_fingerprint(version: str, target: str, draft: str, sampler: str) -> str:
+    """OpenAI's `system_fingerprint` (llama-server's is its build, "b<build>-<commit>"): this package's
+    version and a hash of what decides its outputs: libllama's version (llama-cpp-python), the target and
+    drafter files (path, size, modification time) and the sampler. The same for a given setup, across
+    restarts; another file or build, another fingerprint."""
+    import llama_cpp
+
+    def identity(path: str) -> list[Any]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return [path]
+        return [os.path.realpath(path), st.st_size, st.st_mtime_ns]
+
+    what = [getattr(llama_cpp, "__version__", ""), identity(target), identity(draft), sampler]
+    return f"dflash-gguf-{version}-{hashlib.sha256(json.dumps(what).encode()).hexdigest()[:12]}"
 
 
 def response_format_grammar(response_format: Any) -> Any:

@@ -184,8 +184,8 @@ def native_response(text: str, model: str, last: tuple[str, GenerationStats] | N
     out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
     if last is not None:
         prompt, s = last
-        out.update(prompt=prompt, tokens_predicted=s.completion_tokens, tokens_evaluated=s.prompt_tokens,
-                   tokens_cached=s.prompt_tokens + max(s.completion_tokens - 1, 0),  # what the context holds
+        out.update(prompt=prompt, tokens_predicted=s.generated_tokens, tokens_evaluated=s.prompt_tokens,
+                   tokens_cached=s.prompt_tokens + max(s.generated_tokens - 1, 0),  # what the context holds
                    truncated=False, timings=timings(s))
     return out
 
@@ -195,7 +195,7 @@ def timings(s: GenerationStats) -> dict[str, Any]:
     tokens came from the context already (or a saved state), prompt_n were decoded; draft_n tokens drafted,
     draft_n_accepted of them accepted."""
     return {"cache_n": s.reused_prompt_tokens, "prompt_n": s.prompt_tokens - s.reused_prompt_tokens,
-            "prompt_ms": s.prefill_ms, "predicted_n": s.completion_tokens, "predicted_ms": s.decode_ms,
+            "prompt_ms": s.prefill_ms, "predicted_n": s.generated_tokens, "predicted_ms": s.decode_ms,
             "predicted_per_second": s.tokens_per_second, "draft_n": s.drafted, "draft_n_accepted": s.accepted,
             "mean_accepted_length": s.mean_accepted_length}
 
@@ -205,9 +205,8 @@ def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: bool) ->
     usage chunk."""
     events = [{**held, "timings": timings(s)}]
     if usage:
-        events.append({**{k: held[k] for k in ("id", "object", "created", "model")}, "choices": [],
-                       "usage": {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-                                 "total_tokens": s.prompt_tokens + s.completion_tokens}})
+        events.append({**{k: held[k] for k in ("id", "object", "created", "model", "system_fingerprint")},
+                       "choices": [], "usage": s.usage()})
     return events
 
 

@@ -31,8 +31,11 @@ from .llama_compat import (
     TokenLogprob,
     chat_logprobs,
     check_logprobs,
+    completion_logprobs,
     forced_tool,
     response_format_grammar,
+    sum_usage,
+    system_fingerprint,
     tool_functions,
 )
 from .state import SpeculativeState, cached_state_for
@@ -51,7 +54,8 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0     # the text's tokens
+    end_of_text: bool = False      # it ended at an end-of-generation token the target sampled (not in the text)
     steps: int = 0                 # target verify passes
     plain_steps: int = 0           # of which without drafting (fallback)
     drafted: int = 0
@@ -74,6 +78,19 @@ class GenerationStats:
             f"({self.accepted}/{self.drafted} drafts accepted), draft {self.draft_ms:.1f} ms, "
             f"verify {self.verify_ms:.1f} ms, prefill {self.prefill_ms:.1f} ms"
         )
+
+    @property
+    def generated_tokens(self) -> int:
+        """The tokens the target sampled: the text's and a final end-of-generation token (llama-server's
+        count, its usage.completion_tokens and tokens_predicted)."""
+        return self.completion_tokens + self.end_of_text
+
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's `usage` of the call, as llama-server gives it: prompt_tokens_details.cached_tokens are
+        the prompt's tokens reused from what the context held (or a saved state), not decoded again."""
+        n = self.generated_tokens
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
+                "prompt_tokens_details": {"cached_tokens": self.reused_prompt_tokens}}
 
 
 def draft_device_for(device: str, n_gpu_layers: int) -> str:
@@ -214,6 +231,8 @@ class SpeculativeLlama:
                 fallback=fallback, repack=repack, sampler=sampler,
             )
         self._spec = _core
+        self.sampler = sampler
+        self._fingerprint: str | None = None
         self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as llama_cpp.Llama's
         self.model_path = target
         self.draft_path = draft
@@ -248,7 +267,7 @@ class SpeculativeLlama:
                                 device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive,
                                 draft_q=draft_q, fallback=fallback, sampler=sampler)
         window = int(getattr(llm, "last_n_tokens_size", 64))
-        obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, _core=core)
+        obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, sampler=sampler, _core=core)
         obj.n_batch = int(getattr(llm, "n_batch", obj.n_batch))
         obj._llama = llm
         # Whatever frees the Llama's context (its close(), or the garbage collector finalizing its
@@ -294,6 +313,16 @@ class SpeculativeLlama:
         text; a leading space after a BOS is dropped."""
         out = b"".join(self._spec.token_to_piece(t, special) for t in tokens)
         return out[1:] if tokens and tokens[0] == self._spec.token_bos and out[:1] == b" " else out
+
+    @property
+    def system_fingerprint(self) -> str:
+        """What completions and chats answer as OpenAI's `system_fingerprint`: this package's version and a
+        hash of libllama's version, the target and drafter files and the sampler (llama_compat)."""
+        if self._fingerprint is None:
+            from . import __version__
+
+            self._fingerprint = system_fingerprint(__version__, self.model_path, self.draft_path, self.sampler)
+        return self._fingerprint
 
     # llama_cpp.Llama's accessors, as methods like theirs
     def n_ctx(self) -> int:
@@ -496,7 +525,7 @@ class SpeculativeLlama:
         if logprobs is not None:
             self._token_logprobs.extend(self._spec.last_logprobs)
         t_decode = time.perf_counter()
-        n_out = 0
+        n_out, end_of_text = 0, False
         pending = [first]
         step = self._spec.step_plain if plain else self._spec.step
         if stopping_criteria is not None:
@@ -517,7 +546,7 @@ class SpeculativeLlama:
                             return
                         ids[len(prompt) + n_out] = tok
                     if self._spec.is_eog(tok):
-                        self.finish_reason = "stop"
+                        self.finish_reason, end_of_text = "stop", True
                         return
                     n_out += 1
                     yield tok
@@ -545,7 +574,7 @@ class SpeculativeLlama:
                 if self._llama is not None and self._llama.n_tokens:  # it decoded while we streamed
                     self._take_context_from_llama()
                 self._give_context_to_llama()
-                self._record_stats(n_out, time.perf_counter() - t_decode, t0)
+                self._record_stats(n_out, end_of_text, time.perf_counter() - t_decode, t0)
                 if self.cache is not None and not failed:
                     state = self._save_state()
                     self.cache[state.input_ids.tolist()] = state
@@ -572,7 +601,7 @@ class SpeculativeLlama:
         llm.n_tokens = len(held)
         llm._requires_eval = True  # its stored logits are not for this context's last token
 
-    def _record_stats(self, n_out: int, decode_s: float, t0: float) -> None:
+    def _record_stats(self, n_out: int, end_of_text: bool, decode_s: float, t0: float) -> None:
         s = self._spec.stats
         reached, acc = s["pos_reached"], s["pos_accepted"]
         drafted_steps = s["steps"] - s["plain_steps"]
@@ -580,6 +609,7 @@ class SpeculativeLlama:
             prompt_tokens=s["prompt_tokens"],
             reused_prompt_tokens=s["reused_tokens"],
             completion_tokens=n_out,
+            end_of_text=end_of_text,
             steps=s["steps"],
             plain_steps=s["plain_steps"],
             drafted=s["drafted"],
@@ -603,9 +633,9 @@ class SpeculativeLlama:
     def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
                            stop: str | list[str] | None, seed: int | None, logprobs: int | None = None,
                            stopping_criteria: StoppingCriteria | None = None, prompt_logprobs: bool = False,
-                           ) -> Iterator[tuple[str, str | None, int, int]]:
-        """(text delta, finish_reason or None, prompt tokens, completion tokens); the tokens go to
-        self._completion_tokens as they come (after the prompt's, with prompt_logprobs)"""
+                           ) -> Iterator[tuple[str, str | None]]:
+        """(text delta, finish_reason or None); the tokens go to self._completion_tokens as they come
+        (after the prompt's, with prompt_logprobs); self.stats are the call's when the last one comes."""
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt, special=True)
         else:
@@ -615,21 +645,23 @@ class SpeculativeLlama:
                 raise ValueError(f"prompt must be a string or a sequence of token ids, got {prompt!r:.80}") from None
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         stream = TextStream(stops)
-        n = 0
         self._completion_tokens.clear()
         if prompt_logprobs:
             self._completion_tokens.extend(tokens[self._bos_skip(tokens):])
-        for tok in self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs,
-                                  stopping_criteria=stopping_criteria, prompt_logprobs=prompt_logprobs):
-            self._completion_tokens.append(tok)
-            n += 1
-            delta = stream.feed(self._spec.token_to_piece(tok))
-            if delta:
-                yield delta, None, len(tokens), n
-            if stream.stopped:
-                break
+        generation = self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs,
+                                    stopping_criteria=stopping_criteria, prompt_logprobs=prompt_logprobs)
+        try:
+            for tok in generation:
+                self._completion_tokens.append(tok)
+                delta = stream.feed(self._spec.token_to_piece(tok))
+                if delta:
+                    yield delta, None
+                if stream.stopped:
+                    break
+        finally:
+            generation.close()  # a stop string ends it here: its figures are recorded before the last chunk
         reason = "stop" if stream.stopped else self.finish_reason
-        yield stream.flush(), reason, len(tokens), n
+        yield stream.flush(), reason
 
     def create_completion(
         self,
@@ -686,6 +718,10 @@ class SpeculativeLlama:
             fim = self._fim()
             prefix = self.tokenize(prompt.encode(), add_bos=False) if isinstance(prompt, str) else prompt
             tokens = fim_prompt(fim, self._bos(), prefix, self.tokenize(suffix.encode(), add_bos=False))
+        n_special = 0
+        if echo_logprobs and isinstance(tokens, str):  # its special tokens are in its text: listed with it
+            tokens = self.tokenize(tokens, special=True)
+            n_special = len(tokens) - self._bos_skip(tokens)
         sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
                                   presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
                                   mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
@@ -701,10 +737,14 @@ class SpeculativeLlama:
         cursor = None
         if logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece,
-                                   0 if echo else len(prompt_text))
+                                   0 if echo else len(prompt_text), n_special)
+        fingerprint = self.system_fingerprint
 
-        def shape(text: str, reason: str | None, lp: dict[str, list[Any]] | None = None) -> dict[str, Any]:
+        def shape(text: str, reason: str | None, upto: int | None = None) -> dict[str, Any]:
+            """A result or chunk of `text`; its logprobs: the tokens up to `upto` characters released."""
+            lp = completion_logprobs(cursor.take(upto)) if cursor is not None and upto is not None else None
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
+                    "system_fingerprint": fingerprint,
                     "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": reason}]}
 
         if stream:
@@ -712,19 +752,19 @@ class SpeculativeLlama:
                 if head and not echo_logprobs:
                     yield shape(head, None)
                 released = len(head) if echo_logprobs else 0  # what the cursor has listed text for
-                for i, (text, reason, _, _) in enumerate(chunks):
+                for i, (text, reason) in enumerate(chunks):
                     if i == 0 and echo_logprobs:  # after start(): the prompt's logprobs exist now
-                        yield shape(head, None, cursor.take(released))
+                        yield shape(head, None, released)
                     released += len(text)
                     if text or reason:
-                        yield shape(text, reason, cursor.take(released) if cursor is not None and text else None)
+                        yield shape(text, reason, released if text else None)
             return gen()
-        parts, reason, n_prompt, n_out = [head], None, 0, 0
-        for text, reason, n_prompt, n_out in chunks:
+        parts, reason = [head], None
+        for text, reason in chunks:
             parts.append(text)
         text = "".join(parts)
-        out = shape(text, reason, cursor.take(len(text)) if cursor is not None else None)
-        out["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}
+        out = shape(text, reason, len(text))
+        out["usage"] = self.stats.usage()
         return out
 
     def _completions_of(self, prompts: Sequence[Any], kw: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -745,7 +785,7 @@ class SpeculativeLlama:
                         yield indexed(chunk, i, cid)
             return gen()
         outs = [self.create_completion(p, **kw) for p in prompts]
-        usage = {k: sum(o["usage"][k] for o in outs) for k in outs[0]["usage"]}
+        usage = sum_usage([o["usage"] for o in outs])
         return {**outs[0], "choices": [{**o["choices"][0], "index": i} for i, o in enumerate(outs)], "usage": usage}
 
     def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
@@ -830,6 +870,7 @@ class SpeculativeLlama:
         cursor = None
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
+        fingerprint = self.system_fingerprint
         # a forced call's grammar makes the whole reply the call: nothing to take apart
         parser = ReplyParser(syntax, named) if call is None and (syntax.thinking or syntax.tool_format) else None
 
@@ -851,25 +892,23 @@ class SpeculativeLlama:
 
         if stream:
             def gen() -> Iterator[dict[str, Any]]:
-                yield {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                       "choices": [{"index": 0, "delta": {"role": "assistant"}, "logprobs": None,
-                                    "finish_reason": None}]}
+                def chunk(delta: dict[str, Any], lp: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
+                    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
+                            "system_fingerprint": fingerprint,
+                            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
+
+                yield chunk({"role": "assistant"}, None, None)
                 content = ""
-                for text, reason, _, _ in chunks:
+                for text, reason in chunks:
                     content += text
                     for i, delta in enumerate(deltas(text, reason, content)):
                         lp = chat_logprobs(cursor.take(len(content))) if cursor is not None and i == 0 else None
-                        yield {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": model_name,
-                               "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": None}]}
+                        yield chunk(delta, lp, None)
                     if reason:
-                        yield {"id": cid, "object": "chat.completion.chunk", "created": created,
-                               "model": model_name,
-                               "choices": [{"index": 0, "delta": {}, "logprobs": None,
-                                            "finish_reason": finish(reason, content)}]}
+                        yield chunk({}, None, finish(reason, content))
             return gen()
-        parts, reason, n_prompt, n_out = [], None, 0, 0
-        for text, reason, n_prompt, n_out in chunks:
+        parts, reason = [], None
+        for text, reason in chunks:
             parts.append(text)
         content = "".join(parts)
         reply_logprobs = chat_logprobs(cursor.take(len(content))) if cursor is not None else None
@@ -878,9 +917,10 @@ class SpeculativeLlama:
         else:
             message = call.message(content) if call else {"role": "assistant", "content": content}
         return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
+                "system_fingerprint": fingerprint,
                 "choices": [{"index": 0, "message": message, "logprobs": reply_logprobs,
                              "finish_reason": finish(reason, content)}],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+                "usage": self.stats.usage()}
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                             chat_template_kwargs: dict[str, Any] | None = None) -> str:

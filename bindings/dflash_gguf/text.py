@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
+
+
+def utf8_decoder() -> codecs.IncrementalDecoder:
+    """How token pieces become text: UTF-8, an incomplete sequence held until the bytes that complete it
+    come, an invalid one replaced by U+FFFD."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
 class TextStream:
@@ -16,7 +23,7 @@ class TextStream:
     def __init__(self, stop: Sequence[str]) -> None:
         self.stop = [s for s in stop if s]
         self._hold = max((len(s) for s in self.stop), default=1) - 1
-        self._bytes = b""
+        self._decoder = utf8_decoder()
         self._text = ""  # decoded, not yet released
         self.stopped = False
 
@@ -24,17 +31,7 @@ class TextStream:
         """Adds a piece; returns the text that is now safe to release."""
         if self.stopped:
             return ""
-        self._bytes += piece
-        try:
-            self._text += self._bytes.decode("utf-8")
-            self._bytes = b""
-        except UnicodeDecodeError as e:
-            if e.reason == "unexpected end of data" and len(self._bytes) - e.start < 4:
-                self._text += self._bytes[: e.start].decode("utf-8")
-                self._bytes = self._bytes[e.start :]
-            else:
-                self._text += self._bytes.decode("utf-8", errors="replace")
-                self._bytes = b""
+        self._text += self._decoder.decode(piece)
         for s in self.stop:
             i = self._text.find(s)
             if i >= 0:
@@ -48,6 +45,6 @@ class TextStream:
     def flush(self) -> str:
         if self.stopped:
             return ""
-        out = self._text + self._bytes.decode("utf-8", errors="replace")
-        self._text, self._bytes = "", b""
+        out = self._text + self._decoder.decode(b"", final=True)
+        self._text = ""
         return out
