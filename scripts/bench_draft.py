@@ -11,8 +11,8 @@ llama_decode of B tokens with logits for every row on the tinycode target
 (examples/tinycode/target-f16.gguf) after a --context-token prefill, then
 llama_memory_seq_rm back to the prefix (outside the timed region); each block size decodes in a
 libllama context of its own, so its graph is reused as in a loop of one draft length (a single
-context alternating sizes rebuilt its graph on every decode until the 16th session: verifies
-up to 10% slower, so these ratios looked up to 10% better than they were). On a GPU the verify
+context alternating sizes would rebuild its graph on every decode, making verifies slower and the
+drafter's ratio look better than it is). On a GPU the verify
 time includes llama_synchronize. The target is timed with flash attention off and with
 libllama's default (auto, which turns it on): on a CPU, FA makes this tiny target's
 multi-token decode several times slower, so the ratio uses the faster of the two, so as
@@ -106,9 +106,9 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_draft_") as tmpd:
         tmp = Path(tmpd)
-        # the target first, as our runtime does (with the CUDA build this script segfaulted in libllama's
-        # model load, drafters created first, on the H200; not explained: `dflash bench --scale` ran
-        # in that order there)
+        # the target first, as our runtime does (with the CUDA build, creating the drafters first can
+        # segfault in libllama's model load; not understood, since `dflash bench --scale` runs in that
+        # order on the same build)
         llc, model = load_model(args.target, n_gpu_layers=999 if gpu else 0)
         drafters = {}
         rng = np.random.default_rng(1)

@@ -87,9 +87,9 @@ echo "== upstream parity (CUDA build of libllama)"
 timeout 60 python3 -m pytest -q --tb=line -p no:cacheprovider tests/test_upstream_parity.py \
   > "$OUT/upstream_parity.txt" 2>&1
 tail -20 "$OUT/upstream_parity.txt"
-# last, as the longest to set up (it writes ~5 GB of random-weight GGUFs): what the README's --scale
-# GPU columns show, measured again after the 16th session's fixes (a verify context per batch size, every
-# short-block shape kept); printed only
+# last, as the longest to set up (it writes ~5 GB of random-weight GGUFs): the measurement behind the
+# README's --scale GPU columns (step costs with a verify context per batch size and every short-block
+# shape kept, as the loop runs); printed only
 echo "== cost at scale (CUDA): random 0.5B / 2B Qwen3 targets, step costs and the speedups they imply"
 timeout 150 "${DFLASH[@]}" bench --scale -ngl 99 --threads 4 --repeat 3 --scale-dir /tmp/scale 2>&1 \
   | grep -v "^\[scale\]"

@@ -9,9 +9,9 @@ auto mode, their ratio, how many steps drafted, and what the drafted steps cost 
 their tokens plainly at ar's speed ("lost": positive = drafting lost time on this prompt); then the
 controller's view after the prompt: its plain-step cost estimate (`c0`, to set against ar) and the
 expected cost of a drafted step of k = 1..cap. `--steps` adds every step as `ms/k:accepted` (k 0 = a
-plain step) with the plain estimate after it, `--json` writes all of it. The 12th session found two
-controller bugs with it: a plain estimate stuck high after a slow phase of a few steps, and drafting
-runs begun again one plain step after the estimates ended them.
+plain step) with the plain estimate after it, `--json` writes all of it. What to look for: a plain
+estimate that stays high after a slow phase of a few steps, and drafting runs begun again one plain step
+after the estimates ended them (tests/test_draft_length.py replays both).
 
 Reading the controller after every step adds a little Python time between steps (the loop's own
 timings, which the controller sees, are taken in C++ and do not include it).

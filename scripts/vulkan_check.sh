@@ -3,8 +3,8 @@
 # lavapipe (llvmpipe), a Vulkan driver that runs on the CPU. It runs the graph every GPU backend
 # runs (device buffers, one upload and one download per step, the scheduler) and shows what the CPU
 # cannot: ggml-vulkan reads some operands from the aligned-down start of a view (a ROPE fed block
-# positions at an 8-byte offset rotated by the wrong positions; drafter.cpp now puts the block's rows
-# first, so its positions start at offset 0).
+# positions at an 8-byte offset would rotate by the wrong positions, which is why drafter.cpp puts the
+# block's rows first, so its positions start at offset 0).
 #
 #   scripts/vulkan_check.sh      # after `make test` (reuses .venv's test dependencies); Debian/Ubuntu
 #

@@ -497,10 +497,10 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
 
 def test_every_draft_length_of_a_block_of_16_keeps_its_graph(case: Any) -> None:
     """A block of 16 has seven short-block shapes (2, 3, 4, 6, 8, 12 and 16 rows): a loop or a bench going
-    through every draft length builds each once (with six kept, each pass evicted the shape it needed next,
-    rebuilding and re-reserving a graph per step), and a shape evicted later keeps its thread count (a
-    rebuilt shape timed its steps again, alternating one and two threads: odd draft lengths of a 0.5B
-    drafter ran 1.5x slower than even ones in `dflash bench --scale`)."""
+    through every draft length builds each once (with only six kept, each pass would evict the shape it
+    needs next, rebuilding and re-reserving a graph per step), and a shape evicted later keeps its thread
+    count (a rebuilt shape that timed its steps again would alternate one and two threads, and some draft
+    lengths would run far slower than the others)."""
     c = case(2, 16)
     d = c.drafter("f32", n_threads=2)
     d.inject(features(37, c.width, 5), np.arange(37, dtype=np.int32))

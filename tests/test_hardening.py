@@ -228,8 +228,8 @@ def test_sigkill_leaves_no_temp_files(big_checkpoint: Path, tmp_path: Path) -> N
                                        (signal.SIGINT, "quantizing")],
                          ids=["SIGINT-writing", "SIGTERM-writing", "SIGINT-quantizing"])
 def test_interrupt_cleans_up(sig: int, point: str, big_checkpoint: Path, tmp_path: Path) -> None:
-    """Ctrl-C / a polite kill while writing, or while libllama quantizes (where the interrupt used to be
-    swallowed by its log callback, and the conversion finished): no destination, no temp files."""
+    """Ctrl-C / a polite kill while writing, or while libllama quantizes (where its log callback must not
+    swallow the interrupt and let the conversion finish): no destination, no temp files."""
     out = tmp_path / "drafter.gguf"
     hit = False
     for _ in range(3):

@@ -585,7 +585,7 @@ def test_drafter_opens_and_drafts_without_context(draft, tiny_target, version):
 
 
 # ----------------------------------------------------------------------------
-# regressions: loader bugs found by these tests, fixed in the C++
+# edge cases of the loader's checks: files it must accept, and inputs it must reject with a clear error
 # ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw", [{"rank": 1}, {"n_ff": 1}], ids=["selector_rank_1", "n_ff_1"])

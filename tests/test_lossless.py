@@ -168,10 +168,10 @@ def test_auto_stops_drafting_an_untrained_drafter(ref: GreedyReference, ptoks: l
 def test_auto_calibrates_its_costs_once_before_the_first_prefill(ref: GreedyReference,
                                                                  ptoks: list[list[int]]) -> None:
     """n_max="auto" times a plain decode and every draft length on placeholder tokens before its first
-    prefill, then clears that state: the first request starts with every choice priced (before, it
-    explored each draft length inside the first request, 4-5 steps apiece) and decodes as plain
-    decoding does. Only once per object; a fixed n_max does not; baseline (plain=True) runs leave the
-    controller as it was (they used to fade its acceptance evidence and re-time plain steps)."""
+    prefill, then clears that state: the first request starts with every choice priced (rather than
+    exploring each draft length inside it, 4-5 steps apiece) and decodes as plain decoding does. Only
+    once per object; a fixed n_max does not; baseline (plain=True) runs leave the controller as it was
+    (they must neither fade its acceptance evidence nor re-time plain steps)."""
     spec = SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, n_max="auto")
     first = list(spec.generate_tokens(ptoks[0], max_tokens=1))
     assert spec.stats.calibration_ms > 0.0

@@ -31,27 +31,27 @@ constexpr uint32_t kProbeSteps = 2;
 constexpr uint32_t kExploreSteps = 2;
 // a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
 // up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
-// process) kept the bench's f16 drafter drafting through a whole round at 0.4-0.8x plain; a check is
+// process) would otherwise keep a drafter drafting through a whole round slower than plain; a check is
 // kPlainCheckSteps plain steps, of which the first kPlainWarmSteps are not timed, and its timings replace
 // the earlier ones. Where drafting pays 2x, a check per 256 drafted steps costs about 1% of the speed.
 constexpr uint32_t kPlainCheckFirst = 32;
 constexpr uint32_t kPlainCheckMax = 256;
 constexpr uint32_t kPlainCheckSteps = 7;
 // plain steps are plentiful: their cost is taken from more timings than a draft length's, so that a slow
-// phase of a few steps does not move it (4.58, 3.60, 1.89, 1.34 ms among 0.43-0.64 ms steps made the
-// median of 9 say 1.33 ms, and auto mode drafted at 0.5-0.8x plain until it was re-timed)
+// phase of a few steps does not move it (4.58, 3.60, 1.89, 1.34 ms among 0.43-0.64 ms steps make the
+// median of 9 say 1.33 ms, which would have auto mode draft slower than plain until the next re-timing)
 constexpr uint32_t kPlainWindow = 25;
 // plain steps right after drafted ones are slower, so they are not timed: the first rebuilds libllama's
-// graph, and the next ones still ran 12-15% slower than a plain run's (0.81, 0.51, 0.49, 0.47 ms, then
-// 0.42-0.45; bundled pair, f16 drafter, 2-core AMD EPYC), which made drafting look better than it is
+// graph, and the next ones are still slower than a plain run's (`scripts/trace_auto.py --steps` shows
+// every step's time), so timing them would make drafting look better than it is
 constexpr uint32_t kPlainWarmSteps = 4;
 // auto mode enters a drafting run for a bound this much faster than plain decoding, and leaves it only
 // for plain decoding this much faster (see choose): each switch costs libllama a graph rebuild and the
 // drafter a cold step, so a near-tie is not worth drafting
 constexpr double kEnterMargin = 0.02;
 constexpr double kLeaveMargin = 0.04;
-// a drafting run drafts its entry length this many steps before the estimates may end it (4: at
-// T = 1 the runs cost 5% of plain speed)
+// a drafting run drafts its entry length this many steps before the estimates may end it (longer
+// minimum runs cost speed at T = 1, where acceptance is lower)
 constexpr uint32_t kMinRun = 2;
 // after a drafting run the estimates never favoured, plain steps before the bound may begin another:
 // doubling per such run up to the max, none after a run they favoured
@@ -59,13 +59,12 @@ constexpr uint32_t kEntryWaitFirst = 4;
 constexpr uint32_t kEntryWaitMax = 32;
 // A drafting run ends when its steps have lost kRunLossMax plain steps' time against plain decoding: each
 // drafted step adds its estimated cost less (tokens + kRunLossAllowance) plain steps, the sum floored at 0.
-// The acceptance memory (~100 drafted steps) spans prompts: on the AMD EPYC, where only near-perfect
-// acceptance pays, a perfectly predictable prompt's acceptance kept auto mode drafting 6 tokens through
-// the next, hard prompt for 15-30 steps that accepted 0-2 (replayed on the bundled pair's acceptance traces:
-// 0.90-0.93 of plain decoding; 0.96-1.00 with this rule, and in the real loop, old and new controller
-// interleaved, a median of 0.93-0.97 of plain per prompt became 0.97-0.98). Leaving on the loss itself
-// reacts within a few steps where content changes and, with the allowance, seldom where drafting pays on
-// average and only chance made a few steps lose (the GPU and CPU profiles' replays moved by <= 0.5%).
+// The acceptance memory (~100 drafted steps) spans prompts: where only near-perfect acceptance pays (a
+// 2-core AMD EPYC), a perfectly predictable prompt's acceptance would keep auto mode drafting 6 tokens
+// through the next, hard prompt for 15-30 steps that accept 0-2 (tests/test_draft_length.py replays this
+// on the bundled pair's acceptance traces). Leaving on the loss itself reacts within a few steps where
+// content changes and, with the allowance, seldom where drafting pays on average and only chance made a
+// few steps lose (the same tests hold the GPU and CPU profiles close to the best fixed length).
 constexpr double kRunLossMax = 4.0;
 constexpr double kRunLossAllowance = 1.5;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
@@ -86,7 +85,7 @@ void DraftLengthController::Cost::observe(double x) {
     recent[next] = x;
     next = (next + 1) % window;
     kept = std::min(kept + 1, window);
-    if (kept < kMinSamples) return;  // one unlucky step measured during a warm-up kept a draft length out for good
+    if (kept < kMinSamples) return;  // one unlucky step timed in a warm-up must not keep a draft length out for good
     double sorted[kMaxWindow];
     for (uint32_t i = 0; i < kept; ++i) sorted[i] = recent[(next + window - 1 - i) % window];
     // the lower quartile: a shared machine's noise is skewed up (preempted steps, and slow phases of several
@@ -191,11 +190,11 @@ uint32_t DraftLengthController::choose() {
         // drafts that length for kMinRun steps, so the positions that made the bound pay are observed;
         // then it drafts what the estimates favour, and is left on the estimates, for a clear margin (the
         // way back costs two graph rebuilds in libllama and a cold drafter). A run left after one step
-        // alternated plain and drafted steps for as long as plain decoding lay between bound and estimate
-        // (each switch a graph rebuild); leaving on the bound kept drafting where plain was 5% ahead.
+        // would alternate plain and drafted steps for as long as plain decoding lies between bound and
+        // estimate (each switch a graph rebuild); leaving on the bound would keep drafting where plain is ahead.
         if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
             plain_check_every_ = std::min(2 * plain_check_every_, kPlainCheckMax);
-            t_plain_.restart();  // outvoted by the timings it would join, a check changed nothing after a slow phase
+            t_plain_.restart();  // joining a slow phase's timings, a check would be outvoted by them
             return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
         }
         // a run whose steps lost kRunLossMax plain steps' time: the content changed under it
@@ -221,22 +220,22 @@ uint32_t DraftLengthController::choose() {
                 }
             }
             // a run begun on the bound alone, and never favoured by the estimates, leaves the bound about where
-            // it was: on the bundled pair's f16 drafter on the AMD EPYC, where only near-perfect acceptance
-            // pays, such runs began again one plain step after ending (2 drafted steps in 3 at 0.6x plain);
-            // each one doubles the wait, as does a run that lost
+            // it was: where only near-perfect acceptance pays (the bundled pair's f16 drafter on a 2-core AMD
+            // EPYC), such runs would begin again one plain step after ending (2 drafted steps in 3, well below
+            // plain speed); each one doubles the wait, as does a run that lost
             entry_wait_ = run_favoured_ && !lost ? 0 : std::clamp(2 * entry_wait_, kEntryWaitFirst, kEntryWaitMax);
         } else {
             // the estimates, not only the bound, favoured drafting (a run that merely ended early by chance)
             run_favoured_ = run_favoured_ || best_rate >= plain_rate;
             // one position further, as it might be: the estimate of a position no longer reached is stale (a
-            // run of 2 drafts after a hard prompt kept 3 out for good where 3 paid best)
+            // run of 2 drafts after a hard prompt could otherwise keep 3 out for good where 3 pays best)
             const double cost = best < cap_ ? expected_cost_ms(best + 1) : 0.0;
             if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) best = hold(best + 1, kExploreSteps, false);
         }
         drafting_ = best != 0;
         // a probe costs the time of several plain steps (a 7-token probe ~7 on a 2-core CPU, ~3 on a GPU):
         // spacing probes by time, not by steps, keeps their share of the time bounded (probing every 16
-        // steps with 7 tokens cost the bundled pair's f16 drafter 10-20% of its plain speed)
+        // steps with 7 tokens would cost a 2-core CPU a large share of its plain speed)
         const double c0 = expected_cost_ms(0), ck = expected_cost_ms(probe_with);
         if (c0 > 0.0 && ck > c0) probe_wait = (uint32_t) std::lround(probe_every_ * ck / c0);
     }
@@ -248,9 +247,9 @@ uint32_t DraftLengthController::choose() {
         return best;
     }
     // auto mode probes at once while it has seen no draft: at the acceptance prior (1/2 per position) no
-    // bound pays where drafting gains less than ~30% at perfect acceptance, and the first sequence then
-    // decoded ~100 plain steps before its first probe (the demo's perfectly predictable prompt on the AMD
-    // EPYC: plain 0.33 ms, 8 drafted tokens verified in 2.1 ms)
+    // bound pays where drafting gains less than ~30% at perfect acceptance, so waiting for one would decode
+    // ~100 plain steps before the first probe (tests/test_draft_length.py: the demo's perfectly predictable
+    // prompt at a 2-core AMD EPYC's costs, plain 0.33 ms, 8 drafted tokens verified in 2.1 ms)
     if (++plain_run_ >= probe_wait || (mode_ == Mode::Auto && !seen_draft_)) {
         plain_run_ = 0;
         probe_every_ = std::min(2 * probe_every_, kProbeMax);

@@ -249,7 +249,7 @@ struct Drafter::Impl {
     // The portable graph spreads the group values over their channels once here, so the convs below are
     // plain products: the base is repeated over the rows (whole rows copied) and the add broadcasts c over
     // each group's channels on all threads (repeating c itself, ggml-cpu copies one float at a time on one
-    // thread while the others wait: the bundled drafter's drafts were 5-9% slower that way, 2 threads).
+    // thread while the others wait, which slows the bundled drafter's drafts).
     ConvCoef conv_coef(ggml_context * ctx, ggml_tensor * h, ggml_tensor * proj, ggml_tensor * base) const {
         const int64_t E = hp().n_embd, B = h->ne[1], K = hp().conv_kernel, G = hp().n_conv_groups();
         ggml_tensor * c = ggml_mul_mat(ctx, proj, h);

@@ -428,8 +428,8 @@ StepOutput Speculator::step() {
         out.context_full = true;
         return out;
     }
-    // the controller is told what whole steps cost, bookkeeping included (draft + verify alone left a
-    // drafted step's accept-and-commit out, ~4% of it, and auto drafted where plain decoding was ahead)
+    // the controller is told what whole steps cost, bookkeeping included (draft + verify alone would leave
+    // a drafted step's accept-and-commit out, and auto mode would draft where plain decoding is ahead)
     const auto t_step = std::chrono::steady_clock::now();
     const uint32_t m = std::min(length_->choose(), target_->n_ctx() - n - 1);
     if (m == 0) {

@@ -47,10 +47,10 @@ class DraftLengthController {
     void reset_acceptance();  // a new sequence: fixed modes forget acceptance; costs are always kept
     // Costs are of a regime kept up: a step is timed only when steady (the target decoded a batch of
     // its shape the step before) and, if drafted, not a probe. libllama rebuilds its graph when the
-    // shape changes (a plain step after a drafted one took 0.72-0.74 ms against 0.59-0.61 ms after a
-    // plain one, the bundled target on 2 cores), and a drafter idle for a while drafts slower for a
-    // few steps (0.86, 0.71, 0.61, 0.55 ms, then 0.48, after 60 plain steps, q4_0 drafter); timing
-    // those kept auto mode in whichever regime it started in. Acceptance counts every drafted step.
+    // shape changes (a plain step after a drafted one costs more than one after a plain step), and a
+    // drafter idle for a while drafts slower for a few steps (`scripts/trace_auto.py --steps` shows
+    // both); timing those would keep auto mode in whichever regime it starts in. Acceptance counts
+    // every drafted step.
     void observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady = true);
     void observe_plain(double ms, bool steady = true);
     // a cost measured outside the loop (a calibration at load): k = 0 is a plain decode (verify_ms)
