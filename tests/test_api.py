@@ -708,8 +708,8 @@ def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, ba
 
 def test_adopted_llama_and_ours_take_turns(draft: str, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
     """One context, two writers: llama_cpp.Llama reuses what its record says its context holds, and
-    so do we. Before both records were kept true, the Llama's first call after ours continued the K/V
-    of our prompt (its text changed), and ours could reuse rows the Llama had overwritten."""
+    so do we. Both records must stay true: otherwise the Llama's first call after ours would continue
+    the K/V of our prompt (its text changed), and ours could reuse rows the Llama had overwritten."""
     own = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False)
     adopted = SpeculativeLlama.from_llama(own, draft=draft, n_max=7)
 
