@@ -1178,7 +1178,9 @@ def test_cached_tokens_are_the_reused_prompt_s(spec: SpeculativeLlama) -> None:
 
 def test_end_of_text_counts_as_a_generated_token(spec: SpeculativeLlama, llm: Any) -> None:
     """An end-of-generation token the target samples is no text but is counted in usage.completion_tokens,
-    as llama-server counts it (llama_cpp.Llama does not: README, differences); streamed usage alike."""
+    as llama-server counts it (llama_cpp.Llama does not: README, differences); streamed usage alike. A
+    completion's logprobs list it last, as the token "" (a scorer that drops the one token it asked for,
+    lm-eval, drops it and not the prompt's last)."""
     from tinycode import EOS
 
     prompt = _text(2)
@@ -1201,6 +1203,20 @@ def test_end_of_text_counts_as_a_generated_token(spec: SpeculativeLlama, llm: An
     assert ended["usage"]["completion_tokens"] == n_text + 1 and n_text >= 2
     streamed = list(spec.create_completion(short, max_tokens=200, stream=True, **GREEDY))
     assert streamed[-1]["choices"][0]["finish_reason"] == "stop" and spec.stats.usage()["completion_tokens"] == n_text + 1
+    lp = spec.create_completion(short, max_tokens=200, logprobs=2, **GREEDY)["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == n_text + 1 and lp["tokens"][-1] == "" and "".join(lp["tokens"]) == "".join(
+        c["choices"][0]["text"] for c in streamed)
+    assert lp["top_logprobs"][-1][""] == lp["token_logprobs"][-1] and len(set(lp["top_logprobs"][-1])) >= 2
+    parts = list(spec.create_completion(short, max_tokens=200, logprobs=2, stream=True, **GREEDY))
+    assert {k: [v for c in parts if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"][k]]
+            for k in lp} == lp
+    whole = short + ended["choices"][0]["text"]
+    scored = spec.create_completion(whole, max_tokens=1, logprobs=1, echo=True, **GREEDY)
+    n_whole = len(spec.tokenize(whole, special=True))
+    assert scored["usage"]["completion_tokens"] == 1 and spec.stats.end_of_text
+    assert len(scored["choices"][0]["logprobs"]["tokens"]) == n_whole + 1
+    none = spec.create_completion(prompt, max_tokens=16, logit_bias={EOS: 100.0}, logprobs=1, **GREEDY)["choices"][0]
+    assert none["logprobs"]["tokens"] == [""] and len(none["logprobs"]["token_logprobs"]) == 1
     cut = spec.create_completion(short, max_tokens=n_text, **GREEDY)
     assert cut["usage"]["completion_tokens"] == n_text and not spec.stats.end_of_text
     stopped = spec.create_completion(short, max_tokens=200, stop=ended["choices"][0]["text"][-1], **GREEDY)

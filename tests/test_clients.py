@@ -65,6 +65,10 @@ def test_openai_list_prompt_and_content_parts(client: openai.OpenAI) -> None:
         messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):"}])
     assert parts.choices[0].message.content == plain.choices[0].message.content
     assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+    # the same prompt again: all of it but the last token is reused, as usage says; a fingerprint each
+    assert plain.usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens - 1
+    assert parts.system_fingerprint == plain.system_fingerprint == many.system_fingerprint
+    assert plain.system_fingerprint.startswith("dflash-gguf-")
 
 
 def test_langchain_tools_and_structured_output(base_url: str) -> None:
@@ -88,6 +92,10 @@ def test_langchain_tools_and_structured_output(base_url: str) -> None:
     person = structured.invoke("who?")
     assert isinstance(person, Person)
     assert list(structured.stream("who?"))[-1] == person
+    # LangChain reads usage.prompt_tokens_details.cached_tokens as its cache reads
+    chat.invoke("def add(a, b):")
+    again = chat.invoke("def add(a, b):").usage_metadata
+    assert again is not None and again["input_token_details"]["cache_read"] == again["input_tokens"] - 1
     text = OpenAI(base_url=base_url, api_key="none", model="tiny", temperature=0, max_tokens=6,
                   max_retries=0).invoke("def add(a, b):")  # sends prompt=["def add(a, b):"]
     assert isinstance(text, str) and text
@@ -95,18 +103,20 @@ def test_langchain_tools_and_structured_output(base_url: str) -> None:
 
 def test_lm_eval_local_completions_scores_loglikelihoods(base_url: str) -> None:
     """lm-eval's `local-completions` (echo + logprobs, the HF tokenizer's ids as prompts), batch sizes 1 and
-    2 (a list of prompts per request): the continuations' log-likelihoods a plain libllama decode gives."""
+    2 (a list of prompts per request): the continuations' log-likelihoods a plain libllama decode gives, and
+    whether each is the greedy one (read from the top_logprobs: a character split over byte tokens included)."""
     pytest.importorskip("lm_eval", reason="the test extras (scripts/install.sh --test) bring lm-eval")
     import numpy as np
     from lm_eval.api.instance import Instance
     from lm_eval.models.openai_completions import LocalCompletionsAPI
     from tinycode import TINY, GreedyReference
 
-    pairs = [("def add(a, b):\n", "    return a + b\n"), ("import os\n", "import sys\n"), ("x = 1\n", "y = 2\n")]
+    pairs = [("def add(a, b):\n", "    return a + b\n"), ("import os\n", "import sys\n"), ("x = 1\n", "y = 2\n"),
+             ("s = 'caf", "é → ok'\n"), ('def main():\n    pass\n\n\nif __name__ == "__main__":\n    main', "()\n")]
     ref = GreedyReference(TARGET, n_ctx=1024, n_threads=THREADS)
     lms = {b: LocalCompletionsAPI(base_url=f"{base_url}/completions", model="tiny", tokenizer_backend="huggingface",
                                   tokenizer=str(TINY / "target"), batch_size=b, max_retries=1) for b in (1, 2)}
-    want = []
+    want, greedy = [], []
     for context, continuation in pairs:
         ctx, cont = lms[1]._encode_pair(context, continuation)  # lm-eval's own split of the tokens
         ref.llm.reset()
@@ -114,7 +124,10 @@ def test_lm_eval_local_completions_scores_loglikelihoods(base_url: str) -> None:
         rows = np.asarray(ref.llm.scores[len(ctx) - 1: len(ctx) + len(cont) - 1], dtype=np.float64)
         logz = np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1)) + rows.max(1)
         want.append(float((rows[np.arange(len(cont)), cont] - logz).sum()))
+        greedy.append(bool((rows.argmax(1) == cont).all()))
+    assert any(greedy) and not all(greedy)
     for lm in lms.values():
         got = lm.loglikelihood([Instance(request_type="loglikelihood", doc={}, arguments=p, idx=i)
                                 for i, p in enumerate(pairs)])
         np.testing.assert_allclose([ll for ll, _ in got], want, atol=5e-3)
+        assert [g for _, g in got] == greedy

@@ -89,6 +89,16 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"] == out["usage"]
     assert with_usage[-1]["id"] == with_usage[0]["id"] and len(with_usage) == len(chunks) + 1
     assert {c["system_fingerprint"] for c in with_usage} == {llm.system_fingerprint}
+    # a list of prompts: the usage chunk sums theirs, as the answer without a stream does
+    pair = [prompt, prompts()[1]["text"]]
+    status, whole = request(port, "POST", "/v1/completions", {"prompt": pair, "max_tokens": 8, **GREEDY})
+    status, payload = request(port, "POST", "/v1/completions", {"prompt": pair, "max_tokens": 8, "stream": True,
+                                                                 "stream_options": {"include_usage": True}, **GREEDY})
+    summed = events(payload)[-1]["usage"]
+    assert {k: summed[k] for k in ("prompt_tokens", "completion_tokens")} == \
+        {k: whole["usage"][k] for k in ("prompt_tokens", "completion_tokens")}
+    assert whole["usage"]["completion_tokens"] == 16 and whole["usage"]["prompt_tokens"] == sum(
+        len(llm.tokenize(t, special=True)) for t in pair)
     # sampling options by llama-server's names ("mirostat") and llama_cpp.server's ("mirostat_mode")
     sampled = {"temperature": 1.0, "seed": 3, "mirostat_tau": 2.0, "mirostat_eta": 0.5, "typical_p": 0.9}
     direct = llm.create_completion(prompt, max_tokens=16, mirostat_mode=2, **sampled)

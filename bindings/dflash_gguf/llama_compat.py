@@ -55,7 +55,9 @@ class LogprobCursor:
         self._base, self._next, self._chars, self._n_special = text_offset, 0, 0, n_special
         self._decoder = utf8_decoder()  # TextStream's decoding, so the texts add up to the text
 
-    def take(self, upto: int) -> list[LogprobEntry]:
+    def take(self, upto: int, end: int | None = None) -> list[LogprobEntry]:
+        """The entries of the tokens that start before `upto` characters; with `end`, the completion's
+        last: and the end-of-generation token it ended at (text "", the entry after the tokens')."""
         out: list[LogprobEntry] = []
         pending = b""
         while self._next < min(len(self._tokens), len(self._logprobs)) and self._chars < upto:
@@ -72,6 +74,10 @@ class LogprobCursor:
             last, tok = out[-1], self._tokens[self._next - 1]
             out[-1] = self._entry(tok, last.token + tail, last.piece, pending, self._logprobs[self._next - 1])
             self._chars += len(tail)
+        if end is not None and self._next == len(self._tokens) < len(self._logprobs):
+            out.append(self._entry(end, "", self._piece(end, False), self._decoder.getstate()[0],
+                                   self._logprobs[self._next]))
+            self._next += 1
         return out
 
     def _entry(self, tok: int, text: str, piece: bytes, pending: bytes, entry: TokenLogprob | None) -> LogprobEntry:

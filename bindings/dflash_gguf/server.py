@@ -200,13 +200,13 @@ def timings(s: GenerationStats) -> dict[str, Any]:
             "mean_accepted_length": s.mean_accepted_length}
 
 
-def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: bool) -> list[dict[str, Any]]:
+def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
     """A stream's last chunk with the generation's timings, then (stream_options.include_usage) OpenAI's
-    usage chunk."""
+    usage chunk with `usage`."""
     events = [{**held, "timings": timings(s)}]
-    if usage:
+    if usage is not None:
         events.append({**{k: held[k] for k in ("id", "object", "created", "model", "system_fingerprint")},
-                       "choices": [], "usage": s.usage()})
+                       "choices": [], "usage": usage})
     return events
 
 
@@ -304,7 +304,8 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 n_before_prefill = 2 if self.path == "/v1/chat/completions" else 1
                 self._generate(lambda: method(**kw, model=model_name), bool(kw.get("stream")), n_before_prefill,
                                lambda out: {**out, "timings": timings(llm.stats)},
-                               lambda held: openai_last_events(held, llm.stats, usage), done=True)
+                               lambda held: openai_last_events(held, llm.stats, llm.last_usage if usage else None),
+                               done=True)
 
         def _native(self, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
             """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""

@@ -245,7 +245,10 @@ class SpeculativeLlama:
         # of them with None)
         self._completion_tokens: list[int] = []
         self._token_logprobs: list[TokenLogprob | None] = []
+        self._end_token: int | None = None
         self.stats = GenerationStats()
+        # OpenAI's usage of the last completion or chat, streamed ones too (a list of prompts: summed)
+        self.last_usage: dict[str, Any] = self.stats.usage()
         block = self._spec.draft_hparams["block_size"]
         if isinstance(n_max, int) and n_max > block - 1:
             warnings.warn(f"n_max {n_max} clamped to block_size - 1 = {block - 1}", stacklevel=2)
@@ -505,6 +508,7 @@ class SpeculativeLlama:
         if seed is None or seed < 0:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
+        self._end_token: int | None = None  # the end-of-generation token it ended at
         t0 = time.perf_counter()
         self._take_context_from_llama()
         try:
@@ -546,7 +550,7 @@ class SpeculativeLlama:
                             return
                         ids[len(prompt) + n_out] = tok
                     if self._spec.is_eog(tok):
-                        self.finish_reason, end_of_text = "stop", True
+                        self.finish_reason, end_of_text, self._end_token = "stop", True, tok
                         return
                     n_out += 1
                     yield tok
@@ -660,6 +664,7 @@ class SpeculativeLlama:
                     break
         finally:
             generation.close()  # a stop string ends it here: its figures are recorded before the last chunk
+        self.last_usage = self.stats.usage()
         reason = "stop" if stream.stopped else self.finish_reason
         yield stream.flush(), reason
 
@@ -697,7 +702,10 @@ class SpeculativeLlama:
         <FIM_SUF> suffix <FIM_MID>; ValueError for a target without them). `grammar`: a
         llama_cpp.LlamaGrammar or GBNF text. `logprobs=n`: the generated tokens' log-probabilities under
         the target's raw logits and the n most likely at each; with echo the prompt's too (the first
-        None, as in OpenAI's API; the whole prompt is decoded again for them).
+        None, as in OpenAI's API; the whole prompt is decoded again for them). Each token's string is the
+        text it completes, so they join to the text (a character split over byte tokens: "" for its
+        leading bytes), with distinct top_logprobs keys (llama_compat.top_keys); an end of text the
+        target sampled comes last as "" (usage counts it, as llama-server does).
         `logits_processor(input_ids, scores) -> scores` and `stopping_criteria(input_ids, logits) -> bool`
         (llama_cpp.LogitsProcessorList / StoppingCriteriaList, or any callable) are called as
         llama_cpp.Llama calls them: once per generated token, with the prompt and output before it;
@@ -741,8 +749,11 @@ class SpeculativeLlama:
         fingerprint = self.system_fingerprint
 
         def shape(text: str, reason: str | None, upto: int | None = None) -> dict[str, Any]:
-            """A result or chunk of `text`; its logprobs: the tokens up to `upto` characters released."""
-            lp = completion_logprobs(cursor.take(upto)) if cursor is not None and upto is not None else None
+            """A result or chunk of `text`; its logprobs: the tokens up to `upto` characters released (the
+            last: and an end of text the target sampled, as the token "", counted in usage as it is)."""
+            lp = None
+            if cursor is not None and upto is not None:
+                lp = completion_logprobs(cursor.take(upto, self._end_token if reason else None))
             return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
                     "system_fingerprint": fingerprint,
                     "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": reason}]}
@@ -757,7 +768,7 @@ class SpeculativeLlama:
                         yield shape(head, None, released)
                     released += len(text)
                     if text or reason:
-                        yield shape(text, reason, released if text else None)
+                        yield shape(text, reason, released if text or self._end_token is not None else None)
             return gen()
         parts, reason = [head], None
         for text, reason in chunks:
@@ -778,14 +789,16 @@ class SpeculativeLlama:
 
         if kw["stream"]:
             def gen() -> Iterator[dict[str, Any]]:
-                cid = None
+                cid, usages = None, []
                 for i, p in enumerate(prompts):
                     for chunk in self.create_completion(p, **kw):
                         cid = cid or chunk["id"]
                         yield indexed(chunk, i, cid)
+                    usages.append(self.last_usage)
+                self.last_usage = sum_usage(usages)
             return gen()
         outs = [self.create_completion(p, **kw) for p in prompts]
-        usage = sum_usage([o["usage"] for o in outs])
+        usage = self.last_usage = sum_usage([o["usage"] for o in outs])
         return {**outs[0], "choices": [{**o["choices"][0], "index": i} for i, o in enumerate(outs)], "usage": usage}
 
     def __call__(self, prompt: str, **kwargs: Any) -> dict[str, Any] | Iterator[dict[str, Any]]:
