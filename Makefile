@@ -1,5 +1,5 @@
 # The two commands a new user needs:
-#   make demo   convert the bundled tinycode drafter and generate with it (prints the stats)
+#   make demo   convert the bundled tinycode drafter, decode a prompt plainly and speculatively, compare
 #   make test   run the test suite
 # Both install into ./.venv first (scripts/install.sh); CMAKE_ARGS passes through
 # to llama-cpp-python's build (e.g. CMAKE_ARGS="-DGGML_CUDA=on").
@@ -18,10 +18,7 @@ install-test:
 demo: install
 	@mkdir -p $(OUT)
 	.venv/bin/dflash-convert $(EX)/drafter-dflash2 --target $(EX)/target-f16.gguf --outfile $(OUT)/tinycode-dflash2-{ftype}.gguf --outtype q4_0 --force
-	.venv/bin/dflash info $(OUT)/tinycode-dflash2-q4_0.gguf
-	$(PY) -c 'import json, sys; sys.stdout.write(json.loads(open("$(EX)/prompts.jsonl").readline())["text"])' > $(OUT)/demo-prompt.txt
-	.venv/bin/dflash generate --target $(EX)/target-f16.gguf --draft $(OUT)/tinycode-dflash2-q4_0.gguf \
-		--file $(OUT)/demo-prompt.txt -n 128
+	$(PY) scripts/demo.py --target $(EX)/target-f16.gguf --draft $(OUT)/tinycode-dflash2-q4_0.gguf -n 128
 
 llama-server:
 	scripts/build_llama_server.sh
