@@ -151,12 +151,42 @@ class Seed:
 # mutations
 # --------------------------------------------------------------------------- #
 
+
 def _interesting(rng: random.Random, old: int, size: int) -> int:
     bits = size * 8
     top = (1 << bits) - 1
-    choices = [0, 1, 2, 3, 4, 7, 8, 16, 31, 32, 63, 64, 255, 256, 1023, 1024, 4096, 65535, 65536,
-               top, top - 1, 1 << (bits - 1), (1 << (bits - 1)) - 1, old + 1, old - 1, old * 2, old // 2,
-               old + rng.randint(-64, 64), rng.getrandbits(bits), 1 << rng.randrange(bits)]
+    choices = [
+        0,
+        1,
+        2,
+        3,
+        4,
+        7,
+        8,
+        16,
+        31,
+        32,
+        63,
+        64,
+        255,
+        256,
+        1023,
+        1024,
+        4096,
+        65535,
+        65536,
+        top,
+        top - 1,
+        1 << (bits - 1),
+        (1 << (bits - 1)) - 1,
+        old + 1,
+        old - 1,
+        old * 2,
+        old // 2,
+        old + rng.randint(-64, 64),
+        rng.getrandbits(bits),
+        1 << rng.randrange(bits),
+    ]
     if bits >= 32:
         choices += [0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0x100000000, 0x100000001]
     return rng.choice(choices) & top
@@ -176,9 +206,9 @@ def mutate(rng: random.Random, seed: Seed, seeds: list[Seed]) -> tuple[bytes, st
             f = rng.choice(seed.fields)
             if f.off + f.size > n:
                 continue
-            old = int.from_bytes(b[f.off:f.off + f.size], "little")
+            old = int.from_bytes(b[f.off : f.off + f.size], "little")
             new = _interesting(rng, old, f.size)
-            b[f.off:f.off + f.size] = new.to_bytes(f.size, "little")
+            b[f.off : f.off + f.size] = new.to_bytes(f.size, "little")
             what.append(f"{f.kind}@{f.off}:{old}->{new}")
         elif op < 0.55:
             # copy one field's bytes over another field of the same size
@@ -187,7 +217,7 @@ def mutate(rng: random.Random, seed: Seed, seeds: list[Seed]) -> tuple[bytes, st
                 continue
             a, c = rng.sample(same, 2)
             sz = min(a.size, c.size)
-            b[c.off:c.off + sz] = b[a.off:a.off + sz]
+            b[c.off : c.off + sz] = b[a.off : a.off + sz]
             what.append(f"copy {a.kind}@{a.off}->{c.kind}@{c.off}")
         elif op < 0.70:
             k = rng.choice((1, 1, 2, 4, 8))
@@ -199,7 +229,7 @@ def mutate(rng: random.Random, seed: Seed, seeds: list[Seed]) -> tuple[bytes, st
             i = rng.randrange(min(hdr, n))
             k = rng.choice((1, 2, 4, 8, 16, 64))
             if rng.random() < 0.5:
-                del b[i:i + k]
+                del b[i : i + k]
                 what.append(f"del {k}@{i}")
             else:
                 b[i:i] = bytes(rng.getrandbits(8) for _ in range(k))
@@ -251,9 +281,21 @@ def _in_use_bytes() -> int:
     libc = ctypes.CDLL(None)
 
     class MallInfo2(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_size_t) for n in
-                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-                     "fordblks", "keepcost")]
+        _fields_ = [
+            (n, ctypes.c_size_t)
+            for n in (
+                "arena",
+                "ordblks",
+                "smblks",
+                "hblks",
+                "hblkhd",
+                "usmblks",
+                "fsmblks",
+                "uordblks",
+                "fordblks",
+                "keepcost",
+            )
+        ]
 
     libc.mallinfo2.restype = MallInfo2
     mi = libc.mallinfo2()
@@ -272,19 +314,27 @@ def run_one(dg, path: str, findings: list[dict], desc: str = "") -> str:
     except dg.DFlashError as e:
         ok_inspect, sig = False, _signature(str(e))
     except Exception as e:  # noqa: BLE001 - any other exception class is a finding
-        findings.append({"kind": "exception", "where": "inspect_draft", "error": f"{type(e).__name__}: {e}"[:500],
-                         "mutation": desc})
+        findings.append(
+            {"kind": "exception", "where": "inspect_draft", "error": f"{type(e).__name__}: {e}"[:500], "mutation": desc}
+        )
         return "exc:" + type(e).__name__
     if ok_inspect:
         try:
             dg.load_draft(path)
         except dg.DFlashError as e:
             # legitimate only for damage inspect cannot see without reading data (none today)
-            findings.append({"kind": "disagree", "error": f"inspect_draft accepted, load_draft: {e}"[:500],
-                             "mutation": desc})
+            findings.append(
+                {"kind": "disagree", "error": f"inspect_draft accepted, load_draft: {e}"[:500], "mutation": desc}
+            )
         except Exception as e:  # noqa: BLE001
-            findings.append({"kind": "exception", "where": "load_draft", "error": f"{type(e).__name__}: {e}"[:500],
-                             "mutation": desc})
+            findings.append(
+                {
+                    "kind": "exception",
+                    "where": "load_draft",
+                    "error": f"{type(e).__name__}: {e}"[:500],
+                    "mutation": desc,
+                }
+            )
     return sig
 
 
@@ -369,16 +419,27 @@ def worker(args: argparse.Namespace) -> None:
         warm = samples[1] if len(samples) > 1 else samples[0]
         end = samples[-1]
         calls = len(paths) * (len(samples) - 2) if len(samples) > 2 else 0
-        leak.update({"inputs": len(paths), "rounds": args.leak_rounds, "calls_after_warmup": calls,
-                     "malloc_in_use_warm": warm[0], "malloc_in_use_end": end[0],
-                     "malloc_growth": end[0] - warm[0], "fds_warm": warm[1], "fds_end": end[1],
-                     "maps_warm": warm[2], "maps_end": end[2]})
+        leak.update(
+            {
+                "inputs": len(paths),
+                "rounds": args.leak_rounds,
+                "calls_after_warmup": calls,
+                "malloc_in_use_warm": warm[0],
+                "malloc_in_use_end": end[0],
+                "malloc_growth": end[0] - warm[0],
+                "fds_warm": warm[1],
+                "fds_end": end[1],
+                "maps_warm": warm[2],
+                "maps_end": end[2],
+            }
+        )
     (work / "leak.json").write_text(json.dumps(leak, indent=1))
 
 
 # --------------------------------------------------------------------------- #
 # the parent: start workers, watch them, save what kills them
 # --------------------------------------------------------------------------- #
+
 
 def _read_progress(work: Path) -> tuple[int, int]:
     try:
@@ -407,8 +468,21 @@ def fuzz(args: argparse.Namespace) -> int:
                 break
             work = base / f"w{restarts}"
             work.mkdir()
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--seeds", args.seeds, "--work", str(work),
-                   "--time", f"{left:.1f}", "--rng-seed", str(rng_seed), "--leak-rounds", str(args.leak_rounds)]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                "--seeds",
+                args.seeds,
+                "--work",
+                str(work),
+                "--time",
+                f"{left:.1f}",
+                "--rng-seed",
+                str(rng_seed),
+                "--leak-rounds",
+                str(args.leak_rounds),
+            ]
             log = open(work / "stderr.log", "wb")
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             last_n, last_t = -1, time.monotonic()
@@ -466,16 +540,31 @@ def fuzz(args: argparse.Namespace) -> int:
             continue
         if lr["malloc_growth"] > args.leak_bytes or lr["fds_end"] != lr["fds_warm"] or lr["maps_end"] > lr["maps_warm"]:
             leak_bad.append(lr)
-    summary = {"seconds": round(elapsed, 1), "executions": total, "exec_per_s": round(total / max(elapsed, 1e-9), 1),
-               "distinct_errors": len(sigs), "worker_restarts": restarts, "findings": found, "leak": leak_reports,
-               "leak_failures": leak_bad}
+    summary = {
+        "seconds": round(elapsed, 1),
+        "executions": total,
+        "exec_per_s": round(total / max(elapsed, 1e-9), 1),
+        "distinct_errors": len(sigs),
+        "worker_restarts": restarts,
+        "findings": found,
+        "leak": leak_reports,
+        "leak_failures": leak_bad,
+    }
     (crashes / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"[fuzz] {total} executions in {elapsed:.0f} s ({summary['exec_per_s']} exec/s), "
-          f"{len(sigs)} distinct error messages, {len(found)} findings, leak check: "
-          + ("; ".join(f"{lr.get('skipped')}" if lr.get("skipped") else
-                       f"{lr['calls_after_warmup']} calls, malloc'd bytes {lr['malloc_growth']:+d}, "
-                       f"fds {lr['fds_warm']}->{lr['fds_end']}, maps {lr['maps_warm']}->{lr['maps_end']}"
-                       for lr in leak_reports) or "not run"))
+    print(
+        f"[fuzz] {total} executions in {elapsed:.0f} s ({summary['exec_per_s']} exec/s), "
+        f"{len(sigs)} distinct error messages, {len(found)} findings, leak check: "
+        + (
+            "; ".join(
+                f"{lr.get('skipped')}"
+                if lr.get("skipped")
+                else f"{lr['calls_after_warmup']} calls, malloc'd bytes {lr['malloc_growth']:+d}, "
+                f"fds {lr['fds_warm']}->{lr['fds_end']}, maps {lr['maps_warm']}->{lr['maps_end']}"
+                for lr in leak_reports
+            )
+            or "not run"
+        )
+    )
     for f in found:
         print(f"[fuzz] FINDING {f['kind']}: {f.get('error', '')} {f.get('saved', '')} ({f.get('mutation', '')})")
     if leak_bad:

@@ -38,12 +38,22 @@ def make_seeds(out: Path, types: tuple[str, ...] = ALL_TYPES) -> list[Path]:
     for outtype, embed in jobs:
         dst = out / f"tinycode-dflash2-{outtype}{'-embed' if embed else ''}.gguf"
         if not dst.exists():
-            cmd = _convert_cmd() + [str(TINY / "drafter-dflash2"), "--target", str(TINY / "target-f16.gguf"),
-                                    "--outfile", str(dst), "--outtype", outtype, "--no-progress", "--force"]
+            cmd = _convert_cmd() + [
+                str(TINY / "drafter-dflash2"),
+                "--target",
+                str(TINY / "target-f16.gguf"),
+                "--outfile",
+                str(dst),
+                "--outtype",
+                outtype,
+                "--no-progress",
+                "--force",
+            ]
             if embed:
                 cmd.append("--embed-target-head")
-            res = subprocess.run(cmd, capture_output=True, text=True, env={**__import__("os").environ,
-                                                                         "DFLASH_CONVERT_THREADS": "1"})
+            res = subprocess.run(
+                cmd, capture_output=True, text=True, env={**__import__("os").environ, "DFLASH_CONVERT_THREADS": "1"}
+            )
             if res.returncode != 0:
                 raise SystemExit(f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}")
         made.append(dst)

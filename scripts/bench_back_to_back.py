@@ -53,15 +53,19 @@ def main() -> None:
     print(f"{Path(a.draft).name}, {len(texts)} prompts x {a.n_predict} tokens x {a.rounds} rounds")
     print("n_max | sampling  | repeat_penalty | speculative / plain tok/s: mean (median) | mean accepted length")
     for n_max in a.n_max.split(","):
-        llm = SpeculativeLlama(a.target, a.draft, n_ctx=2048, n_threads=a.threads,
-                               n_max=n_max if n_max == "auto" else int(n_max))
+        llm = SpeculativeLlama(
+            a.target, a.draft, n_ctx=2048, n_threads=a.threads, n_max=n_max if n_max == "auto" else int(n_max)
+        )
         prompts = [llm.tokenize(t, add_special=False, parse_special=False) for t in texts]
         for name, rp in ((n, float(x)) for n in a.sampling.split(",") for x in a.penalties.split(",")):
             sampling = SAMPLING[name]
 
-            def run(toks: list[int], plain: bool, seed: int) -> list[int]:
-                return list(llm.generate_tokens(toks, max_tokens=a.n_predict, repeat_penalty=rp, plain=plain,
-                                                seed=seed, **sampling))
+            def run(toks: list[int], plain: bool, seed: int, llm=llm, rp=rp, sampling=sampling) -> list[int]:
+                return list(
+                    llm.generate_tokens(
+                        toks, max_tokens=a.n_predict, repeat_penalty=rp, plain=plain, seed=seed, **sampling
+                    )
+                )
 
             run(prompts[0], True, 0)  # warm-up (and, in auto mode, the calibration)
             run(prompts[0], False, 0)
@@ -71,8 +75,9 @@ def main() -> None:
                     plain = run(toks, True, r * len(prompts) + i)
                     plain_tok_s = llm.stats.tokens_per_second
                     ours = run(toks, False, r * len(prompts) + i)
-                    assert name != "greedy" or ours == plain, \
+                    assert name != "greedy" or ours == plain, (
                         f"n_max {n_max}, repeat_penalty {rp}: output differs from plain decoding"
+                    )
                     s = llm.stats
                     if min(len(plain), len(ours)) < MIN_TOKENS:  # a sampled end of text: no speed to compare
                         short += 1
@@ -81,9 +86,11 @@ def main() -> None:
                     accepted += s.accepted
                     drafted_steps += s.steps - s.plain_steps
             mal = (accepted + drafted_steps) / drafted_steps if drafted_steps else 1.0
-            print(f"{n_max:>5} | {name:9} | {rp:14.2f} | {statistics.mean(ratios):.3f}x ({statistics.median(ratios):.3f}x)"
-                  f"{'':19} | {mal:.2f}" + (f" (left out: {short} runs under {MIN_TOKENS} tokens)" if short else ""),
-                  flush=True)
+            print(
+                f"{n_max:>5} | {name:9} | {rp:14.2f} | {statistics.mean(ratios):.3f}x ({statistics.median(ratios):.3f}x)"
+                f"{'':19} | {mal:.2f}" + (f" (left out: {short} runs under {MIN_TOKENS} tokens)" if short else ""),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,21 @@ def converted_drafter(draft_dir: Path, target: Path, out: Path, outtype: str = "
     """`out`, converted by dflash-convert from `draft_dir` against `target` when it is not there yet."""
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, "-m", "dflash_convert", str(draft_dir), "--target", str(target), "--outfile",
-                        str(out), "--outtype", outtype, "--no-progress"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dflash_convert",
+                str(draft_dir),
+                "--target",
+                str(target),
+                "--outfile",
+                str(out),
+                "--outtype",
+                outtype,
+                "--no-progress",
+            ],
+            check=True,
+            capture_output=True,
+        )
     return out

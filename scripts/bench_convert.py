@@ -29,7 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MB = 1e6
 
 
-def layer_shapes(i: int, h: int, heads: int, kv: int, hd: int, ff: int, proj: int, k: int) -> dict[str, tuple[int, ...]]:
+def layer_shapes(
+    i: int, h: int, heads: int, kv: int, hd: int, ff: int, proj: int, k: int
+) -> dict[str, tuple[int, ...]]:
     p = f"layers.{i}."
     return {
         p + "input_layernorm.weight": (h,),
@@ -112,20 +114,37 @@ def make_bench_checkpoint(root: Path, size_gb: float, seed: int = 0) -> dict[str
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
     )
     config = {
-        "architectures": ["DFlash2DraftModel"], "model_type": "qwen3",
-        "hidden_size": h, "num_hidden_layers": n_layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": hd, "intermediate_size": ff, "hidden_act": "silu",
-        "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
-        "vocab_size": vocab, "num_target_layers": n_target, "block_size": 16,
-        "dflash_config": {"block_size": 16, "mask_token_id": 1, "target_layer_ids": [1, 9, 17, 25],
-                          "conv_kernel_size": k, "conv_group_size": group, "selector_rank": rank,
-                          "selector_top_k": top_k},
+        "architectures": ["DFlash2DraftModel"],
+        "model_type": "qwen3",
+        "hidden_size": h,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "head_dim": hd,
+        "intermediate_size": ff,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "vocab_size": vocab,
+        "num_target_layers": n_target,
+        "block_size": 16,
+        "dflash_config": {
+            "block_size": 16,
+            "mask_token_id": 1,
+            "target_layer_ids": [1, 9, 17, 25],
+            "conv_kernel_size": k,
+            "conv_group_size": group,
+            "selector_rank": rank,
+            "selector_top_k": top_k,
+        },
     }
     (draft / "config.json").write_text(json.dumps(config, indent=1))
 
     # a metadata-only target GGUF: sizes + a byte-level BPE tokenizer of the same vocabulary
-    from dflash_gguf.synthetic import add_tokenizer
     from gguf import GGUFWriter
+
+    from dflash_gguf.synthetic import add_tokenizer
 
     target = root / "target-meta.gguf"
     w = GGUFWriter(target, "qwen3")
@@ -137,8 +156,14 @@ def make_bench_checkpoint(root: Path, size_gb: float, seed: int = 0) -> dict[str
     w.write_tensors_to_file()
     w.close()
     largest = max(int(np.prod(s)) for s in shapes.values())
-    return {"draft": draft, "target": target, "bytes": total, "n_layers": n_layers,
-            "n_tensors": len(shapes), "largest_elems": largest}
+    return {
+        "draft": draft,
+        "target": target,
+        "bytes": total,
+        "n_layers": n_layers,
+        "n_tensors": len(shapes),
+        "largest_elems": largest,
+    }
 
 
 CHILD = """
@@ -165,8 +190,20 @@ def run_convert(draft: Path, target: Path, out: Path, outtype: str) -> tuple[flo
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "converter"), env.get("PYTHONPATH")]))
     rss_file = out.with_suffix(".rss")
     env["DFLASH_BENCH_RSS"] = str(rss_file)
-    cmd = [sys.executable, "-c", CHILD, str(draft), "--target", str(target),
-           "--outfile", str(out), "--outtype", outtype, "--force", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-c",
+        CHILD,
+        str(draft),
+        "--target",
+        str(target),
+        "--outfile",
+        str(out),
+        "--outtype",
+        outtype,
+        "--force",
+        "--no-progress",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -191,22 +228,30 @@ def main() -> None:
         t0 = time.perf_counter()
         info = make_bench_checkpoint(root, args.size_gb)
         largest_bf16 = info["largest_elems"] * 2  # type: ignore[operator]
-        print(f"checkpoint: {info['bytes'] / MB:.0f} MB bf16, {info['n_tensors']} tensors, "
-              f"{info['n_layers']} layers, largest tensor {largest_bf16 / MB:.1f} MB bf16 "
-              f"({largest_bf16 * 2 / MB:.1f} MB as f32); made in {time.perf_counter() - t0:.1f} s")
-        print(f"{'outtype':<8} {'wall s':>8} {'in MB/s':>9} {'out MB':>8} {'out MB/s':>9} {'peak RSS MB':>12} {'RSS goal MB':>12}")
+        print(
+            f"checkpoint: {info['bytes'] / MB:.0f} MB bf16, {info['n_tensors']} tensors, "
+            f"{info['n_layers']} layers, largest tensor {largest_bf16 / MB:.1f} MB bf16 "
+            f"({largest_bf16 * 2 / MB:.1f} MB as f32); made in {time.perf_counter() - t0:.1f} s"
+        )
+        print(
+            f"{'outtype':<8} {'wall s':>8} {'in MB/s':>9} {'out MB':>8} {'out MB/s':>9} {'peak RSS MB':>12} {'RSS goal MB':>12}"
+        )
         for outtype in args.outtypes.split(","):
             out = root / f"bench-{outtype}.gguf"
             # drop the checkpoint's page cache influence as far as we can: one warm read is fine
             wall, peak, size = run_convert(info["draft"], info["target"], out, outtype)  # type: ignore[arg-type]
             goal = 2 * largest_bf16 + 300 * MB
-            print(f"{outtype:<8} {wall:>8.2f} {info['bytes'] / MB / wall:>9.0f} {size / MB:>8.0f} "  # type: ignore[operator]
-                  f"{size / MB / wall:>9.0f} {peak / MB:>12.0f} {goal / MB:>12.0f}"
-                  f"  {'ok' if peak < goal else 'OVER'}")
+            print(
+                f"{outtype:<8} {wall:>8.2f} {info['bytes'] / MB / wall:>9.0f} {size / MB:>8.0f} "  # type: ignore[operator]
+                f"{size / MB / wall:>9.0f} {peak / MB:>12.0f} {goal / MB:>12.0f}"
+                f"  {'ok' if peak < goal else 'OVER'}"
+            )
             if not args.keep:
                 out.unlink(missing_ok=True)
-        print("goals: peak RSS < 2 x largest tensor (bf16 bytes) + 300 MB; f16 output >= 200 MB/s "
-              "(wall time includes the read-back verification)")
+        print(
+            "goals: peak RSS < 2 x largest tensor (bf16 bytes) + 300 MB; f16 output >= 200 MB/s "
+            "(wall time includes the read-back verification)"
+        )
     finally:
         if not args.keep and args.workdir is None:
             shutil.rmtree(root, ignore_errors=True)

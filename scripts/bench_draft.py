@@ -81,21 +81,32 @@ def cell(r: dict) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cpu", help="Drafter device: cpu, auto, or a ggml device name (e.g. CUDA0); "
-                    "anything but cpu also offloads the target")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="Drafter device: cpu, auto, or a ggml device name (e.g. CUDA0); anything but cpu also offloads the target",
+    )
     ap.add_argument("--n-threads", type=int, default=2, help="CPU threads for both (default 2)")
     ap.add_argument("--blocks", default="8,16", help="block sizes (default 8,16)")
     ap.add_argument("--context", type=int, default=256, help="committed context length (default 256)")
     ap.add_argument("--reps", type=int, default=200, help="timed repetitions per measurement (default 200)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--outtype", default="f16", help="drafter GGUF type (default f16)")
-    ap.add_argument("--compare-types", default="", help="comma list of drafter types whose short-block drafts "
-                    "are timed side by side (e.g. f16,bf16,q8_0,q4_0); TYPE:portable = that type's drafter "
-                    "with the graph every backend runs")
+    ap.add_argument(
+        "--compare-types",
+        default="",
+        help="comma list of drafter types whose short-block drafts "
+        "are timed side by side (e.g. f16,bf16,q8_0,q4_0); TYPE:portable = that type's drafter "
+        "with the graph every backend runs",
+    )
     ap.add_argument("--target", type=Path, default=TINY / "target-f16.gguf")
-    ap.add_argument("--flash-attn", choices=("both", "off", "auto", "on"), default="both",
-                    help="the target's flash attention: 'both' times off and auto (libllama's default) "
-                    "and takes the faster as the baseline (default)")
+    ap.add_argument(
+        "--flash-attn",
+        choices=("both", "off", "auto", "on"),
+        default="both",
+        help="the target's flash attention: 'both' times off and auto (libllama's default) "
+        "and takes the faster as the baseline (default)",
+    )
     args = ap.parse_args()
     blocks = [int(b) for b in args.blocks.split(",")]
     gpu = args.device.lower() != "cpu"
@@ -114,8 +125,13 @@ def main() -> int:
         rng = np.random.default_rng(1)
         for b in blocks:
             path = make_drafter_gguf(tmp, b, args.outtype, args.target)
-            d = dflash_gguf.Drafter(str(path), str(args.target), device=args.device, n_threads=args.n_threads,
-                                    n_ctx=(args.context + 2 * b + 255) // 256 * 256)
+            d = dflash_gguf.Drafter(
+                str(path),
+                str(args.target),
+                device=args.device,
+                n_threads=args.n_threads,
+                n_ctx=(args.context + 2 * b + 255) // 256 * 256,
+            )
             assert d.hparams["block_size"] == b
             width = d.hparams["target_hidden"] * len(d.hparams["target_layers"])
             features = rng.standard_normal((args.context, width)).astype(np.float32)
@@ -131,9 +147,13 @@ def main() -> int:
                 os.environ["DFLASH_PORTABLE_GRAPH"] = "1"  # read when the Drafter is made
             if outtype not in ggufs:
                 ggufs[outtype] = make_drafter_gguf(tmp, blocks[0], outtype, args.target)
-            d = dflash_gguf.Drafter(str(ggufs[outtype]), str(args.target),
-                                    device=args.device, n_threads=args.n_threads,
-                                    n_ctx=(args.context + 2 * blocks[0] + 255) // 256 * 256)
+            d = dflash_gguf.Drafter(
+                str(ggufs[outtype]),
+                str(args.target),
+                device=args.device,
+                n_threads=args.n_threads,
+                n_ctx=(args.context + 2 * blocks[0] + 255) // 256 * 256,
+            )
             os.environ.pop("DFLASH_PORTABLE_GRAPH", None)
             d.inject(features, np.arange(args.context, dtype=np.int32))
             typed[t] = d
@@ -182,9 +202,11 @@ def main() -> int:
             v.close()
         llc.llama_model_free(model)
 
-        print(f"drafter: examples/tinycode/drafter-dflash2 ({args.outtype}) on {dev_name}, n_threads {args.n_threads}; "
-              f"target: {args.target.name} via libllama llama_decode ({'GPU offload' if gpu else 'CPU'}), "
-              f"all logits; context {args.context}; {args.reps} interleaved reps; ms (median [p10, p90])")
+        print(
+            f"drafter: examples/tinycode/drafter-dflash2 ({args.outtype}) on {dev_name}, n_threads {args.n_threads}; "
+            f"target: {args.target.name} via libllama llama_decode ({'GPU offload' if gpu else 'CPU'}), "
+            f"all logits; context {args.context}; {args.reps} interleaved reps; ms (median [p10, p90])"
+        )
         vcols = "".join(f" | {'verify, FA ' + m:<26}" for m in modes)
         print(f"{'block':>5} | {'draft step':<26}{vcols} | draft/verify (best) | goal <= {GOAL:.0%}")
         ok = True
@@ -205,18 +227,23 @@ def main() -> int:
             for b in blocks:
                 ratios = ", ".join(
                     f"fa={m}: {statistics.median(times[('draft', b)]) / statistics.median(times[(m, b)]):.1%}"
-                    for m in modes)
+                    for m in modes
+                )
                 print(f"B={b}: draft/verify per flash-attention setting: {ratios}")
-        print(f"\nthe loop's steps (block {blocks[0]}): draft of k tokens (short block) vs verify of k + 1 tokens; "
-              "ms (median [p10, p90])")
+        print(
+            f"\nthe loop's steps (block {blocks[0]}): draft of k tokens (short block) vs verify of k + 1 tokens; "
+            "ms (median [p10, p90])"
+        )
         print(f"{'k':>5} | {'draft, short block':<26} | {'verify k + 1':<26} | draft/verify")
         for k in loop_ks:
             dr = spread([1e3 * x for x in times[("short", k)]])
             vr = spread([1e3 * x for x in times[("loop verify", k)]])
             print(f"{k:>5} | {cell(dr)} | {cell(vr)} | {dr['median'] / vr['median']:12.1%}")
         if typed:
-            print(f"\nshort-block drafts of k tokens (block {blocks[0]}) per drafter type, interleaved; "
-                  "ms (median [p10, p90]); threads = the count the drafter picked for its steps")
+            print(
+                f"\nshort-block drafts of k tokens (block {blocks[0]}) per drafter type, interleaved; "
+                "ms (median [p10, p90]); threads = the count the drafter picked for its steps"
+            )
             print(f"{'k':>5} | " + " | ".join(f"{t:<26}" for t in typed) + " | verify k + 1 (median)")
             for k in loop_ks:
                 cells = " | ".join(cell(spread([1e3 * x for x in times[(t, k)]])) for t in typed)
@@ -224,10 +251,15 @@ def main() -> int:
             print("threads: " + ", ".join(f"{t} {d.counters.get('draft_threads')}" for t, d in typed.items()))
         for b in blocks:
             c0, c1 = counters0[b], drafters[b].counters
-            print(f"B={b}: drafter counters after the timed reps {c1} "
-                  f"(sched_reallocs during timing: {c1['sched_reallocs'] - c0['sched_reallocs']})")
-        print("goal met for every block (against the faster verify)" if ok else
-              "goal NOT met for every block (against the faster verify)")
+            print(
+                f"B={b}: drafter counters after the timed reps {c1} "
+                f"(sched_reallocs during timing: {c1['sched_reallocs'] - c0['sched_reallocs']})"
+            )
+        print(
+            "goal met for every block (against the faster verify)"
+            if ok
+            else "goal NOT met for every block (against the faster verify)"
+        )
     return 0
 
 

@@ -32,12 +32,13 @@ def main() -> None:
     a = ap.parse_args()
 
     import llama_cpp
-    from dflash_gguf import SpeculativeLlama
-    from dflash_gguf.bench import load_prompts
     from llama_cpp import LlamaGrammar
 
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.bench import load_prompts
+
     texts = [p["text"] for p in load_prompts(TINY / "prompts.jsonl", limit=a.prompts)]
-    everything = LlamaGrammar.from_string('root ::= [^\\x00]*', verbose=False)
+    everything = LlamaGrammar.from_string("root ::= [^\\x00]*", verbose=False)
     theirs = llama_cpp.Llama(a.target, n_ctx=512, n_threads=a.threads, verbose=False)
     ours = SpeculativeLlama(a.target, a.draft, n_ctx=512, n_threads=a.threads, n_max=3)
 
@@ -53,8 +54,10 @@ def main() -> None:
     for r in range(a.rounds):
         for name, llm in (("llama_cpp.Llama", theirs), ("ours (n_max 3)", ours)):
             plain, constrained = ms_per_token(llm, None), ms_per_token(llm, everything)
-            print(f"round {r}  {name:16s} no grammar {plain:.3f}  allow-all grammar {constrained:.3f}  "
-                  f"grammar cost {constrained - plain:+.3f}")
+            print(
+                f"round {r}  {name:16s} no grammar {plain:.3f}  allow-all grammar {constrained:.3f}  "
+                f"grammar cost {constrained - plain:+.3f}"
+            )
 
     code = 'root ::= [a-z \\n().=_:,"]+'
     sampling = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
@@ -73,15 +76,22 @@ def main() -> None:
     def theirs_ms_per_token() -> float:
         t, n = time.perf_counter(), 0
         for seed, text in enumerate(texts):
-            n += theirs(text, max_tokens=a.n_predict, grammar=LlamaGrammar.from_string(code, verbose=False), seed=seed,
-                        **sampling)["usage"]["completion_tokens"]
+            n += theirs(
+                text,
+                max_tokens=a.n_predict,
+                grammar=LlamaGrammar.from_string(code, verbose=False),
+                seed=seed,
+                **sampling,
+            )["usage"]["completion_tokens"]
         return (time.perf_counter() - t) / n * 1e3
 
     print(f"\nsampled under {code} (T 0.8, top-k 40, top-p 0.95, min-p 0.05); ms per token (ours: of which sampling)")
     for r in range(a.rounds):
         (full, full_s), (short, short_s) = ours_ms_per_token(True), ours_ms_per_token(False)
-        print(f"round {r}  ours whole-vocabulary masking {full:.3f} ({full_s:.3f})  most likely first {short:.3f} "
-              f"({short_s:.3f})  llama_cpp.Llama {theirs_ms_per_token():.3f}")
+        print(
+            f"round {r}  ours whole-vocabulary masking {full:.3f} ({full_s:.3f})  most likely first {short:.3f} "
+            f"({short_s:.3f})  llama_cpp.Llama {theirs_ms_per_token():.3f}"
+        )
 
 
 if __name__ == "__main__":

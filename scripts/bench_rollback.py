@@ -36,6 +36,7 @@ def main() -> None:
     n_max = args.n_max if args.n_max == "auto" else int(args.n_max)
 
     import llama_cpp
+
     from dflash_gguf import SpeculativeLlama
 
     hybrid = ROOT / "examples" / "tinycode-hybrid"
@@ -43,19 +44,23 @@ def main() -> None:
         raise SystemExit(f"{hybrid / 'target-f16.gguf'} missing: run `make hybrid` first")
     out = ROOT / "out"
     pairs = {
-        "dense": (TINY / "target-f16.gguf", converted_drafter(TINY / "drafter-dflash2", TINY / "target-f16.gguf",
-                                                                out / "tinycode-dflash2-q4_0.gguf")),
-        "hybrid": (hybrid / "target-f16.gguf", converted_drafter(hybrid / "drafter-dflash2",
-                                                                 hybrid / "target-f16.gguf",
-                                                                 out / "hybrid-dflash2-q4_0.gguf")),
+        "dense": (
+            TINY / "target-f16.gguf",
+            converted_drafter(TINY / "drafter-dflash2", TINY / "target-f16.gguf", out / "tinycode-dflash2-q4_0.gguf"),
+        ),
+        "hybrid": (
+            hybrid / "target-f16.gguf",
+            converted_drafter(hybrid / "drafter-dflash2", hybrid / "target-f16.gguf", out / "hybrid-dflash2-q4_0.gguf"),
+        ),
     }
     kw = dict(n_ctx=1024, n_threads=args.threads, n_max=n_max)
     systems = {
         "dense": SpeculativeLlama(str(pairs["dense"][0]), str(pairs["dense"][1]), **kw),
         "snapshots": SpeculativeLlama(str(pairs["hybrid"][0]), str(pairs["hybrid"][1]), **kw),
     }
-    llm = llama_cpp.Llama(str(pairs["hybrid"][0]), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        str(pairs["hybrid"][0]), n_ctx=1024, n_threads=args.threads, n_threads_batch=args.threads, verbose=False
+    )
     systems["checkpoint"] = SpeculativeLlama.from_llama(llm, str(pairs["hybrid"][1]), n_max=n_max)
     prompts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
     prompts = prompts[: args.limit or None]
@@ -79,22 +84,31 @@ def main() -> None:
                     r["verify_ms"].append(s.verify_ms / max(s.steps, 1))
                     r["rollback_ms"].append(s.rollback_ms / drafted)
                     outputs.setdefault(key, []).append(ids)
-    print(f"{len(prompts)} prompts x {args.repeat} rounds, {args.n_predict} tokens, n_max {args.n_max}, "
-          f"threads {args.threads}, greedy; medians per run")
+    print(
+        f"{len(prompts)} prompts x {args.repeat} rounds, {args.n_predict} tokens, n_max {args.n_max}, "
+        f"threads {args.threads}, greedy; medians per run"
+    )
     print(f"{'system':<18}{'tok/s':>9}{'vs plain':>10}{'acc.len':>9}{'verify ms':>11}{'rollback ms':>13}")
     summary = {}
     for name in systems:
-        base = statistics.median(rows[f"{name} plain"]["tok_s"]) if name != "checkpoint" else \
-            statistics.median(rows["snapshots plain"]["tok_s"])
+        base = (
+            statistics.median(rows[f"{name} plain"]["tok_s"])
+            if name != "checkpoint"
+            else statistics.median(rows["snapshots plain"]["tok_s"])
+        )
         for key in (f"{name} plain", name):
             r = {k: statistics.median(v) for k, v in rows[key].items()}
             r["speedup"] = r["tok_s"] / base
             summary[key] = r
-            print(f"{key:<18}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}x{r['acc_len']:>9.2f}{r['verify_ms']:>11.3f}"
-                  f"{r['rollback_ms']:>13.4f}")
+            print(
+                f"{key:<18}{r['tok_s']:>9.1f}{r['speedup']:>9.2f}x{r['acc_len']:>9.2f}{r['verify_ms']:>11.3f}"
+                f"{r['rollback_ms']:>13.4f}"
+            )
     same = {name: sum(a == b for a, b in zip(outputs[name], outputs[f"{name} plain"])) for name in systems}
-    print("greedy output identical to plain decoding of the same target: "
-          + ", ".join(f"{name} {n}/{len(outputs[name])}" for name, n in same.items()))
+    print(
+        "greedy output identical to plain decoding of the same target: "
+        + ", ".join(f"{name} {n}/{len(outputs[name])}" for name, n in same.items())
+    )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2))
 

@@ -1,10 +1,10 @@
 """Sampled acceptance of the two exact samplers, side by side on the bundled tinycode pair.
 
-  rejection  exact rejection sampling with the drafter's q (more accepted; the draws follow the drafts)
-  gumbel     every draw keyed by (seed, position), draft and target coupled through the same Gumbel noise
-             (a seed fixes the text, whatever the draft lengths)
+rejection  exact rejection sampling with the drafter's q (more accepted; the draws follow the drafts)
+gumbel     every draw keyed by (seed, position), draft and target coupled through the same Gumbel noise
+           (a seed fixes the text, whatever the draft lengths)
 
-    .venv/bin/python scripts/bench_sampler.py [--temps 0.8,1.0] [--n-max 3] [-n 96] [--seeds 3]
+  .venv/bin/python scripts/bench_sampler.py [--temps 0.8,1.0] [--n-max 3] [-n 96] [--seeds 3]
 """
 
 from __future__ import annotations
@@ -30,11 +30,23 @@ def main() -> None:
 
     draft = converted_drafter(TINY / "drafter-dflash2", Path(args.target), Path(args.draft))
     prompts = [json.loads(line)["text"] for line in (TINY / "prompts.jsonl").read_text().splitlines()]
-    specs = {s: SpeculativeLlama(args.target, str(draft), n_ctx=1024, n_threads=args.threads,
-                                 n_max=args.n_max, fallback=False, draft_q=args.draft_q, sampler=s)
-             for s in ("rejection", "gumbel")}
-    print(f"{len(prompts)} prompts x {args.seeds} seeds, {args.n_predict} tokens, n_max {args.n_max}, "
-          f"draft q {args.draft_q}; mean accepted length = tokens per target pass, bonus included")
+    specs = {
+        s: SpeculativeLlama(
+            args.target,
+            str(draft),
+            n_ctx=1024,
+            n_threads=args.threads,
+            n_max=args.n_max,
+            fallback=False,
+            draft_q=args.draft_q,
+            sampler=s,
+        )
+        for s in ("rejection", "gumbel")
+    }
+    print(
+        f"{len(prompts)} prompts x {args.seeds} seeds, {args.n_predict} tokens, n_max {args.n_max}, "
+        f"draft q {args.draft_q}; mean accepted length = tokens per target pass, bonus included"
+    )
     print(f"{'T':>5}{'rejection':>11}{'gumbel':>9}{'ratio':>8}")
     for temp in (float(t) for t in args.temps.split(",")):
         acc: dict[str, list[float]] = {s: [] for s in specs}

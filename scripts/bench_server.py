@@ -53,11 +53,15 @@ def main() -> int:
                 assert over_http["choices"][0]["text"] == direct["choices"][0]["text"]
                 tokens += direct["usage"]["completion_tokens"]
     base = sum(times["direct"])
-    print(f"{len(prompts)} prompts x {args.rounds} rounds, {args.n} tokens, greedy; wall time per request "
-          f"(prefill included)")
+    print(
+        f"{len(prompts)} prompts x {args.rounds} rounds, {args.n} tokens, greedy; wall time per request "
+        f"(prefill included)"
+    )
     for name, t in times.items():
-        print(f"{name:>12}: {tokens / sum(t):7.1f} tok/s, median {statistics.median(t) * 1e3:6.1f} ms/request, "
-              f"{sum(t) / base:.3f}x the direct time")
+        print(
+            f"{name:>12}: {tokens / sum(t):7.1f} tok/s, median {statistics.median(t) * 1e3:6.1f} ms/request, "
+            f"{sum(t) / base:.3f}x the direct time"
+        )
     return 0
 
 

@@ -31,8 +31,9 @@ def main() -> int:
     if args.target is None or args.draft is None:
         pair = ensure_pair(SIZES["0.6B"], default_scale_dir(), target_types=("f16",), log=print)
         args.target, args.draft = str(pair.targets["f16"]), str(pair.draft)
-    llm = dflash_gguf.SpeculativeLlama(args.target, args.draft, n_ctx=args.prompt_tokens + 64,
-                                       n_threads=args.threads, n_max=3)
+    llm = dflash_gguf.SpeculativeLlama(
+        args.target, args.draft, n_ctx=args.prompt_tokens + 64, n_threads=args.threads, n_max=3
+    )
     prompt = np.random.default_rng(0).integers(100, 2047, args.prompt_tokens).tolist()  # real tokens
     other = prompt[:1] + [7] * 8  # a short prompt sharing only the first token: the context moves away
     for r in range(args.rounds):
@@ -53,11 +54,14 @@ def main() -> int:
         list(llm.generate_tokens(prompt, max_tokens=1))
         first = ms(t0)
         assert llm.stats.reused_prompt_tokens == len(prompt) - 1
-        print(f"round {r + 1}: {len(prompt)}-token prompt: prefill + first token {prefill:.0f} ms | load_state "
-              f"{load:.0f} ms + first token {first:.0f} ms = {prefill / (load + first):.1f}x faster | save_state "
-              f"{save:.0f} ms ({save_first:.0f} ms right after the prefill) | state "
-              f"{state.llama_state_size / 2**20:.1f} MiB (target {len(state.target) / 2**20:.1f}, draft "
-              f"{len(state.draft) / 2**20:.1f})", flush=True)
+        print(
+            f"round {r + 1}: {len(prompt)}-token prompt: prefill + first token {prefill:.0f} ms | load_state "
+            f"{load:.0f} ms + first token {first:.0f} ms = {prefill / (load + first):.1f}x faster | save_state "
+            f"{save:.0f} ms ({save_first:.0f} ms right after the prefill) | state "
+            f"{state.llama_state_size / 2**20:.1f} MiB (target {len(state.target) / 2**20:.1f}, draft "
+            f"{len(state.draft) / 2**20:.1f})",
+            flush=True,
+        )
         list(llm.generate_tokens(other, max_tokens=1))
     return 0
 

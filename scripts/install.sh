@@ -30,6 +30,8 @@ if [[ "${1:-}" == "--test" ]]; then
     # transformers builds the tiny targets of each architecture from configs (tests/arch_targets.py);
     # upstream's convert_hf_to_gguf.py, which converts them, imports sentencepiece for llama-style vocabs
     "${PIP[@]}" install pytest matplotlib "transformers==5.24.0" sentencepiece
+    # the lint and format checks (scripts/lint.sh, .pre-commit-config.yaml); pinned: a new release reformats
+    "${PIP[@]}" install "ruff==0.14.0" "clang-format==21.1.2"
     # the client libraries tests/test_clients.py speaks to `dflash serve` with
     "${PIP[@]}" install openai langchain-openai lm-eval
 fi

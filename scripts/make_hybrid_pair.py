@@ -35,15 +35,32 @@ def hybrid_model() -> transformers.PreTrainedModel:
     c = src.config
     n = c.num_hidden_layers * PER_ATTENTION
     cfg = transformers.Qwen3_5TextConfig(
-        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=n, num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-        head_dim=c.head_dim, max_position_embeddings=c.max_position_embeddings, rms_norm_eps=c.rms_norm_eps,
-        tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=n,
+        num_attention_heads=c.num_attention_heads,
+        num_key_value_heads=c.num_key_value_heads,
+        head_dim=c.head_dim,
+        max_position_embeddings=c.max_position_embeddings,
+        rms_norm_eps=c.rms_norm_eps,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
         layer_types=(["linear_attention"] * (PER_ATTENTION - 1) + ["full_attention"]) * c.num_hidden_layers,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=64,
+        linear_value_head_dim=64,
         linear_conv_kernel_dim=4,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
-                         "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 1.0,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
     )
     torch.manual_seed(0)
     dst = transformers.Qwen3_5ForCausalLM(cfg).to(torch.float32).eval()
@@ -105,7 +122,6 @@ def main() -> None:
     if not weights.is_symlink():
         weights.unlink(missing_ok=True)
         weights.symlink_to(Path("..") / ".." / "tinycode" / "drafter-dflash2" / "model.safetensors")
-
 
 
 if __name__ == "__main__":

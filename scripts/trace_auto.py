@@ -59,8 +59,15 @@ def main() -> int:
                 ms = (time.perf_counter() - t0) * 1e3
                 after = spec.stats
                 k = after["drafted"] - before["drafted"]
-                steps.append({"ms": ms, "k": k, "accepted": after["accepted"] - before["accepted"],
-                              "tokens": len(tokens), "c0": spec.controller["expected_step_ms"][0]})
+                steps.append(
+                    {
+                        "ms": ms,
+                        "k": k,
+                        "accepted": after["accepted"] - before["accepted"],
+                        "tokens": len(tokens),
+                        "c0": spec.controller["expected_step_ms"][0],
+                    }
+                )
                 before = after
                 n += len(tokens)
                 if full:
@@ -70,12 +77,23 @@ def main() -> int:
             ours_ms = sum(s["ms"] for s in steps) / n
             ratios.append(ar_ms / ours_ms)
             view = spec.controller
-            trace.append({"round": rnd, "prompt": prompts[i]["id"], "ar_ms_per_token": ar_ms,
-                          "ours_ms_per_token": ours_ms, "steps": steps, "controller": view})
-            print(f"round {rnd} {prompts[i]['id']:>10}: ar {ar_ms:.3f} ours {ours_ms:.3f} ms/token = "
-                  f"{ar_ms / ours_ms:.2f}x; {len(drafted)}/{len(steps)} steps drafted, lost {lost:+.1f} ms; "
-                  f"c0 {view['expected_step_ms'][0]:.3f}, drafted k=1.. "
-                  + " ".join(f"{c:.2f}" for c in view["expected_step_ms"][1:]), flush=True)
+            trace.append(
+                {
+                    "round": rnd,
+                    "prompt": prompts[i]["id"],
+                    "ar_ms_per_token": ar_ms,
+                    "ours_ms_per_token": ours_ms,
+                    "steps": steps,
+                    "controller": view,
+                }
+            )
+            print(
+                f"round {rnd} {prompts[i]['id']:>10}: ar {ar_ms:.3f} ours {ours_ms:.3f} ms/token = "
+                f"{ar_ms / ours_ms:.2f}x; {len(drafted)}/{len(steps)} steps drafted, lost {lost:+.1f} ms; "
+                f"c0 {view['expected_step_ms'][0]:.3f}, drafted k=1.. "
+                + " ".join(f"{c:.2f}" for c in view["expected_step_ms"][1:]),
+                flush=True,
+            )
             if args.steps:
                 print("   " + " ".join(f"{s['ms']:.2f}/{s['k']}:{s['accepted']}|{s['c0']:.2f}" for s in steps))
     print(f"median over prompts of ar / ours: {statistics.median(ratios):.3f}x")

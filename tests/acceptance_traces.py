@@ -14,11 +14,10 @@ i.i.d. acceptance model hides.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
-
 from tinycode import TARGET, TINY, GreedyReference, prompt_tokens
 
 CAP = 7
@@ -26,9 +25,9 @@ CAP = 7
 
 def record(drafter: Path, n_tokens: int = 128, cap: int = CAP) -> list[np.ndarray]:
     import torch
+    from reference.qwen3_ref import Qwen3Reference
 
     import dflash_gguf
-    from reference.qwen3_ref import Qwen3Reference
 
     torch.set_num_threads(1)
     ref = GreedyReference()
@@ -46,8 +45,7 @@ def record(drafter: Path, n_tokens: int = 128, cap: int = CAP) -> list[np.ndarra
     return traces
 
 
-def _accepted(d: object, feats: np.ndarray, seq: Sequence[int], n_prompt: int, n_tokens: int,
-              cap: int) -> np.ndarray:
+def _accepted(d: object, feats: np.ndarray, seq: Sequence[int], n_prompt: int, n_tokens: int, cap: int) -> np.ndarray:
     # the anchor at p is the last accepted token (no features yet); the cache holds rows 0..p-1
     n_pos = min(n_tokens, len(seq) - n_prompt)
     out = np.zeros((n_pos, cap), np.int32)
@@ -56,10 +54,10 @@ def _accepted(d: object, feats: np.ndarray, seq: Sequence[int], n_prompt: int, n
     for i in range(n_pos):
         p = n_prompt + i
         if i:
-            d.inject(feats[p - 1:p], np.array([p - 1], np.int32))  # type: ignore[attr-defined]
+            d.inject(feats[p - 1 : p], np.array([p - 1], np.int32))  # type: ignore[attr-defined]
         for k in range(1, cap + 1):
             drafted = d.draft(seq[p], p, k, short_block=True)  # type: ignore[attr-defined]
-            truth = seq[p + 1:p + 1 + k]
+            truth = seq[p + 1 : p + 1 + k]
             j = 0
             while j < min(k, len(truth)) and drafted[j] == truth[j]:
                 j += 1

@@ -33,20 +33,45 @@ from typing import Any
 from tinycode import TINY, _workdir, convert
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, N_LAYERS, VOCAB = 64, 4, 2, 16, 4, 2048
-LLAMA_CPP = (Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash-gguf")) / "llama-server-0.3.36"
-             / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp")
+LLAMA_CPP = (
+    Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash-gguf"))
+    / "llama-server-0.3.36"
+    / "src"
+    / "llama_cpp_python-0.3.36"
+    / "vendor"
+    / "llama.cpp"
+)
 
 _COMMON: dict[str, Any] = dict(
-    vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=N_LAYERS, num_attention_heads=HEADS,
-    num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=4096, tie_word_embeddings=False,
-    bos_token_id=0, eos_token_id=0, pad_token_id=0,
+    vocab_size=VOCAB,
+    hidden_size=HIDDEN,
+    num_hidden_layers=N_LAYERS,
+    num_attention_heads=HEADS,
+    num_key_value_heads=KV_HEADS,
+    head_dim=HEAD_DIM,
+    max_position_embeddings=4096,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=0,
+    pad_token_id=0,
 )
 # Qwen3.5's layout at a small size: 3 Gated DeltaNet layers to 1 attention layer, partial rotary M-RoPE whose
 # sections cover the rotated half-dimensions (Qwen3.5-9B: head_dim 256 x 0.25, sections [11, 11, 10])
-_LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-               linear_conv_kernel_dim=4, layer_types=["linear_attention"] * 3 + ["full_attention"],
-               rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+_LINEAR = dict(
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=16,
+    linear_conv_kernel_dim=4,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    rope_parameters={
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [2, 1, 1],
+        "mrope_interleaved": True,
+    },
+)
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 # gguf arch -> (transformers config class, model class, config kwargs)
@@ -55,26 +80,61 @@ ARCHS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(intermediate_size=128, **_MOE)),
     # Gated DeltaNet 3:1 with attention, M-RoPE (the converter writes Qwen3.5's default sections)
     "qwen35": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(intermediate_size=128, **_LINEAR)),
-    "qwen35moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM",
-                  dict(shared_expert_intermediate_size=32, **_MOE, **_LINEAR)),
-    "qwen3next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
-                  dict(intermediate_size=128, shared_expert_intermediate_size=32, **_MOE, **_LINEAR)),
+    "qwen35moe": (
+        "Qwen3_5MoeTextConfig",
+        "Qwen3_5MoeForCausalLM",
+        dict(shared_expert_intermediate_size=32, **_MOE, **_LINEAR),
+    ),
+    "qwen3next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        dict(intermediate_size=128, shared_expert_intermediate_size=32, **_MOE, **_LINEAR),
+    ),
     # alternating sliding-window (8 positions: shorter than the prompts) and full attention, MoE, sinks
-    "gpt-oss": ("GptOssConfig", "GptOssForCausalLM",
-                dict(intermediate_size=32, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
-                     layer_types=["sliding_attention", "full_attention"] * (N_LAYERS // 2),
-                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})),
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"] * (N_LAYERS // 2),
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        ),
+    ),
     # Mamba-2 + attention + MoE blocks, one kind per layer (libllama's snapshot rollback covers it)
-    "nemotron_h_moe": ("NemotronHConfig", "NemotronHForCausalLM",
-                       dict(intermediate_size=128, layers_block_type=["mamba", "moe", "attention", "moe"],
-                            mamba_num_heads=4, mamba_head_dim=16, ssm_state_size=16, n_groups=1, expand=1,
-                            chunk_size=16, use_mamba_kernels=False, n_routed_experts=4, num_experts_per_tok=2,
-                            moe_intermediate_size=32, moe_shared_expert_intermediate_size=32)),
+    "nemotron_h_moe": (
+        "NemotronHConfig",
+        "NemotronHForCausalLM",
+        dict(
+            intermediate_size=128,
+            layers_block_type=["mamba", "moe", "attention", "moe"],
+            mamba_num_heads=4,
+            mamba_head_dim=16,
+            ssm_state_size=16,
+            n_groups=1,
+            expand=1,
+            chunk_size=16,
+            use_mamba_kernels=False,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=32,
+        ),
+    ),
     # alternating sliding-window and full attention, per-layer input embeddings
-    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM",
-               dict(intermediate_size=128, sliding_window=8, hidden_size_per_layer_input=16,
-                    vocab_size_per_layer_input=VOCAB,
-                    layer_types=["sliding_attention", "full_attention"] * (N_LAYERS // 2))),
+    "gemma4": (
+        "Gemma4TextConfig",
+        "Gemma4ForCausalLM",
+        dict(
+            intermediate_size=128,
+            sliding_window=8,
+            hidden_size_per_layer_input=16,
+            vocab_size_per_layer_input=VOCAB,
+            layer_types=["sliding_attention", "full_attention"] * (N_LAYERS // 2),
+        ),
+    ),
     # archs libllama cannot feed a drafter (no layer inputs in their graphs)
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(intermediate_size=128)),
 }
@@ -82,7 +142,7 @@ UNSUPPORTED = ("qwen2",)
 RECURRENT = ("qwen35", "qwen35moe", "qwen3next", "nemotron_h_moe")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_dir(arch: str, seed: int = 0) -> Path:
     import torch
     import transformers
@@ -122,16 +182,27 @@ def upstream_convert(src: Path, outfile: Path, *extra: str, outtype: str = "f32"
     """Run upstream's convert_hf_to_gguf.py; raise with its output on failure."""
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
         raise FileNotFoundError(f"{LLAMA_CPP}/convert_hf_to_gguf.py (unpacked by scripts/build_llama_server.sh)")
-    cmd = [sys.executable, "-c", _UPSTREAM_CONVERT, str(LLAMA_CPP), str(src), "--outfile", str(outfile),
-           "--outtype", outtype, *extra]
+    cmd = [
+        sys.executable,
+        "-c",
+        _UPSTREAM_CONVERT,
+        str(LLAMA_CPP),
+        str(src),
+        "--outfile",
+        str(outfile),
+        "--outtype",
+        outtype,
+        *extra,
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "NO_LOCAL_GGUF": "1"})
     if res.returncode != 0 or not outfile.exists():
-        raise RuntimeError(f"upstream conversion of {src} failed ({res.returncode}):\n{res.stdout[-3000:]}\n"
-                           f"{res.stderr[-3000:]}")
+        raise RuntimeError(
+            f"upstream conversion of {src} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+        )
     return outfile
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def target_gguf(arch: str) -> Path:
     out = _workdir() / f"target-{arch}.gguf"
     if not out.exists():
@@ -140,7 +211,7 @@ def target_gguf(arch: str) -> Path:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def drafter_for(arch: str, seed: int = 7) -> Path:
     """A random DFlash2 drafter (1 layer, block 8) reading target layers 1 and 2 of `arch`'s target.
 
@@ -151,10 +222,25 @@ def drafter_for(arch: str, seed: int = 7) -> Path:
     from factories import make_checkpoint
 
     src = _workdir() / f"drafter-{arch}"
-    make_checkpoint(src, version=2, hidden=HIDDEN, n_layers=1, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
-                    ff=128, vocab=VOCAB, n_target_layers=N_LAYERS, target_layer_ids=(1, 2), top_k=4, rank=8,
-                    conv_kernel=2, conv_group=16, seed=seed,
-                    extra={"norm.weight": np.full(HIDDEN, 1e-3, np.float32)})
+    make_checkpoint(
+        src,
+        version=2,
+        hidden=HIDDEN,
+        n_layers=1,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        ff=128,
+        vocab=VOCAB,
+        n_target_layers=N_LAYERS,
+        target_layer_ids=(1, 2),
+        top_k=4,
+        rank=8,
+        conv_kernel=2,
+        conv_group=16,
+        seed=seed,
+        extra={"norm.weight": np.full(HIDDEN, 1e-3, np.float32)},
+    )
     return convert(src, target_gguf(arch), _workdir() / f"drafter-{arch}.gguf", "f32")
 
 

@@ -17,8 +17,9 @@ numpy shapes are torch shapes: ggml's ne is the reverse (fc.weight numpy
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from gguf import GGUFValueType, GGUFWriter
@@ -41,8 +42,14 @@ def typed(vtype: GGUFValueType, value: Any, sub_type: GGUFValueType | None = Non
 
 
 _INT_TYPES = {
-    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+    GGUFValueType.UINT8,
+    GGUFValueType.INT8,
+    GGUFValueType.UINT16,
+    GGUFValueType.INT16,
+    GGUFValueType.UINT32,
+    GGUFValueType.INT32,
+    GGUFValueType.UINT64,
+    GGUFValueType.INT64,
 }
 _FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
 
@@ -200,9 +207,19 @@ def write_draft_gguf(
         raise ValueError(f"version must be 1 or 2, got {version}")
     rng = np.random.default_rng(seed)
     shapes = draft_tensor_shapes(
-        version=version, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, n_ff=n_ff, n_vocab=n_vocab, target_hidden=target_hidden,
-        n_target_layers=len(target_layers), rank=rank, conv_kernel=conv_kernel, conv_group=conv_group,
+        version=version,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        target_hidden=target_hidden,
+        n_target_layers=len(target_layers),
+        rank=rank,
+        conv_kernel=conv_kernel,
+        conv_group=conv_group,
     )
     tensors: dict[str, np.ndarray] = {}
     for name, shape in shapes.items():
@@ -232,9 +249,21 @@ def write_draft_gguf(
         tensors[name] = np.ascontiguousarray(arr)
 
     keys = _default_keys(
-        version=version, n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, n_ff=n_ff, n_vocab=n_vocab, target_layers=target_layers, block_size=block_size,
-        top_k=top_k, rank=rank, conv_kernel=conv_kernel, conv_group=conv_group, mask_token_id=mask_token_id,
+        version=version,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        target_layers=target_layers,
+        block_size=block_size,
+        top_k=top_k,
+        rank=rank,
+        conv_kernel=conv_kernel,
+        conv_group=conv_group,
+        mask_token_id=mask_token_id,
     )
     for k, v in (key_overrides or {}).items():
         keys[k] = _resolve_override(keys.get(k), v)

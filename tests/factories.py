@@ -20,10 +20,14 @@ n_target_layers=6, target_layer_ids=(1, 3))`` for a drafter that fits it.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import pytest
 
 DTYPES = ("bf16", "f16", "f32")
 
@@ -31,6 +35,7 @@ DTYPES = ("bf16", "f16", "f32")
 # ----------------------------------------------------------------------------
 # numeric helpers
 # ----------------------------------------------------------------------------
+
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 -> nearest bfloat16 (round half to even), returned as float32."""
@@ -54,6 +59,7 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
 # ----------------------------------------------------------------------------
 # DFlash checkpoints
 # ----------------------------------------------------------------------------
+
 
 def checkpoint_shapes(
     *,
@@ -84,26 +90,30 @@ def checkpoint_shapes(
     groups = hidden // conv_group if conv_group else 0
     for i in range(n_layers):
         p = f"layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
-            p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
-            p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
-            p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
-            p + "self_attn.q_norm.weight": (head_dim,),
-            p + "self_attn.k_norm.weight": (head_dim,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "mlp.gate_proj.weight": (ff, hidden),
-            p + "mlp.up_proj.weight": (ff, hidden),
-            p + "mlp.down_proj.weight": (hidden, ff),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (heads * head_dim, hidden),
+                p + "self_attn.k_proj.weight": (kv_heads * head_dim, hidden),
+                p + "self_attn.v_proj.weight": (kv_heads * head_dim, hidden),
+                p + "self_attn.o_proj.weight": (hidden, heads * head_dim),
+                p + "self_attn.q_norm.weight": (head_dim,),
+                p + "self_attn.k_norm.weight": (head_dim,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "mlp.gate_proj.weight": (ff, hidden),
+                p + "mlp.up_proj.weight": (ff, hidden),
+                p + "mlp.down_proj.weight": (hidden, ff),
+            }
+        )
         if version == 2:
-            shapes.update({
-                p + "attention_conv.base_kernel": (2, conv_kernel, hidden),
-                p + "attention_conv.kernel_projection.weight": (2 * conv_kernel * groups, hidden),
-                p + "mlp_conv.base_kernel": (2, conv_kernel, hidden),
-                p + "mlp_conv.kernel_projection.weight": (2 * conv_kernel * groups, hidden),
-            })
+            shapes.update(
+                {
+                    p + "attention_conv.base_kernel": (2, conv_kernel, hidden),
+                    p + "attention_conv.kernel_projection.weight": (2 * conv_kernel * groups, hidden),
+                    p + "mlp_conv.base_kernel": (2, conv_kernel, hidden),
+                    p + "mlp_conv.kernel_projection.weight": (2 * conv_kernel * groups, hidden),
+                }
+            )
     return shapes
 
 
@@ -177,10 +187,19 @@ def make_checkpoint(
     path.mkdir(parents=True, exist_ok=True)
     n_used = len(target_layer_ids) if target_layer_ids is not None else _derived_count(n_target_layers, n_layers)
     shapes = checkpoint_shapes(
-        version=version, hidden=hidden, n_layers=n_layers, heads=heads, kv_heads=kv_heads,
-        head_dim=head_dim, ff=ff, vocab=vocab, n_target_layers_used=n_used,
+        version=version,
+        hidden=hidden,
+        n_layers=n_layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        ff=ff,
+        vocab=vocab,
+        n_target_layers_used=n_used,
         target_hidden=target_hidden if target_hidden is not None else hidden,
-        rank=rank, conv_kernel=conv_kernel, conv_group=conv_group,
+        rank=rank,
+        conv_kernel=conv_kernel,
+        conv_group=conv_group,
     )
     rng = np.random.default_rng(seed)
     tensors: dict[str, np.ndarray] = {k: round_to(_random_tensor(rng, k, s), dtype) for k, s in shapes.items()}
@@ -194,12 +213,14 @@ def make_checkpoint(
     if target_layer_ids is not None:
         dflash_config["target_layer_ids"] = list(target_layer_ids)
     if version == 2:
-        dflash_config.update({
-            "conv_kernel_size": conv_kernel,
-            "conv_group_size": conv_group,
-            "selector_rank": rank,
-            "selector_top_k": top_k,
-        })
+        dflash_config.update(
+            {
+                "conv_kernel_size": conv_kernel,
+                "conv_group_size": conv_group,
+                "selector_rank": rank,
+                "selector_top_k": top_k,
+            }
+        )
     _merge(dflash_config, dflash_overrides)
     config: dict[str, Any] = {
         "architectures": ["DFlash2DraftModel" if version == 2 else "DFlashDraftModel"],
@@ -260,6 +281,7 @@ def _merge(dst: dict[str, Any], overrides: Mapping[str, Any] | None) -> None:
 # tiny Qwen3 target GGUF
 # ----------------------------------------------------------------------------
 
+
 def make_target_gguf(
     path: Path | str,
     *,
@@ -284,15 +306,27 @@ def make_target_gguf(
     ``dtype`` "f32" or "f16" for the 2-D weights (norms stay F32).
     Returns {GGUF tensor name: float32 array (torch order)} as stored.
     """
-    from dflash_gguf.synthetic import add_qwen3_header
     from gguf import GGMLQuantizationType, GGUFWriter
+
+    from dflash_gguf.synthetic import add_qwen3_header
 
     path = Path(path)
     rng = np.random.default_rng(seed)
     w = GGUFWriter(path, "qwen3")
-    add_qwen3_header(w, name="tiny random qwen3 target", hidden=hidden, n_layers=n_layers, ff=ff, heads=heads,
-                     kv_heads=kv_heads, head_dim=head_dim, rope_theta=rope_theta, vocab=vocab,
-                     context_length=context_length, file_type=1 if dtype == "f16" else 0)
+    add_qwen3_header(
+        w,
+        name="tiny random qwen3 target",
+        hidden=hidden,
+        n_layers=n_layers,
+        ff=ff,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=rope_theta,
+        vocab=vocab,
+        context_length=context_length,
+        file_type=1 if dtype == "f16" else 0,
+    )
 
     def mat(shape: tuple[int, ...]) -> np.ndarray:
         return (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
@@ -303,19 +337,21 @@ def make_target_gguf(
     out: dict[str, np.ndarray] = {"token_embd.weight": mat((vocab, hidden))}
     for i in range(n_layers):
         p = f"blk.{i}."
-        out.update({
-            p + "attn_norm.weight": norm(hidden),
-            p + "attn_q.weight": mat((heads * head_dim, hidden)),
-            p + "attn_k.weight": mat((kv_heads * head_dim, hidden)),
-            p + "attn_v.weight": mat((kv_heads * head_dim, hidden)),
-            p + "attn_output.weight": mat((hidden, heads * head_dim)),
-            p + "attn_q_norm.weight": norm(head_dim),
-            p + "attn_k_norm.weight": norm(head_dim),
-            p + "ffn_norm.weight": norm(hidden),
-            p + "ffn_gate.weight": mat((ff, hidden)),
-            p + "ffn_up.weight": mat((ff, hidden)),
-            p + "ffn_down.weight": mat((hidden, ff)),
-        })
+        out.update(
+            {
+                p + "attn_norm.weight": norm(hidden),
+                p + "attn_q.weight": mat((heads * head_dim, hidden)),
+                p + "attn_k.weight": mat((kv_heads * head_dim, hidden)),
+                p + "attn_v.weight": mat((kv_heads * head_dim, hidden)),
+                p + "attn_output.weight": mat((hidden, heads * head_dim)),
+                p + "attn_q_norm.weight": norm(head_dim),
+                p + "attn_k_norm.weight": norm(head_dim),
+                p + "ffn_norm.weight": norm(hidden),
+                p + "ffn_gate.weight": mat((ff, hidden)),
+                p + "ffn_up.weight": mat((ff, hidden)),
+                p + "ffn_down.weight": mat((hidden, ff)),
+            }
+        )
     out["output_norm.weight"] = norm(hidden)
     if not tied_embeddings:
         out["output.weight"] = mat((vocab, hidden))
@@ -338,6 +374,7 @@ def make_target_gguf(
 # ----------------------------------------------------------------------------
 # reading a GGUF back (independently of the converter's own read-back check)
 # ----------------------------------------------------------------------------
+
 
 class GGUFTensor:
     """One tensor of a GGUF file: type name, torch-order shape, stored bytes, float32 values."""
@@ -379,7 +416,7 @@ def gguf_kv(path: Path | str) -> dict[str, tuple[Any, str, str | None]]:
     return out
 
 
-def run_convert_cli(args: list[str], capsys: "pytest.CaptureFixture[str]") -> tuple[int, str, str]:
+def run_convert_cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     """Runs dflash-convert in process; (exit code, stdout, stderr)."""
     import pytest
 

@@ -21,7 +21,6 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
 from tinycode import (  # noqa: E402
     N_CTX,
     TARGET,
@@ -32,6 +31,8 @@ from tinycode import (  # noqa: E402
     mismatched_drafter_gguf,
     prompts,
 )
+
+from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
 
 EPS = 1e-2
 GREEDY = {"temperature": 0.0}
@@ -55,8 +56,9 @@ def ref() -> GreedyReference:
 @pytest.fixture(scope="module")
 def llm() -> Any:
     """llama-cpp-python's own Llama on the target, for result shapes."""
-    return llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False,
-                           chat_format="chatml")
+    return llama_cpp.Llama(
+        str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, verbose=False, chat_format="chatml"
+    )
 
 
 def _text(i: int) -> str:
@@ -89,6 +91,7 @@ def _still_works(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None
 # completions
 # --------------------------------------------------------------------------- #
 
+
 def test_stream_and_plain_completion_give_the_same_text(spec: SpeculativeLlama) -> None:
     prompt = _text(1)
     full = spec.create_completion(prompt, max_tokens=64, **GREEDY)
@@ -102,15 +105,18 @@ def test_stream_and_plain_completion_give_the_same_text(spec: SpeculativeLlama) 
     # and it is the detokenized token stream
     toks = list(spec.generate_tokens(spec.tokenize(prompt, special=True), max_tokens=64, **GREEDY))
     assert full["choices"][0]["text"] == spec.detokenize(toks).decode("utf-8", errors="replace")
-    assert _llama_usage(full["usage"]) == {"prompt_tokens": len(spec.tokenize(prompt, special=True)), "completion_tokens": 64,
-                             "total_tokens": len(spec.tokenize(prompt, special=True)) + 64}
+    assert _llama_usage(full["usage"]) == {
+        "prompt_tokens": len(spec.tokenize(prompt, special=True)),
+        "completion_tokens": 64,
+        "total_tokens": len(spec.tokenize(prompt, special=True)) + 64,
+    }
 
 
 def test_stop_strings_cut_the_text(spec: SpeculativeLlama) -> None:
     prompt = _text(3)
     full = spec.create_completion(prompt, max_tokens=64, **GREEDY)["choices"][0]["text"]
     # a stop string from the middle of the text (first occurrence decides)
-    stop = next(full[i:i + 4] for i in range(len(full) // 2, len(full) - 4) if full[i:i + 4].strip())
+    stop = next(full[i : i + 4] for i in range(len(full) // 2, len(full) - 4) if full[i : i + 4].strip())
     want = full[: full.index(stop)]
     for stream in (False, True):
         if stream:
@@ -168,10 +174,15 @@ def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None
     """Key for key llama_cpp.Llama's, plus what OpenAI and llama-server send and it does not:
     system_fingerprint, and usage.prompt_tokens_details."""
     prompt = _text(0)
-    ours, theirs = spec.create_completion(prompt, max_tokens=4, **GREEDY), llm.create_completion(prompt, max_tokens=4,
-                                                                                                  **GREEDY)
-    assert _keys(ours) - {"system_fingerprint"} == _keys(theirs) == {"id", "object", "created", "model", "choices",
-                                                                     "usage"}
+    ours, theirs = (
+        spec.create_completion(prompt, max_tokens=4, **GREEDY),
+        llm.create_completion(prompt, max_tokens=4, **GREEDY),
+    )
+    assert (
+        _keys(ours) - {"system_fingerprint"}
+        == _keys(theirs)
+        == {"id", "object", "created", "model", "choices", "usage"}
+    )
     assert ours["object"] == theirs["object"] == "text_completion"
     assert _keys(ours["choices"][0]) == _keys(theirs["choices"][0])
     assert _keys(ours["usage"]) - {"prompt_tokens_details"} == _keys(theirs["usage"])
@@ -184,8 +195,10 @@ def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None
     assert _keys(o_chunks[0]["choices"][0]) == _keys(t_chunks[0]["choices"][0])
 
     msgs = [{"role": "user", "content": "def add(a, b):"}]
-    oc, tc = spec.create_chat_completion(msgs, max_tokens=4, **GREEDY), llm.create_chat_completion(msgs, max_tokens=4,
-                                                                                                    **GREEDY)
+    oc, tc = (
+        spec.create_chat_completion(msgs, max_tokens=4, **GREEDY),
+        llm.create_chat_completion(msgs, max_tokens=4, **GREEDY),
+    )
     assert _keys(oc) - {"system_fingerprint"} == _keys(tc) == {"id", "object", "created", "model", "choices", "usage"}
     assert oc["object"] == tc["object"] == "chat.completion"
     assert _keys(oc["choices"][0]) == _keys(tc["choices"][0])
@@ -209,9 +222,18 @@ def test_result_shapes_match_llama_cpp(spec: SpeculativeLlama, llm: Any) -> None
 
 
 # what LangChain's LlamaCpp (and other wrappers) pass to llama_cpp.Llama on every call
-WRAPPER_DEFAULTS = {"suffix": None, "logprobs": None, "typical_p": 1.0, "tfs_z": 1.0, "mirostat_mode": 0,
-                    "mirostat_tau": 5.0, "mirostat_eta": 0.1, "grammar": None, "stopping_criteria": None,
-                    "logits_processor": None}
+WRAPPER_DEFAULTS = {
+    "suffix": None,
+    "logprobs": None,
+    "typical_p": 1.0,
+    "tfs_z": 1.0,
+    "mirostat_mode": 0,
+    "mirostat_tau": 5.0,
+    "mirostat_eta": 0.1,
+    "grammar": None,
+    "stopping_criteria": None,
+    "logits_processor": None,
+}
 
 
 def test_llama_cpp_options_are_taken(spec: SpeculativeLlama, llm: Any) -> None:
@@ -225,9 +247,13 @@ def test_llama_cpp_options_are_taken(spec: SpeculativeLlama, llm: Any) -> None:
     assert wrapped["choices"][0]["text"] == plain
     sampled = dict(max_tokens=24, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
     texts = {}
-    for name, opts in (("plain", {}), ("tfs_z", {"tfs_z": 0.5}), ("typical", {"typical_p": 0.3}),
-                       ("mirostat1", {"mirostat_mode": 1, "mirostat_tau": 1.0}),
-                       ("mirostat2", {"mirostat_mode": 2, "mirostat_tau": 1.0})):
+    for name, opts in (
+        ("plain", {}),
+        ("tfs_z", {"tfs_z": 0.5}),
+        ("typical", {"typical_p": 0.3}),
+        ("mirostat1", {"mirostat_mode": 1, "mirostat_tau": 1.0}),
+        ("mirostat2", {"mirostat_mode": 2, "mirostat_tau": 1.0}),
+    ):
         texts[name] = [spec(prompt, seed=s, **sampled, **opts)["choices"][0]["text"] for s in range(4)]
         assert texts[name] == [spec(prompt, seed=s, **sampled, **opts)["choices"][0]["text"] for s in range(4)]
     assert texts["tfs_z"] == texts["plain"]
@@ -252,8 +278,17 @@ def test_llama_cpp_options_are_taken(spec: SpeculativeLlama, llm: Any) -> None:
 
     msgs = [{"role": "user", "content": "def add(a, b):"}]
     chat = spec.create_chat_completion(msgs, max_tokens=4, **GREEDY)
-    off = {"tools": None, "tool_choice": None, "functions": None, "function_call": None, "response_format": None,
-           "logprobs": False, "top_logprobs": None, "typical_p": 1.0, "grammar": None}
+    off = {
+        "tools": None,
+        "tool_choice": None,
+        "functions": None,
+        "function_call": None,
+        "response_format": None,
+        "logprobs": False,
+        "top_logprobs": None,
+        "typical_p": 1.0,
+        "grammar": None,
+    }
     again = spec.create_chat_completion(msgs, max_tokens=4, model="named", **off, **GREEDY)
     assert again["choices"] == chat["choices"] and again["model"] == "named"
     with pytest.raises(TypeError, match="suffix"):
@@ -265,8 +300,9 @@ def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
     the token strings, text offsets, log-softmax of the raw logits and the n most likely; a stop
     string cuts tokens and text alike; chat gets OpenAI's shape."""
 
-    theirs_llm = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS,
-                                 logits_all=True, verbose=False)
+    theirs_llm = llama_cpp.Llama(
+        str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True, verbose=False
+    )
     prompt = _text(3)
     ours = spec(prompt, max_tokens=24, logprobs=3, **GREEDY)["choices"][0]
     theirs = theirs_llm(prompt, max_tokens=24, logprobs=3, **GREEDY)["choices"][0]
@@ -302,10 +338,12 @@ def test_logprobs_are_llama_cpp_s(spec: SpeculativeLlama) -> None:
     merged = {k: [v for c in streamed if c["logprobs"] for v in c["logprobs"][k]] for k in a}
     assert merged == a  # each chunk carries its own tokens, together what the whole completion has
     assert all(c["logprobs"] is None or "".join(c["logprobs"]["tokens"]) == c["text"] for c in streamed)
-    chat_chunks = list(spec.create_chat_completion(msgs, max_tokens=8, logprobs=True, top_logprobs=2, stream=True,
-                                                   **GREEDY))
-    assert [e for c in chat_chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]] \
-        == content
+    chat_chunks = list(
+        spec.create_chat_completion(msgs, max_tokens=8, logprobs=True, top_logprobs=2, stream=True, **GREEDY)
+    )
+    assert [
+        e for c in chat_chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]
+    ] == content
 
     for bad in (-1, True, 1.5):
         with pytest.raises(ValueError, match="logprobs"):
@@ -330,8 +368,9 @@ def test_echo_logprobs_cover_the_prompt(spec: SpeculativeLlama) -> None:
     np.testing.assert_allclose(lp["token_logprobs"][n:], plain["logprobs"]["token_logprobs"], atol=1e-5)
     assert lp["tokens"][n:] == plain["logprobs"]["tokens"]
 
-    theirs = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True,
-                             verbose=False)
+    theirs = llama_cpp.Llama(
+        str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True, verbose=False
+    )
     theirs.eval(toks)
     rows = np.asarray(theirs.scores[: n - 1], dtype=np.float64)
     log_softmax = rows - rows.max(1, keepdims=True)
@@ -365,9 +404,13 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
     from llama_cpp import LlamaGrammar
 
     # GBNF -> (the whole output's pattern when the grammar ended it, a pattern any cut-off output matches)
-    grammars = {'root ::= [a-z \\n]+': (r"[a-z \n]+", r"[a-z \n]*"),
-                'root ::= "return " [a-z_]+ "(" [a-z_, ]* ")\\n"': (r"return [a-z_]+\([a-z_, ]*\)\n",
-                                                                 r"return [a-z_]*(\([a-z_, ]*)?")}
+    grammars = {
+        "root ::= [a-z \\n]+": (r"[a-z \n]+", r"[a-z \n]*"),
+        'root ::= "return " [a-z_]+ "(" [a-z_, ]* ")\\n"': (
+            r"return [a-z_]+\([a-z_, ]*\)\n",
+            r"return [a-z_]*(\([a-z_, ]*)?",
+        ),
+    }
 
     def follows(out: dict[str, Any], whole: str, cut: str) -> bool:
         return bool(re.fullmatch(whole if out["finish_reason"] == "stop" else cut, out["text"]))
@@ -394,16 +437,20 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
                 k = next(k for k, (x, y) in enumerate(zip(mine, their)) if x != y)
                 assert near_tie(toks + mine[:k], mine[k], their[k]), (gbnf, i, ours["text"], theirs["text"])
             assert follows(ours, whole, cut), ours
-        assert spec(_text(0), max_tokens=40, grammar=gbnf, **GREEDY)["choices"][0] == \
-            spec(_text(0), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
+        assert (
+            spec(_text(0), max_tokens=40, grammar=gbnf, **GREEDY)["choices"][0]
+            == spec(_text(0), max_tokens=40, grammar=g, **GREEDY)["choices"][0]
+        )
         for seed in (3, 4):
             sampled = spec(_text(5), max_tokens=60, grammar=g, temperature=0.9, seed=seed)["choices"][0]
             assert follows(sampled, whole, cut), sampled
     # the chain's order: logit_bias, penalties, then the grammar
-    g = LlamaGrammar.from_string('root ::= [a-z \\n().=_]+', verbose=False)
+    g = LlamaGrammar.from_string("root ::= [a-z \\n().=_]+", verbose=False)
     for kw in ({"repeat_penalty": 1.3}, {"logit_bias": {200: 5.0, 4: -3.0}, "presence_penalty": 0.5}):
-        assert spec(_text(1), max_tokens=32, grammar=g, **kw, **GREEDY)["choices"][0]["text"] == \
-            llm(_text(1), max_tokens=32, grammar=g, **kw, **GREEDY)["choices"][0]["text"], kw
+        assert (
+            spec(_text(1), max_tokens=32, grammar=g, **kw, **GREEDY)["choices"][0]["text"]
+            == llm(_text(1), max_tokens=32, grammar=g, **kw, **GREEDY)["choices"][0]["text"]
+        ), kw
     msgs = [{"role": "user", "content": "def add(a, b):"}]
     reply = spec.create_chat_completion(msgs, max_tokens=30, grammar="root ::= [a-z ]+", **GREEDY)
     assert re.fullmatch(r"[a-z ]+", reply["choices"][0]["message"]["content"])
@@ -426,8 +473,9 @@ def test_grammar_constrains_as_in_llama_cpp(spec: SpeculativeLlama, llm: Any) ->
     assert spec(_text(0), max_tokens=8, **GREEDY)["choices"][0]["text"]  # still works
 
 
-def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: SpeculativeLlama, llm: Any,
-                                                                 baseline: dict[int, list[int]]) -> None:
+def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(
+    spec: SpeculativeLlama, llm: Any, baseline: dict[int, list[int]]
+) -> None:
     """logits_processor(input_ids, scores) shapes every verified row with the prompt and output before
     it, so greedy output and even the processor's calls are llama_cpp.Llama's (drafts accepted on the
     way); stopping_criteria(input_ids, logits) is asked before each token with the raw logits that chose
@@ -439,6 +487,7 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
             scores = scores.copy()
             scores[ids[-1]] = -np.inf
             return scores
+
         return llama_cpp.LogitsProcessorList([proc])
 
     changed = 0
@@ -458,8 +507,9 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
         return scores
 
     for seed in (1, 2):
-        toks = list(spec.generate_tokens(_toks(spec, 5), max_tokens=48, temperature=1.0, seed=seed,
-                                         logits_processor=odd_only))
+        toks = list(
+            spec.generate_tokens(_toks(spec, 5), max_tokens=48, temperature=1.0, seed=seed, logits_processor=odd_only)
+        )
         assert len(toks) == 48 and all(t % 2 == 1 for t in toks)
     msgs = [{"role": "user", "content": "def add(a, b):"}]
     reply = spec.create_chat_completion(msgs, max_tokens=12, logits_processor=odd_only, **GREEDY)
@@ -480,8 +530,11 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
     assert spec(prompt, max_tokens=40, stopping_criteria=after(0), **GREEDY)["choices"][0]["text"] == ""
 
     seen: list[tuple[list[int], Any]] = []
-    out = list(spec.generate_tokens(_toks(spec, 2), max_tokens=24,
-                                    stopping_criteria=lambda ids, lg: seen.append((ids.tolist(), lg.copy()))))
+    out = list(
+        spec.generate_tokens(
+            _toks(spec, 2), max_tokens=24, stopping_criteria=lambda ids, lg: seen.append((ids.tolist(), lg.copy()))
+        )
+    )
     assert len(out) == 24 and spec.finish_reason == "length"
     for k, (ids, lg) in enumerate(seen):
         assert ids == _toks(spec, 2) + out[:k] and lg.shape == (spec.n_vocab(),)
@@ -495,6 +548,7 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
             if len(calls) == n:
                 raise KeyError("from the processor")
             return scores
+
         return proc
 
     for n in (1, 6):  # in start(), and inside a drafted step
@@ -511,8 +565,9 @@ def test_logits_processor_and_stopping_criteria_are_llama_cpp_s(spec: Speculativ
     _still_works(spec, baseline)
 
 
-def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama, llm: Any,
-                                                         baseline: dict[int, list[int]]) -> None:
+def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(
+    spec: SpeculativeLlama, llm: Any, baseline: dict[int, list[int]]
+) -> None:
     """Chat's response_format and a tool_choice naming a function turn into grammars as in llama_cpp.Llama's
     chat handlers: the same replies (greedy), JSON that follows the schema, a forced call in the
     tool_calls shape, streamed too; contradictory or malformed requests are ValueErrors."""
@@ -520,8 +575,11 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
 
     # with a system turn, llama_cpp.Llama's ChatML is llama-server's (without one it adds an empty one)
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def add(a, b):"}]
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
-              "required": ["name", "n"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
     for rf in ({"type": "json_object"}, {"type": "json_object", "schema": schema}):
         ours = spec.create_chat_completion(msgs, max_tokens=60, response_format=rf, **GREEDY)["choices"][0]
         theirs = llm.create_chat_completion(msgs, max_tokens=60, response_format=rf, **GREEDY)["choices"][0]
@@ -530,39 +588,67 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
     reply = json.loads(ours["message"]["content"])
     assert isinstance(reply["name"], str) and isinstance(reply["n"], int)
     openai_shape = {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
-    assert spec.create_chat_completion(msgs, max_tokens=60, response_format=openai_shape, **GREEDY)["choices"][0] \
-        == ours
-    assert spec.create_chat_completion(msgs, max_tokens=8, response_format={"type": "text"}, **GREEDY)["choices"][0] \
+    assert (
+        spec.create_chat_completion(msgs, max_tokens=60, response_format=openai_shape, **GREEDY)["choices"][0] == ours
+    )
+    assert (
+        spec.create_chat_completion(msgs, max_tokens=8, response_format={"type": "text"}, **GREEDY)["choices"][0]
         == spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]
+    )
 
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
-        {"type": "function", "function": {"name": "add", "parameters": {
-            "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "add",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    "required": ["a", "b"],
+                },
+            },
+        },
+    ]
     choice = {"type": "function", "function": {"name": "get_weather"}}
     ours = spec.create_chat_completion(msgs, max_tokens=60, tools=tools, tool_choice=choice, **GREEDY)["choices"][0]
     theirs = llm.create_chat_completion(msgs, max_tokens=60, tools=tools, tool_choice=choice, **GREEDY)["choices"][0]
     assert ours["finish_reason"] == theirs["finish_reason"] == "tool_calls"
     call, their_call = ours["message"]["tool_calls"][0], theirs["message"]["tool_calls"][0]
     assert call["function"] == their_call["function"] and call["type"] == "function"
-    assert {k: v for k, v in ours["message"].items() if k != "tool_calls"} == \
-        {k: v for k, v in theirs["message"].items() if k != "tool_calls"}
+    assert {k: v for k, v in ours["message"].items() if k != "tool_calls"} == {
+        k: v for k, v in theirs["message"].items() if k != "tool_calls"
+    }
     assert isinstance(json.loads(call["function"]["arguments"])["city"], str)
-    legacy = spec.create_chat_completion(msgs, max_tokens=60, functions=[tools[0]["function"]],
-                                         function_call={"name": "get_weather"}, **GREEDY)["choices"][0]
+    legacy = spec.create_chat_completion(
+        msgs, max_tokens=60, functions=[tools[0]["function"]], function_call={"name": "get_weather"}, **GREEDY
+    )["choices"][0]
     assert legacy["message"]["function_call"] == ours["message"]["function_call"]
-    chunks = [c["choices"][0] for c in spec.create_chat_completion(msgs, max_tokens=60, tools=tools,
-                                                                   tool_choice=choice, stream=True, **GREEDY)]
-    assert "".join(c["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks
-                   if c["delta"].get("tool_calls")) == call["function"]["arguments"]
+    chunks = [
+        c["choices"][0]
+        for c in spec.create_chat_completion(
+            msgs, max_tokens=60, tools=tools, tool_choice=choice, stream=True, **GREEDY
+        )
+    ]
+    assert (
+        "".join(c["delta"]["tool_calls"][0]["function"]["arguments"] for c in chunks if c["delta"].get("tool_calls"))
+        == call["function"]["arguments"]
+    )
     # named in the first delta only: a client concatenating every field (the openai SDK's stream helper,
     # LangChain) must read the name once, not "get_weatherget_weather..."
     streamed_calls = [c["delta"]["tool_calls"][0] for c in chunks if c["delta"].get("tool_calls")]
     assert len(streamed_calls) > 1
     assert streamed_calls[0]["function"]["name"] == "get_weather" and streamed_calls[0]["id"].startswith("call_")
     assert all(c == {"index": 0, "function": {"arguments": c["function"]["arguments"]}} for c in streamed_calls[1:])
-    assert [c["delta"]["function_call"].get("name") for c in chunks if c["delta"].get("function_call")][1:] == \
-        [None] * (len(streamed_calls) - 1)
+    assert [c["delta"]["function_call"].get("name") for c in chunks if c["delta"].get("function_call")][1:] == [
+        None
+    ] * (len(streamed_calls) - 1)
     assert chunks[-1]["finish_reason"] == "tool_calls"
     # "required" (OpenAI's; llama_cpp.Llama ignores it): a call to one of the tools, named by the model
     for kwargs in ({"tools": tools}, {"functions": [t["function"] for t in tools]}):
@@ -572,25 +658,33 @@ def test_json_mode_and_forced_tool_calls_are_llama_cpp_s(spec: SpeculativeLlama,
         call = anyone["message"]["tool_calls"][0]["function"]
         schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == call["name"])
         assert set(json.loads(call["arguments"])) == set(schema["required"])
-    streamed = [c["choices"][0] for c in spec.create_chat_completion(msgs, max_tokens=60, tools=tools,
-                                                                     tool_choice="required", stream=True, **GREEDY)]
+    streamed = [
+        c["choices"][0]
+        for c in spec.create_chat_completion(
+            msgs, max_tokens=60, tools=tools, tool_choice="required", stream=True, **GREEDY
+        )
+    ]
     assert [c["delta"]["tool_calls"][0]["function"] for c in streamed if c["delta"].get("tool_calls")] == [call]
     assert streamed[-1]["finish_reason"] == "tool_calls"
     plain = spec.create_chat_completion(msgs, max_tokens=8, **GREEDY)["choices"][0]
-    assert spec.create_chat_completion(msgs, max_tokens=8, tools=tools, tool_choice="auto", **GREEDY)["choices"][0] \
-        == plain  # ChatML shows no tools: the template's business
+    assert (
+        spec.create_chat_completion(msgs, max_tokens=8, tools=tools, tool_choice="auto", **GREEDY)["choices"][0]
+        == plain
+    )  # ChatML shows no tools: the template's business
 
-    for kwargs, match in (({"response_format": {"type": "xml"}}, "response_format"),
-                          ({"response_format": {"type": "json_schema"}}, "json_schema"),
-                          ({"response_format": {"type": "json_object", "schema": {"type": "bogus"}}},
-                           "cannot be turned into a grammar"),
-                          ({"response_format": {"type": "json_object"}, "grammar": "root ::= [a-z]+"},
-                           "grammar and response_format"),
-                          ({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-                           "'nope', which is not among the tools"),
-                          ({"tool_choice": "required"}, "needs tools"),
-                          ({"tools": [{"type": "function"}], "tool_choice": "auto"}, "tools must be"),
-                          ({"function_call": 7}, "function_call")):
+    for kwargs, match in (
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "json_schema"),
+        ({"response_format": {"type": "json_object", "schema": {"type": "bogus"}}}, "cannot be turned into a grammar"),
+        ({"response_format": {"type": "json_object"}, "grammar": "root ::= [a-z]+"}, "grammar and response_format"),
+        (
+            {"tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+            "'nope', which is not among the tools",
+        ),
+        ({"tool_choice": "required"}, "needs tools"),
+        ({"tools": [{"type": "function"}], "tool_choice": "auto"}, "tools must be"),
+        ({"function_call": 7}, "function_call"),
+    ):
         with pytest.raises(ValueError, match=match):
             spec.create_chat_completion(msgs, max_tokens=8, **kwargs)
     _still_works(spec, baseline)
@@ -602,11 +696,16 @@ def test_tools_reach_the_chat_template(draft: str, tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    template = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
-                "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}<|assistant|>")
+    template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
+        "{% if tools %}<|tools|>{{ tools | tojson }}\n{% endif %}<|assistant|>"
+    )
     target = tmp_path / "target-with-template.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(TARGET), str(target),
-                    "--chat-template", template], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(TARGET), str(target), "--chat-template", template],
+        check=True,
+        capture_output=True,
+    )
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
     msgs = [{"role": "user", "content": "def add(a, b):"}]
     with SpeculativeLlama(str(target), draft, n_ctx=N_CTX, n_threads=THREADS, n_max=3) as ours:
@@ -654,9 +753,13 @@ def test_grammar_shortcuts_change_nothing(spec: SpeculativeLlama) -> None:
         return out[: out.index(eos) + 1] if eos in out else out[:40]
 
     prompt = _toks(spec, 3)
-    for gbnf in ('root ::= [a-z \n]+', 'root ::= [0-9]+ "\n" [a-z]+', JSON_GBNF):
-        for kw in ({"temperature": 0.0}, {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1},
-                   {"temperature": 1.2, "top_k": 5, "seed": 2}, {"temperature": 1.0, "top_k": 200, "seed": 3}):
+    for gbnf in ("root ::= [a-z \n]+", 'root ::= [0-9]+ "\n" [a-z]+', JSON_GBNF):
+        for kw in (
+            {"temperature": 0.0},
+            {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 1},
+            {"temperature": 1.2, "top_k": 5, "seed": 2},
+            {"temperature": 1.0, "top_k": 200, "seed": 3},
+        ):
             assert run(prompt, gbnf, False, **kw) == run(prompt, gbnf, True, **kw), (gbnf[:20], kw)
 
 
@@ -688,8 +791,11 @@ def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, ba
     # a 2-core AMD EPYC), and this test is about drafting through an adopted context
     adopted = SpeculativeLlama.from_llama(llm, draft=draft, n_max=3)
     assert adopted.n_ctx() == N_CTX == llm.n_ctx()
-    assert (adopted.n_vocab(), adopted.token_eos(), adopted.token_bos()) == (llm.n_vocab(), llm.token_eos(),
-                                                                            llm.token_bos())
+    assert (adopted.n_vocab(), adopted.token_eos(), adopted.token_bos()) == (
+        llm.n_vocab(),
+        llm.token_eos(),
+        llm.token_bos(),
+    )
     for i in (0, 6, 10):
         toks = _toks(adopted, i)
         ours = list(adopted.generate_tokens(toks, max_tokens=64))
@@ -798,20 +904,25 @@ def test_closing_either_side_of_an_adoption(draft: str) -> None:
 # bad arguments
 # --------------------------------------------------------------------------- #
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"temperature": -0.5}, "temperature"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"top_k": -1}, "top_k"),
-    ({"min_p": 2.0}, "min_p"),
-    ({"typical_p": 0.0}, "typical_p"),
-    ({"mirostat_mode": 3}, "mirostat_mode"),
-    ({"mirostat_mode": True}, "mirostat_mode"),
-    ({"mirostat_mode": 2, "mirostat_eta": -0.1}, "mirostat_eta"),
-    ({"mirostat_mode": 1, "mirostat_tau": float("nan")}, "mirostat_tau"),
-])
-def test_bad_sampling_arguments(spec: SpeculativeLlama, baseline: dict[int, list[int]], kwargs: dict[str, Any],
-                                match: str) -> None:
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"temperature": -0.5}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 2.0}, "min_p"),
+        ({"typical_p": 0.0}, "typical_p"),
+        ({"mirostat_mode": 3}, "mirostat_mode"),
+        ({"mirostat_mode": True}, "mirostat_mode"),
+        ({"mirostat_mode": 2, "mirostat_eta": -0.1}, "mirostat_eta"),
+        ({"mirostat_mode": 1, "mirostat_tau": float("nan")}, "mirostat_tau"),
+    ],
+)
+def test_bad_sampling_arguments(
+    spec: SpeculativeLlama, baseline: dict[int, list[int]], kwargs: dict[str, Any], match: str
+) -> None:
     toks = _toks(spec, 4)
     with pytest.raises(ValueError, match=match):
         list(spec.generate_tokens(toks, max_tokens=4, **kwargs))
@@ -836,8 +947,10 @@ def test_bad_prompts(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> 
     for bad in (["a", 3], None, [1.5], 7):  # e.g. from JSON: a mixed list, a null
         with pytest.raises(ValueError, match="prompt must be a string or a sequence of token ids"):
             spec.create_completion(bad, max_tokens=2)  # type: ignore[arg-type]
-    assert spec.create_completion(np.array(_toks(spec, 4)), max_tokens=64, **GREEDY)["choices"][0]["text"] == \
-        spec.detokenize(baseline[4]).decode()
+    assert (
+        spec.create_completion(np.array(_toks(spec, 4)), max_tokens=64, **GREEDY)["choices"][0]["text"]
+        == spec.detokenize(baseline[4]).decode()
+    )
     _still_works(spec, baseline)
 
 
@@ -847,21 +960,25 @@ def _not_a_gguf(tmp_path: Path) -> str:
     return str(p)
 
 
-@pytest.mark.parametrize("what, match", [
-    ("missing_target", "not found"),
-    ("missing_draft", "nonexistent-draft"),
-    ("draft_not_gguf", "not a GGUF"),
-    ("target_as_draft", "dflash"),
-    ("vocab", "vocabulary"),
-    ("hidden", "hidden"),
-    ("layers", "layer"),
-    ("draft_q", "draft_q"),
-    ("device", "device"),
-    ("n_ctx", "n_ctx"),
-    ("n_max", "n_max"),
-])
-def test_bad_construction(what: str, match: str, draft: str, tmp_path: Path, spec: SpeculativeLlama,
-                          baseline: dict[int, list[int]]) -> None:
+@pytest.mark.parametrize(
+    "what, match",
+    [
+        ("missing_target", "not found"),
+        ("missing_draft", "nonexistent-draft"),
+        ("draft_not_gguf", "not a GGUF"),
+        ("target_as_draft", "dflash"),
+        ("vocab", "vocabulary"),
+        ("hidden", "hidden"),
+        ("layers", "layer"),
+        ("draft_q", "draft_q"),
+        ("device", "device"),
+        ("n_ctx", "n_ctx"),
+        ("n_max", "n_max"),
+    ],
+)
+def test_bad_construction(
+    what: str, match: str, draft: str, tmp_path: Path, spec: SpeculativeLlama, baseline: dict[int, list[int]]
+) -> None:
     target, kw = str(TARGET), {"n_ctx": N_CTX, "n_threads": THREADS}
     if what == "missing_target":
         target = str(tmp_path / "nonexistent-target.gguf")
@@ -889,6 +1006,7 @@ def test_bad_construction(what: str, match: str, draft: str, tmp_path: Path, spe
 # --------------------------------------------------------------------------- #
 # threads
 # --------------------------------------------------------------------------- #
+
 
 def test_one_object_two_threads(spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:
     """While one thread generates, a second generation on the same object raises RuntimeError."""
@@ -945,7 +1063,8 @@ def test_two_objects_two_threads(draft: str, spec: SpeculativeLlama, baseline: d
                 for i in jobs[k]:
                     out[(i, "greedy", rep)] = list(s.generate_tokens(_toks(s, i), max_tokens=64))
                 out[(jobs[k][0], "sampled", rep)] = list(
-                    s.generate_tokens(_toks(s, jobs[k][0]), max_tokens=48, **sampled_kw))
+                    s.generate_tokens(_toks(s, jobs[k][0]), max_tokens=48, **sampled_kw)
+                )
             results[k] = out
         except BaseException as e:  # pragma: no cover - reported below
             results[k] = e
@@ -995,8 +1114,9 @@ def test_a_generation_leaves_no_openmp_pool_behind(draft: str) -> None:
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", _POOL_PROBE, str(TARGET), draft], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", _POOL_PROBE, str(TARGET), draft], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if not out["has_openmp"]:
@@ -1012,8 +1132,10 @@ def test_default_threads_are_the_cores_we_may_run_on() -> None:
 
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this OS")
-    probe = ("import os; from dflash_gguf import _core; n = _core.default_cpu_threads(); "
-             "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(n, _core.default_cpu_threads())")
+    probe = (
+        "import os; from dflash_gguf import _core; n = _core.default_cpu_threads(); "
+        "os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}); print(n, _core.default_cpu_threads())"
+    )
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     full, pinned = map(int, r.stdout.split())
@@ -1074,8 +1196,10 @@ def test_a_list_of_prompts_gives_one_choice_each(spec: SpeculativeLlama) -> None
     for i, one in enumerate(alone):
         assert {**many["choices"][i], "index": 0} == one["choices"][0]
     assert many["usage"]["completion_tokens"] == sum(o["usage"]["completion_tokens"] for o in alone)
-    assert spec.create_completion(texts[:1], max_tokens=6, **GREEDY)["choices"][0]["text"] == \
-        spec.create_completion(texts[0], max_tokens=6, **GREEDY)["choices"][0]["text"]
+    assert (
+        spec.create_completion(texts[:1], max_tokens=6, **GREEDY)["choices"][0]["text"]
+        == spec.create_completion(texts[0], max_tokens=6, **GREEDY)["choices"][0]["text"]
+    )
     chunks = list(spec.create_completion(texts, max_tokens=6, stream=True, **GREEDY))
     assert len({c["id"] for c in chunks}) == 1
     for i, one in enumerate(alone):
@@ -1089,16 +1213,25 @@ def test_chat_messages_as_llama_server_reads_them(spec: SpeculativeLlama) -> Non
     """Content as a list of text parts is their text joined by newlines, `developer` is `system`, and the
     ChatML fallback has no system turn of its own (llama-server's CHATML_TEMPLATE_SRC), on both the ChatML
     and a Jinja template path."""
-    parts = [{"role": "developer", "content": "Be brief."},
-             {"role": "user", "content": [{"type": "text", "text": "def add(a, b):"}, {"type": "text", "text": "x"}]}]
+    parts = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "def add(a, b):"}, {"type": "text", "text": "x"}]},
+    ]
     plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "def add(a, b):\nx"}]
     prompt, _ = spec._format_chat(parts)
-    assert prompt == spec._format_chat(plain)[0] == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef add(a, b):\nx<|im_end|>\n"
-        "<|im_start|>assistant\n")
+    assert (
+        prompt
+        == spec._format_chat(plain)[0]
+        == (
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\ndef add(a, b):\nx<|im_end|>\n"
+            "<|im_start|>assistant\n"
+        )
+    )
     assert spec._format_chat([plain[1]])[0].startswith("<|im_start|>user\n")
-    assert spec.create_chat_completion(parts, max_tokens=6, **GREEDY)["choices"][0] == \
-        spec.create_chat_completion(plain, max_tokens=6, **GREEDY)["choices"][0]
+    assert (
+        spec.create_chat_completion(parts, max_tokens=6, **GREEDY)["choices"][0]
+        == spec.create_chat_completion(plain, max_tokens=6, **GREEDY)["choices"][0]
+    )
     with pytest.raises(ValueError, match="text only"):
         spec._format_chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
 
@@ -1124,8 +1257,9 @@ def test_forced_tool_arguments_are_strict_json(spec: SpeculativeLlama) -> None:
     """No raw control characters inside JSON strings (strict parsers refuse them), sampled hot."""
     import json
 
-    from dflash_gguf.llama_compat import _LOOSE_CHAR, schema_grammar
     from llama_cpp import llama_grammar
+
+    from dflash_gguf.llama_compat import _LOOSE_CHAR, schema_grammar
 
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     assert _LOOSE_CHAR in llama_grammar.json_schema_to_gbnf(json.dumps(schema))  # what the fix replaces
@@ -1134,9 +1268,17 @@ def test_forced_tool_arguments_are_strict_json(spec: SpeculativeLlama) -> None:
     choice = {"type": "function", "function": {"name": "where"}}
     finished = 0
     for seed in range(6):
-        out = spec.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=48, tools=tools,
-                                          tool_choice=choice, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0,
-                                          seed=seed)
+        out = spec.create_chat_completion(
+            [{"role": "user", "content": "x"}],
+            max_tokens=48,
+            tools=tools,
+            tool_choice=choice,
+            temperature=1.5,
+            top_k=0,
+            top_p=1.0,
+            min_p=0.0,
+            seed=seed,
+        )
         if out["choices"][0]["finish_reason"] == "tool_calls":  # a call cut at max_tokens is no JSON yet
             call = out["choices"][0]["message"]["tool_calls"][0]["function"]
             assert isinstance(json.loads(call["arguments"])["city"], str)
@@ -1191,8 +1333,9 @@ def test_end_of_text_counts_as_a_generated_token(spec: SpeculativeLlama, llm: An
     assert spec.stats.completion_tokens == 0 and spec.stats.end_of_text and spec.stats.generated_tokens == 1
     theirs = llm.create_completion(prompt, max_tokens=16, logit_bias={EOS: 100.0}, **GREEDY)
     assert theirs["choices"][0]["text"] == "" and theirs["usage"]["completion_tokens"] == 0
-    chat = spec.create_chat_completion([{"role": "user", "content": "x"}], max_tokens=16, logit_bias={EOS: 100.0},
-                                       **GREEDY)
+    chat = spec.create_chat_completion(
+        [{"role": "user", "content": "x"}], max_tokens=16, logit_bias={EOS: 100.0}, **GREEDY
+    )
     assert chat["choices"][0]["message"]["content"] == "" and chat["usage"]["completion_tokens"] == 1
 
     # a text that ends itself: its tokens and the end of text; one cut by max_tokens or a stop string: its tokens
@@ -1202,14 +1345,20 @@ def test_end_of_text_counts_as_a_generated_token(spec: SpeculativeLlama, llm: An
     n_text = spec.stats.completion_tokens
     assert ended["usage"]["completion_tokens"] == n_text + 1 and n_text >= 2
     streamed = list(spec.create_completion(short, max_tokens=200, stream=True, **GREEDY))
-    assert streamed[-1]["choices"][0]["finish_reason"] == "stop" and spec.stats.usage()["completion_tokens"] == n_text + 1
+    assert (
+        streamed[-1]["choices"][0]["finish_reason"] == "stop" and spec.stats.usage()["completion_tokens"] == n_text + 1
+    )
     lp = spec.create_completion(short, max_tokens=200, logprobs=2, **GREEDY)["choices"][0]["logprobs"]
-    assert len(lp["tokens"]) == n_text + 1 and lp["tokens"][-1] == "" and "".join(lp["tokens"]) == "".join(
-        c["choices"][0]["text"] for c in streamed)
+    assert (
+        len(lp["tokens"]) == n_text + 1
+        and lp["tokens"][-1] == ""
+        and "".join(lp["tokens"]) == "".join(c["choices"][0]["text"] for c in streamed)
+    )
     assert lp["top_logprobs"][-1][""] == lp["token_logprobs"][-1] and len(set(lp["top_logprobs"][-1])) >= 2
     parts = list(spec.create_completion(short, max_tokens=200, logprobs=2, stream=True, **GREEDY))
-    assert {k: [v for c in parts if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"][k]]
-            for k in lp} == lp
+    assert {
+        k: [v for c in parts if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"][k]] for k in lp
+    } == lp
     whole = short + ended["choices"][0]["text"]
     scored = spec.create_completion(whole, max_tokens=1, logprobs=1, echo=True, **GREEDY)
     n_whole = len(spec.tokenize(whole, special=True))
@@ -1264,10 +1413,11 @@ def test_logprobs_of_characters_split_over_byte_tokens(spec: SpeculativeLlama) -
     assert lp["text_offset"] == [len("".join(lp["tokens"][:k])) for k in range(len(lp["tokens"]))]
     assert len(lp["tokens"]) == n + 12
     k = toks.index(spec.tokenize("é", add_bos=False)[0])
-    assert lp["tokens"][k: k + 2] == ["", "é"]
+    assert lp["tokens"][k : k + 2] == ["", "é"]
 
-    theirs = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True,
-                             verbose=False)
+    theirs = llama_cpp.Llama(
+        str(TARGET), n_ctx=N_CTX, n_threads=THREADS, n_threads_batch=THREADS, logits_all=True, verbose=False
+    )
     theirs.eval(toks)
     rows = np.asarray(theirs.scores[: n - 1], dtype=np.float64)
     rows = rows - rows.max(1, keepdims=True)
@@ -1282,8 +1432,9 @@ def test_logprobs_of_characters_split_over_byte_tokens(spec: SpeculativeLlama) -
         np.testing.assert_allclose(listed[:3], best, atol=2e-3)
     # byte tokens and the end of text among the alternatives (the tiny model ranks them low: listed by
     # hand, with the vocabulary's own pieces): each under a key of its own
-    from dflash_gguf.llama_compat import top_keys
     from tinycode import EOS
+
+    from dflash_gguf.llama_compat import top_keys
 
     lead = {b: spec.tokenize(c, add_bos=False)[0] for b, c in ((0xC3, "é"), (0xE2, "→"), (0xF0, "😀"))}
     tail = spec.tokenize("é", add_bos=False)[1]  # \xa9
@@ -1295,8 +1446,7 @@ def test_logprobs_of_characters_split_over_byte_tokens(spec: SpeculativeLlama) -
     chosen_last = top_keys(tail, "é", b"\xa9", -9.0, best[:1] + best[2:], b"\xc3", spec._spec.token_to_piece)
     assert [k for k, _, _ in chosen_last][-1] == "é" and len({k for k, _, _ in chosen_last}) == len(best)
 
-    streamed = [c["choices"][0] for c in spec(MULTIBYTE, max_tokens=12, logprobs=3, echo=True, stream=True,
-                                               **GREEDY)]
+    streamed = [c["choices"][0] for c in spec(MULTIBYTE, max_tokens=12, logprobs=3, echo=True, stream=True, **GREEDY)]
     assert {key: [v for c in streamed if c["logprobs"] for v in c["logprobs"][key]] for key in lp} == lp
 
     # generated: a grammar makes the target write them; a character cut by max_tokens ends as U+FFFD
@@ -1306,20 +1456,21 @@ def test_logprobs_of_characters_split_over_byte_tokens(spec: SpeculativeLlama) -
     assert "" in gen["logprobs"]["tokens"]
     for top in gen["logprobs"]["top_logprobs"]:
         assert len(top) in (2, 3)
-    parts = [c["choices"][0] for c in spec("x = '", max_tokens=24, logprobs=2, grammar=grammar, stream=True,
-                                           **GREEDY)]
+    parts = [c["choices"][0] for c in spec("x = '", max_tokens=24, logprobs=2, grammar=grammar, stream=True, **GREEDY)]
     assert [t for c in parts if c["logprobs"] for t in c["logprobs"]["tokens"]] == gen["logprobs"]["tokens"]
     assert all(c["logprobs"] is None or "".join(c["logprobs"]["tokens"]) == c["text"] for c in parts)
     cut = spec.create_completion("x = '", max_tokens=3, logprobs=1, grammar=grammar, **GREEDY)["choices"][0]
     assert cut["text"] == "é\ufffd" and "".join(cut["logprobs"]["tokens"]) == cut["text"]
-    cut_parts = [c["choices"][0] for c in spec("x = '", max_tokens=3, logprobs=1, grammar=grammar, stream=True,
-                                               **GREEDY)]
+    cut_parts = [
+        c["choices"][0] for c in spec("x = '", max_tokens=3, logprobs=1, grammar=grammar, stream=True, **GREEDY)
+    ]
     assert [t for c in cut_parts if c["logprobs"] for t in c["logprobs"]["tokens"]] == cut["logprobs"]["tokens"]
 
     # chat: each token's bytes are its own; together the reply's
     msgs = [{"role": "user", "content": "x"}]
-    reply = spec.create_chat_completion(msgs, max_tokens=24, logprobs=True, top_logprobs=2, grammar=grammar,
-                                        **GREEDY)["choices"][0]
+    reply = spec.create_chat_completion(msgs, max_tokens=24, logprobs=True, top_logprobs=2, grammar=grammar, **GREEDY)[
+        "choices"
+    ][0]
     content = reply["logprobs"]["content"]
     assert "".join(c["token"] for c in content) == reply["message"]["content"] == "é→😀 naïve"
     assert bytes(b for c in content for b in c["bytes"]) == "é→😀 naïve".encode()

@@ -25,13 +25,18 @@ import pytest
 pytest.importorskip("transformers", reason="transformers builds the tiny targets")
 
 from arch_targets import ARCHS, RECURRENT, UNSUPPORTED, drafter_for, target_gguf  # noqa: E402
-from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
 from test_llama_server import llama_server  # noqa: E402, F401 (the fixture: skipped without it, failed in CI)
 from tinycode import GreedyReference, compare_greedy, record  # noqa: E402
 
+from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
+
 SUPPORTED = [a for a in ARCHS if a not in UNSUPPORTED]
-MEMORY = {"qwen35": "recurrent-snapshots", "qwen35moe": "recurrent-snapshots", "nemotron_h_moe": "recurrent-snapshots",
-          "qwen3next": "recurrent-checkpoint"}
+MEMORY = {
+    "qwen35": "recurrent-snapshots",
+    "qwen35moe": "recurrent-snapshots",
+    "nemotron_h_moe": "recurrent-snapshots",
+    "qwen3next": "recurrent-checkpoint",
+}
 PROMPTS = ["def foo(x):\n    return", "import os\nimport sys\n\nclass A:", "for i in range(10):\n    print(i)\n"]
 N_NEW = 24
 EPS = 1e-3  # F32 targets: batched and one-token decoding agree far closer than this
@@ -50,8 +55,9 @@ def ref(arch: str) -> GreedyReference:
 
 def _spec(arch: str, n_max: int | str = 3) -> SpeculativeLlama:
     # fallback off: a random drafter's drafts are all rejected, and every step should still draft
-    return SpeculativeLlama(str(target_gguf(arch)), str(drafter_for(arch)), n_ctx=N_CTX, n_threads=1, n_max=n_max,
-                            fallback=False)
+    return SpeculativeLlama(
+        str(target_gguf(arch)), str(drafter_for(arch)), n_ctx=N_CTX, n_threads=1, n_max=n_max, fallback=False
+    )
 
 
 @pytest.mark.parametrize("n_max", [1, 3, 7, "auto"])
@@ -99,7 +105,7 @@ def test_sampled_logprobs_are_a_fresh_decodes(arch: str, ref: GreedyReference) -
     llm = ref.llm
     llm.reset()
     llm.eval(prompt + ids)
-    rows = np.asarray(llm.scores[len(prompt) - 1: len(prompt) - 1 + len(ids)], dtype=np.float64)
+    rows = np.asarray(llm.scores[len(prompt) - 1 : len(prompt) - 1 + len(ids)], dtype=np.float64)
     want = rows[np.arange(len(ids)), ids] - np.log(np.exp(rows - rows.max(1, keepdims=True)).sum(1)) - rows.max(1)
     np.testing.assert_allclose(lp, want, atol=2e-3)
 
@@ -158,8 +164,17 @@ def test_llama_server_drafts_with_the_same_files(arch: str, llama_server: Path, 
     target, draft = target_gguf(arch), drafter_for(arch)
 
     def complete(base: str, text: str) -> str:
-        status, body = http_json(base + "/completion", {"prompt": text, "n_predict": N_NEW, "temperature": 0.0,
-                                                        "top_k": 1, "cache_prompt": False, "ignore_eos": True})
+        status, body = http_json(
+            base + "/completion",
+            {
+                "prompt": text,
+                "n_predict": N_NEW,
+                "temperature": 0.0,
+                "top_k": 1,
+                "cache_prompt": False,
+                "ignore_eos": True,
+            },
+        )
         assert status == 200, body
         return body["content"]
 
@@ -178,8 +193,9 @@ def test_llama_server_drafts_with_the_same_files(arch: str, llama_server: Path, 
 def test_dflash_serve_answers_as_the_python_api(arch: str) -> None:
     """The server over each kind of target: the same completion twice (the second from the cached prompt)
     and a streamed one, each what the Python API gives for the same request."""
-    from dflash_gguf.server import serving
     from test_server import events, request
+
+    from dflash_gguf.server import serving
 
     body = {"prompt": PROMPTS[1], "max_tokens": N_NEW, "temperature": 0.0}
     want = _spec(arch, 3).create_completion(PROMPTS[1], max_tokens=N_NEW, temperature=0.0)["choices"][0]["text"]

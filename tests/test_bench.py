@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from tinycode import PROMPTS, TARGET, THREADS, drafter_gguf
 
 from dflash_gguf.bench import (
@@ -44,9 +43,22 @@ def server_available() -> bool:
 
 
 def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "dflash_gguf.cli", "bench", "--target", str(TARGET),
-           "--draft", str(drafter_gguf("f16")), "--prompts", str(PROMPTS), "--threads", str(THREADS),
-           "--no-progress", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_gguf.cli",
+        "bench",
+        "--target",
+        str(TARGET),
+        "--draft",
+        str(drafter_gguf("f16")),
+        "--prompts",
+        str(PROMPTS),
+        "--threads",
+        str(THREADS),
+        "--no-progress",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -54,11 +66,27 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
 def bench_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench")
     systems = "ar,ours,upstream" if server_available() else "ar,ours"
-    res = run_cli("--limit", str(N_PROMPTS), "-n", str(N_PREDICT), "--n-max", "7", "--systems", systems,
-                  "--json", str(out / "r.json"), "--plot", str(out / "r.png"))
+    res = run_cli(
+        "--limit",
+        str(N_PROMPTS),
+        "-n",
+        str(N_PREDICT),
+        "--n-max",
+        "7",
+        "--systems",
+        systems,
+        "--json",
+        str(out / "r.json"),
+        "--plot",
+        str(out / "r.png"),
+    )
     assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr}"
-    return {"json": json.loads((out / "r.json").read_text()), "png": out / "r.png", "stdout": res.stdout,
-            "systems": systems.split(",")}
+    return {
+        "json": json.loads((out / "r.json").read_text()),
+        "png": out / "r.png",
+        "stdout": res.stdout,
+        "systems": systems.split(","),
+    }
 
 
 def test_table_printed(bench_run: dict[str, Any]) -> None:
@@ -80,8 +108,19 @@ def test_json_structure(bench_run: dict[str, Any]) -> None:
     runs = cfg["runs"]
     assert len(runs) == N_PROMPTS * len(bench_run["systems"])  # warm-ups are not recorded
     for rec in runs:
-        for key in ("system", "prompt_id", "round", "seed", "tokens", "decode_ms", "tok_s", "prefill_ms",
-                    "speedup_vs_ar", "ar_tok_s", "output"):
+        for key in (
+            "system",
+            "prompt_id",
+            "round",
+            "seed",
+            "tokens",
+            "decode_ms",
+            "tok_s",
+            "prefill_ms",
+            "speedup_vs_ar",
+            "ar_tok_s",
+            "output",
+        ):
             assert key in rec, (key, rec)
         assert 0 < rec["tokens"] <= N_PREDICT
         assert rec["decode_ms"] > 0 and rec["tok_s"] > 0
@@ -89,8 +128,15 @@ def test_json_structure(bench_run: dict[str, Any]) -> None:
         assert rec["same_as_ar"] is True, rec  # greedy: every system emits the target's tokens
     ours = [x for x in runs if x["system"] == "ours"]
     for rec in ours:
-        for key in ("steps", "drafted", "accepted", "mean_accepted_length", "per_position_acceptance",
-                    "draft_ms_per_step", "verify_ms_per_step"):
+        for key in (
+            "steps",
+            "drafted",
+            "accepted",
+            "mean_accepted_length",
+            "per_position_acceptance",
+            "draft_ms_per_step",
+            "verify_ms_per_step",
+        ):
             assert key in rec, key
         assert len(rec["per_position_acceptance"]) == 7
         assert rec["reused_prompt_tokens"] == 0  # the bench defeats prefix reuse: prefill is the whole prompt
@@ -157,9 +203,28 @@ def test_upstream_figures(bench_run: dict[str, Any]) -> None:
 
 
 def test_progress_outside_a_terminal_is_a_line_per_configuration() -> None:
-    cmd = [sys.executable, "-m", "dflash_gguf.cli", "bench", "--target", str(TARGET), "--draft", str(drafter_gguf("f16")),
-           "--prompts", str(PROMPTS), "--threads", str(THREADS), "--limit", "1", "-n", "4", "--n-max", "1,2",
-           "--systems", "ar,ours"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_gguf.cli",
+        "bench",
+        "--target",
+        str(TARGET),
+        "--draft",
+        str(drafter_gguf("f16")),
+        "--prompts",
+        str(PROMPTS),
+        "--threads",
+        str(THREADS),
+        "--limit",
+        "1",
+        "-n",
+        "4",
+        "--n-max",
+        "1,2",
+        "--systems",
+        "ar,ours",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # stderr is a pipe, not a terminal
     assert res.returncode == 0, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.startswith("[bench]")]
@@ -178,8 +243,17 @@ def test_n_max_auto_runs_or_says_so() -> None:
 
 
 def test_missing_server_says_how_to_build(tmp_path: Path) -> None:
-    res = run_cli("--limit", "1", "-n", "4", "--systems", "ar,upstream", "--server-binary",
-                  str(tmp_path / "no-such-llama-server"), timeout=60)
+    res = run_cli(
+        "--limit",
+        "1",
+        "-n",
+        "4",
+        "--systems",
+        "ar,upstream",
+        "--server-binary",
+        str(tmp_path / "no-such-llama-server"),
+        timeout=60,
+    )
     assert res.returncode != 0
     assert "scripts/build_llama_server.sh" in res.stderr and "make llama-server" in res.stderr
 
@@ -199,16 +273,18 @@ def test_option_parsing() -> None:
 
 
 def test_prometheus_parsing() -> None:
-    text = "\n".join([
-        "# HELP llamacpp:spec_decode_num_drafts_total Speculative: Total speculative decoding verification steps",
-        "# TYPE llamacpp:spec_decode_num_drafts_total counter",
-        "llamacpp:spec_decode_num_drafts_total 12",
-        "llamacpp:spec_decode_num_accepted_tokens_total 20",
-        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 10',
-        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 7',
-        'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 3',
-        "llamacpp:predicted_tokens_seconds 1.5e+03",
-    ])
+    text = "\n".join(
+        [
+            "# HELP llamacpp:spec_decode_num_drafts_total Speculative: Total speculative decoding verification steps",
+            "# TYPE llamacpp:spec_decode_num_drafts_total counter",
+            "llamacpp:spec_decode_num_drafts_total 12",
+            "llamacpp:spec_decode_num_accepted_tokens_total 20",
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 10',
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 7',
+            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="2"} 3',
+            "llamacpp:predicted_tokens_seconds 1.5e+03",
+        ]
+    )
     m = parse_prometheus(text)
     assert m["spec_decode_num_drafts_total"] == 12
     assert m["accepted_per_pos"] == [10, 7, 3]

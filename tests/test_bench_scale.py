@@ -27,8 +27,11 @@ TYPES = ("f16", "q8_0")
 
 
 @pytest.fixture(scope="module")
-def scale_json(tmp_path_factory: pytest.TempPathFactory, llama_server: Path,  # noqa: F811
-               monkeypatch_module: pytest.MonkeyPatch) -> dict[str, Any]:
+def scale_json(
+    tmp_path_factory: pytest.TempPathFactory,
+    llama_server: Path,  # noqa: F811
+    monkeypatch_module: pytest.MonkeyPatch,
+) -> dict[str, Any]:
     monkeypatch_module.setenv("DFLASH_LLAMA_SERVER", str(llama_server))
     folder = tmp_path_factory.mktemp("scale")
     captured: list[dict[str, Any]] = []
@@ -40,8 +43,17 @@ def scale_json(tmp_path_factory: pytest.TempPathFactory, llama_server: Path,  # 
         return res
 
     monkeypatch_module.setattr(bench_scale, "run_bench", run_bench)
-    result = run_scale([SMALL], folder=folder, target_types=TYPES, n_max="2,auto", n_predict=12, limit=2,
-                       threads=1, progress=False, log=lambda m: None)
+    result = run_scale(
+        [SMALL],
+        folder=folder,
+        target_types=TYPES,
+        n_max="2,auto",
+        n_predict=12,
+        limit=2,
+        threads=1,
+        progress=False,
+        log=lambda m: None,
+    )
     write_json(result, folder / "scale.json")
     out = json.loads((folder / "scale.json").read_text())
     out["_raw"] = captured
@@ -58,7 +70,7 @@ def monkeypatch_module() -> Any:
 def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
     rows = scale_json["end_to_end"]
     assert [(r["target_type"], r["n_max"]) for r in rows] == [(t, n) for t in TYPES for n in (2, "auto")]
-    for row, (raw, cfg) in zip(rows, [(raw, cfg) for raw in scale_json["_raw"] for cfg in raw["configs"]]):
+    for row, cfg in zip(rows, [cfg for res in scale_json["_raw"] for cfg in res["configs"]]):
         assert row["size"] == "small" and row["draft_type"] == "q4_0"
         assert set(row) == {"size", "target_type", "draft_type", "n_max", "ar_tok_s", "implied_speedup", "systems"}
         ar = [r for r in cfg["runs"] if r["system"] == "ar"]
@@ -69,7 +81,9 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
             assert {"speedup", "acc_len", "identical", "runs"} <= set(s)
             assert s["runs"] == len(runs) == 2
             assert s["speedup"] == pytest.approx(statistics.median(r["tok_s"] / a["tok_s"] for r, a in zip(runs, ar)))
-            assert s["identical"] == sum(r["output"] == a["output"] for r, a in zip(runs, ar)) == 2, "greedy is lossless"
+            assert s["identical"] == sum(r["output"] == a["output"] for r, a in zip(runs, ar)) == 2, (
+                "greedy is lossless"
+            )
             assert s["acc_len"] >= 1
         ours = [r for r in cfg["runs"] if r["system"] == "ours"]
         assert row["implied_speedup"] == pytest.approx(statistics.median(r["limit_vs_ar"] for r in ours))

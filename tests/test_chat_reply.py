@@ -14,19 +14,26 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from dflash_gguf import SpeculativeLlama
-from dflash_gguf.chat_reply import ReplyParser, ReplySyntax, reply_message, reply_syntax, tool_call_grammar
 from tinycode import THREADS, chat_target_gguf, drafter_gguf, prompts
 
-WEATHER = {"name": "get_weather", "parameters": {"type": "object", "properties": {
-    "city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}
+from dflash_gguf import SpeculativeLlama
+from dflash_gguf.chat_reply import ReplyParser, ReplySyntax, reply_message, reply_syntax, tool_call_grammar
+
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
 TOOLS = [{"type": "function", "function": WEATHER}]
 GREEDY = {"temperature": 0.0, "seed": 0}
 
 
 def parse(syntax: ReplySyntax, text: str, step: int) -> dict[str, Any]:
     parser = ReplyParser(syntax, {"get_weather": WEATHER})
-    deltas = [d for i in range(0, len(text), step) for d in parser.feed(text[i:i + step])] + parser.finish()
+    deltas = [d for i in range(0, len(text), step) for d in parser.feed(text[i : i + step])] + parser.finish()
     return reply_message(deltas)
 
 
@@ -37,15 +44,21 @@ def without_ids(message: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("step", [1, 3, 10_000])
 def test_thinking_and_hermes_calls_come_apart_whatever_the_chunks(step: int) -> None:
-    text = ('<think>\nThe user wants weather.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "get_weather", '
-            '"arguments": {"city": "Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
-            '"arguments": {"city": "Rome"}}\n</tool_call>')
+    text = (
+        '<think>\nThe user wants weather.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "get_weather", '
+        '"arguments": {"city": "Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
+        '"arguments": {"city": "Rome"}}\n</tool_call>'
+    )
     message = parse(ReplySyntax(thinking=True, tool_format="hermes"), text, step)
     assert without_ids(message) == {
-        "role": "assistant", "content": "Let me look.", "reasoning_content": "\nThe user wants weather.\n",
+        "role": "assistant",
+        "content": "Let me look.",
+        "reasoning_content": "\nThe user wants weather.\n",
         "tool_calls": [
             {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}},
-            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
+            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+        ],
+    }
     ids = [c["id"] for c in message["tool_calls"]]
     assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
 
@@ -56,28 +69,37 @@ def test_text_that_only_looks_like_a_tag_stays_as_written(step: int) -> None:
     for text in ("if a < b and x <tool: pass\n", "x <tool_call> not json </tool_call> end\n", "<thin", "a\n\n"):
         assert parse(hermes, text, step) == {"role": "assistant", "content": text}
     # without a syntax nothing is touched, tags included
-    assert parse(ReplySyntax(), "<think>a</think><tool_call>{}</tool_call>", step)["content"] == \
-        "<think>a</think><tool_call>{}</tool_call>"
+    assert (
+        parse(ReplySyntax(), "<think>a</think><tool_call>{}</tool_call>", step)["content"]
+        == "<think>a</think><tool_call>{}</tool_call>"
+    )
     # a template that opened <think> itself: the reply starts in thinking; unclosed, it is all thinking
-    assert parse(ReplySyntax(thinking=True, starts_thinking=True), "abc </thi", step) == \
-        {"role": "assistant", "content": "", "reasoning_content": "abc </thi"}
+    assert parse(ReplySyntax(thinking=True, starts_thinking=True), "abc </thi", step) == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "abc </thi",
+    }
 
 
 def test_qwen3_coder_calls_take_their_types_from_the_schema() -> None:
-    text = ("I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
-            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>")
+    text = (
+        "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+    )
     for step in (1, 5, 10_000):
         message = parse(ReplySyntax(tool_format="qwen3-coder"), text, step)
         assert message["content"] == "I'll check."
-        assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == \
-            [{"city": "New York", "days": 3}]
+        assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
+            {"city": "New York", "days": 3}
+        ]
 
 
 def test_the_syntax_comes_from_the_template() -> None:
     qwen3 = "{% if tools %}<tool_call>{% endif %}<think>\n\n</think>"
     assert reply_syntax(qwen3, "<|im_start|>assistant\n", "deepseek", True) == ReplySyntax(True, False, "hermes")
-    assert reply_syntax(qwen3, "<|im_start|>assistant\n<think>\n", "auto", False) == \
-        ReplySyntax(True, True, None, "\n")  # the prompt's newline after <think> is thinking too
+    assert reply_syntax(qwen3, "<|im_start|>assistant\n<think>\n", "auto", False) == ReplySyntax(
+        True, True, None, "\n"
+    )  # the prompt's newline after <think> is thinking too
     assert reply_syntax(qwen3, "x", "none", True) == ReplySyntax(False, False, "hermes")
     assert reply_syntax("<tool_call>\n<function=f>", "x", "none", True).tool_format == "qwen3-coder"
     assert reply_syntax(None, "x", "deepseek", True) == ReplySyntax()
@@ -97,9 +119,16 @@ def test_a_lazy_grammar_is_free_until_its_word_then_binds(tiny: SpeculativeLlama
     """Before the trigger word the reply is the unconstrained greedy one; from the word on it follows
     the grammar (here: the rest of that line, then a comment "# end" and nothing more); drafted and plain
     decoding give the same tokens."""
+
     def a_word(text: str) -> str | None:  # one inside a line, not at the reply's start
-        return next((m.group(0) for m in re.finditer(r"[A-Za-z_]{4,}", text) if m.start() > 0
-                     and "\n" not in text[m.start():m.end() + 2]), None)
+        return next(
+            (
+                m.group(0)
+                for m in re.finditer(r"[A-Za-z_]{4,}", text)
+                if m.start() > 0 and "\n" not in text[m.start() : m.end() + 2]
+            ),
+            None,
+        )
 
     for p in prompts():  # the first prompt whose greedy reply has such a word
         prompt = tiny.tokenize(p["text"].encode(), add_bos=False)
@@ -107,8 +136,10 @@ def test_a_lazy_grammar_is_free_until_its_word_then_binds(tiny: SpeculativeLlama
         if (word := a_word(free)) is not None:
             break
     grammar = f'root ::= "{word}" [^\\n]* "\\n" [ ]* "# end"'
-    runs = {plain: list(tiny.generate_tokens(prompt, max_tokens=96, grammar=grammar, grammar_triggers=[word],
-                                             plain=plain)) for plain in (False, True)}
+    runs = {
+        plain: list(tiny.generate_tokens(prompt, max_tokens=96, grammar=grammar, grammar_triggers=[word], plain=plain))
+        for plain in (False, True)
+    }
     assert runs[False] == runs[True]
     text = tiny.detokenize(runs[False]).decode()
     start = free.index(word)
@@ -129,7 +160,7 @@ def test_the_tools_grammar_keeps_a_call_to_the_tools(tiny: SpeculativeLlama) -> 
     assert triggers == ("<tool_call>",)
     text = tiny.create_completion(prompts()[1]["text"], max_tokens=120, grammar=gbnf, **GREEDY)["choices"][0]["text"]
     assert text.startswith("<tool_call>"), text
-    whole = text[:text.rindex("</tool_call>") + len("</tool_call>")]  # the calls complete within max_tokens
+    whole = text[: text.rindex("</tool_call>") + len("</tool_call>")]  # the calls complete within max_tokens
     message = parse(syntax, whole, 7)
     assert message["content"] == "" and len(message["tool_calls"]) == whole.count("<tool_call>"), text
     for c in message["tool_calls"]:
@@ -141,8 +172,9 @@ def test_the_tools_grammar_keeps_a_call_to_the_tools(tiny: SpeculativeLlama) -> 
 
 @pytest.fixture(scope="module")
 def qwen3() -> Iterator[SpeculativeLlama]:
-    with SpeculativeLlama(str(chat_target_gguf("Qwen-Qwen3-0.6B")), str(drafter_gguf("f32")), n_ctx=1024,
-                          n_threads=THREADS, n_max=3) as m:
+    with SpeculativeLlama(
+        str(chat_target_gguf("Qwen-Qwen3-0.6B")), str(drafter_gguf("f32")), n_ctx=1024, n_threads=THREADS, n_max=3
+    ) as m:
         yield m
 
 
@@ -151,8 +183,10 @@ def test_tool_calls_in_a_qwen3_chat(qwen3: SpeculativeLlama) -> None:
     the caller's: the tiny model was never taught tools) comes back as tool_calls, streamed too; a
     conversation that carries the call and its result back renders."""
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
-    grammar = ('root ::= "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
-               '{\\"city\\": \\"" [a-z]{1,8} "\\"}}\\n</tool_call>"')
+    grammar = (
+        'root ::= "Checking.\\n<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+        '{\\"city\\": \\"" [a-z]{1,8} "\\"}}\\n</tool_call>"'
+    )
     out = qwen3.create_chat_completion(msgs, tools=TOOLS, grammar=grammar, max_tokens=80, **GREEDY)
     choice = out["choices"][0]
     assert choice["finish_reason"] == "tool_calls", choice
@@ -161,19 +195,24 @@ def test_tool_calls_in_a_qwen3_chat(qwen3: SpeculativeLlama) -> None:
     (call,) = message["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert re.fullmatch(r"[a-z]{1,8}", json.loads(call["function"]["arguments"])["city"])
-    chunks = [c["choices"][0] for c in qwen3.create_chat_completion(msgs, tools=TOOLS, grammar=grammar, max_tokens=80,
-                                                                     stream=True, **GREEDY)]
+    chunks = [
+        c["choices"][0]
+        for c in qwen3.create_chat_completion(msgs, tools=TOOLS, grammar=grammar, max_tokens=80, stream=True, **GREEDY)
+    ]
     deltas = [c["delta"] for c in chunks]
     assert "".join(d.get("content") or "" for d in deltas) == "Checking."
     streamed = [c for d in deltas for c in d.get("tool_calls", [])]
     assert [c["function"] for c in streamed] == [call["function"]] and streamed[0]["index"] == 0
     assert chunks[-1]["finish_reason"] == "tool_calls"
     # tool_choice "none": the same reply is text
-    assert qwen3.create_chat_completion(msgs, tools=TOOLS, tool_choice="none", grammar=grammar, max_tokens=80,
-                                        **GREEDY)["choices"][0]["message"]["content"].startswith("Checking.\n<tool_call>")
+    assert qwen3.create_chat_completion(
+        msgs, tools=TOOLS, tool_choice="none", grammar=grammar, max_tokens=80, **GREEDY
+    )["choices"][0]["message"]["content"].startswith("Checking.\n<tool_call>")
     # the next turn: the assistant's call (OpenAI's null content) and the tool's answer
-    turn = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                   {"role": "tool", "tool_call_id": call["id"], "content": "18 C"}]
+    turn = msgs + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "18 C"},
+    ]
     prompt, _ = qwen3._format_chat(turn, {"tools": TOOLS})
     assert "<tool_response>\n18 C\n</tool_response>" in prompt and call["function"]["arguments"] in prompt
 
@@ -186,18 +225,23 @@ def test_server_requests_tell_the_template_what_llama_server_tells_it() -> None:
     assert kw["reasoning_format"] == "deepseek" and kw["chat_template_kwargs"] == {"enable_thinking": True}
     assert request_kwargs("/v1/chat/completions", chat, "none")["reasoning_format"] == "none"
     assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_format": "none"})["reasoning_format"] == "none"
-    assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_effort": "none"})["chat_template_kwargs"] == \
-        {"enable_thinking": False}
-    assert request_kwargs("/v1/chat/completions", {**chat, "chat_template_kwargs": {"enable_thinking": False,
-                                                                                    "x": 1}})["chat_template_kwargs"] \
-        == {"enable_thinking": False, "x": 1}
-    tools = request_kwargs("/v1/chat/completions", {**chat, "tools": [{"type": "function", "function": {
-        "parameters": {}, "name": "f"}}]})["tools"]
+    assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_effort": "none"})["chat_template_kwargs"] == {
+        "enable_thinking": False
+    }
+    assert request_kwargs("/v1/chat/completions", {**chat, "chat_template_kwargs": {"enable_thinking": False, "x": 1}})[
+        "chat_template_kwargs"
+    ] == {"enable_thinking": False, "x": 1}
+    tools = request_kwargs(
+        "/v1/chat/completions", {**chat, "tools": [{"type": "function", "function": {"parameters": {}, "name": "f"}}]}
+    )["tools"]
     assert tools == [{"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}]
     assert list(tools[0]["function"]) == ["name", "description", "parameters"]  # the order the template prints
     assert "reasoning_format" not in request_kwargs("/apply-template", chat)
-    for bad, match in (({"chat_template_kwargs": [1]}, "chat_template_kwargs"), ({"tools": [{"type": "x"}]}, "tool"),
-                       ({"tools": [{"type": "function", "function": {}}]}, "name")):
+    for bad, match in (
+        ({"chat_template_kwargs": [1]}, "chat_template_kwargs"),
+        ({"tools": [{"type": "x"}]}, "tool"),
+        ({"tools": [{"type": "function", "function": {}}]}, "name"),
+    ):
         with pytest.raises(BadRequest, match=match):
             request_kwargs("/v1/chat/completions", {**chat, **bad})
 
@@ -208,8 +252,9 @@ def test_a_forced_call_in_a_thinking_template_is_still_a_call(qwen3: Speculative
     msgs = [{"role": "user", "content": "Weather in Paris?"}]
     choice = {"type": "function", "function": {"name": "get_weather"}}
     for stream in (False, True):
-        out = qwen3.create_chat_completion(msgs, tools=TOOLS, tool_choice=choice, reasoning_format="deepseek",
-                                           max_tokens=60, stream=stream, **GREEDY)
+        out = qwen3.create_chat_completion(
+            msgs, tools=TOOLS, tool_choice=choice, reasoning_format="deepseek", max_tokens=60, stream=stream, **GREEDY
+        )
         if stream:
             calls = [c for chunk in out for c in chunk["choices"][0]["delta"].get("tool_calls") or []]
         else:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from factories import run_convert_cli as run_cli, gguf_kv, gguf_tensors, make_checkpoint, make_target_gguf
-
+from factories import gguf_kv, gguf_tensors, make_checkpoint, make_target_gguf
+from factories import run_convert_cli as run_cli
 
 
 @pytest.fixture(scope="module")
@@ -20,13 +20,25 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_dry_run_prints_plan_and_writes_nothing(tmp_path: Path, target: Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_dry_run_prints_plan_and_writes_nothing(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = tmp_path / "drafter"
     src = make_checkpoint(d, prefix="model.")
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    code, out, err = run_cli([str(d), "--target", str(target), "--outtype", "q8_0", "--dry-run",
-                              "--outfile", str(tmp_path / "x-{ftype}.gguf")], capsys)
+    code, out, err = run_cli(
+        [
+            str(d),
+            "--target",
+            str(target),
+            "--outtype",
+            "q8_0",
+            "--dry-run",
+            "--outfile",
+            str(tmp_path / "x-{ftype}.gguf"),
+        ],
+        capsys,
+    )
     assert code == 0, err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
     assert "dry run: nothing written" in out
@@ -35,23 +47,41 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path: Path, target: Path,
         line.split()[:6] == ["model.fc.weight", "->", "fc.weight", "64x128", "Q8_0", "8,704"]
         for line in out.splitlines()
     ), out
-    assert any(line.split()[:5] == ["model.norm.weight", "->", "output_norm.weight", "64", "F32"]
-               for line in out.splitlines())
-    assert any(line.split()[:5] == ["model.layers.1.attention_conv.base_kernel", "->", "blk.1.attn_conv_base",
-                                    "2x2x64", "F32"] for line in out.splitlines())
+    assert any(
+        line.split()[:5] == ["model.norm.weight", "->", "output_norm.weight", "64", "F32"] for line in out.splitlines()
+    )
+    assert any(
+        line.split()[:5] == ["model.layers.1.attention_conv.base_kernel", "->", "blk.1.attn_conv_base", "2x2x64", "F32"]
+        for line in out.splitlines()
+    )
     # codebooks of rank 8: rows are not whole Q8_0 blocks -> F16
-    assert any(line.split()[:5] == ["model.candidate_selector.predecessor_codebook", "->",
-                                    "selector_predecessor.weight", "512x8", "F16"] for line in out.splitlines())
+    assert any(
+        line.split()[:5]
+        == ["model.candidate_selector.predecessor_codebook", "->", "selector_predecessor.weight", "512x8", "F16"]
+        for line in out.splitlines()
+    )
     assert f"{len(src)} tensors" in out
     assert str(tmp_path / "x-q8_0.gguf") in out
 
 
-def test_outtype_case_insensitive_and_ftype_placeholder(tmp_path: Path, target: Path,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_outtype_case_insensitive_and_ftype_placeholder(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = tmp_path / "drafter"
     make_checkpoint(d)
-    code, out, err = run_cli([str(d), "--target", str(target), "--outtype", "Q5_0",
-                              "--outfile", str(tmp_path / "draft-{ftype}.gguf"), "--no-progress"], capsys)
+    code, out, err = run_cli(
+        [
+            str(d),
+            "--target",
+            str(target),
+            "--outtype",
+            "Q5_0",
+            "--outfile",
+            str(tmp_path / "draft-{ftype}.gguf"),
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
     path = tmp_path / "draft-q5_0.gguf"
     assert path.is_file()
@@ -63,8 +93,9 @@ def test_outtype_case_insensitive_and_ftype_placeholder(tmp_path: Path, target: 
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)
 
 
-def test_default_outfile_in_cwd(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str],
-                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_outfile_in_cwd(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     d = tmp_path / "my-drafter"
     make_checkpoint(d)
     work = tmp_path / "work"
@@ -90,12 +121,19 @@ def test_optional_metadata(tmp_path: Path, target: Path, capsys: pytest.CaptureF
     d = tmp_path / "drafter"
     make_checkpoint(
         d,
-        dflash_overrides={"output_multiplier": 0.5, "final_logit_softcapping": 30.0,
-                          "input_embedding_scale": 2.0, "attention_value_scale": 0.25, "causal": True,
-                          "use_swa": True, "swa_window_size": 128},
-        config_overrides={"partial_rotary_factor": 0.5,
-                          "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
-                                           "original_max_position_embeddings": 1024}},
+        dflash_overrides={
+            "output_multiplier": 0.5,
+            "final_logit_softcapping": 30.0,
+            "input_embedding_scale": 2.0,
+            "attention_value_scale": 0.25,
+            "causal": True,
+            "use_swa": True,
+            "swa_window_size": 128,
+        },
+        config_overrides={
+            "partial_rotary_factor": 0.5,
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+        },
     )
     out = tmp_path / "o.gguf"
     code, _, err = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--no-progress"], capsys)
@@ -120,8 +158,20 @@ def test_embed_target_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     d = tmp_path / "drafter"
     make_checkpoint(d)
     out = tmp_path / "o.gguf"
-    code, _, err = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--outtype", "f32",
-                            "--embed-target-head", "--no-progress"], capsys)
+    code, _, err = run_cli(
+        [
+            str(d),
+            "--target",
+            str(target),
+            "--outfile",
+            str(out),
+            "--outtype",
+            "f32",
+            "--embed-target-head",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
     tensors = gguf_tensors(out)
     np.testing.assert_array_equal(tensors["token_embd.weight"].values, tgt["token_embd.weight"])
@@ -131,14 +181,27 @@ def test_embed_target_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     tied = tmp_path / "tied.gguf"
     tgt_tied = make_target_gguf(tied, tied_embeddings=True, seed=5)
     out2 = tmp_path / "o2.gguf"
-    code, _, err = run_cli([str(d), "--target", str(tied), "--outfile", str(out2), "--outtype", "q8_0",
-                            "--embed-target-head", "--no-progress"], capsys)
+    code, _, err = run_cli(
+        [
+            str(d),
+            "--target",
+            str(tied),
+            "--outfile",
+            str(out2),
+            "--outtype",
+            "q8_0",
+            "--embed-target-head",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
     tensors = gguf_tensors(out2)
     assert "output.weight" not in tensors
     assert tensors["token_embd.weight"].type.name == "Q8_0"
     err_rel = np.linalg.norm(tensors["token_embd.weight"].values - tgt_tied["token_embd.weight"]) / np.linalg.norm(
-        tgt_tied["token_embd.weight"])
+        tgt_tied["token_embd.weight"]
+    )
     assert err_rel < 0.01
 
 
@@ -149,8 +212,20 @@ def test_embed_target_head_loads_in_libllama(tmp_path: Path, capsys: pytest.Capt
     d = tmp_path / "drafter"
     make_checkpoint(d)
     out = tmp_path / "o.gguf"
-    code, _, err = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--outtype", "f16",
-                            "--embed-target-head", "--no-progress"], capsys)
+    code, _, err = run_cli(
+        [
+            str(d),
+            "--target",
+            str(target),
+            "--outfile",
+            str(out),
+            "--outtype",
+            "f16",
+            "--embed-target-head",
+            "--no-progress",
+        ],
+        capsys,
+    )
     assert code == 0, err
     llama_cpp.llama_backend_init()
     model = llama_cpp.llama_model_load_from_file(str(out).encode(), llama_cpp.llama_model_default_params())
@@ -165,8 +240,16 @@ def test_console_script_process(tmp_path: Path, target: Path) -> None:
     env = dict(os.environ)
     root = Path(__file__).resolve().parent.parent
     env["PYTHONPATH"] = os.pathsep.join([str(root / "converter"), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "dflash_convert", str(d), "--target", str(target),
-           "--outfile", str(tmp_path / "o.gguf")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_convert",
+        str(d),
+        "--target",
+        str(target),
+        "--outfile",
+        str(tmp_path / "o.gguf"),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().startswith("dflash-convert: error: ")

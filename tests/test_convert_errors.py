@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from factories import run_convert_cli as run_cli, make_checkpoint, make_target_gguf
-
+from factories import make_checkpoint, make_target_gguf
+from factories import run_convert_cli as run_cli
 
 SENTINEL = b"an existing output file that must survive\n"
 
@@ -64,6 +64,7 @@ def ckpt(tmp_path: Path, **kw: Any) -> Path:
 
 # ---------------------------------------------------------------- validation rules
 
+
 def test_unknown_architecture(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, config_overrides={"architectures": ["Qwen3ForCausalLM"]})
     expect_failure(capsys, d, target, "config.json", "unknown architecture 'Qwen3ForCausalLM'")
@@ -81,8 +82,15 @@ def test_missing_dflash2_tensor(tmp_path: Path, target: Path, capsys: pytest.Cap
 
 def test_wrong_shape(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, prefix="model.", extra={"layers.0.self_attn.q_proj.weight": np.zeros((48, 64), np.float32)})
-    expect_failure(capsys, d, target, "model.safetensors", "'model.layers.0.self_attn.q_proj.weight'",
-                   "(48, 64)", "expected (64, 64)")
+    expect_failure(
+        capsys,
+        d,
+        target,
+        "model.safetensors",
+        "'model.layers.0.self_attn.q_proj.weight'",
+        "(48, 64)",
+        "expected (64, 64)",
+    )
 
 
 def test_wrong_conv_base_shape(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -103,8 +111,9 @@ def test_dflash2_tensor_in_dflash1(tmp_path: Path, target: Path, capsys: pytest.
 def test_allow_extra_skips_unknown(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, extra={"mystery.weight": np.zeros((4, 4), np.float32)})
     out = tmp_path / "out.gguf"
-    code, stdout, stderr = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--allow-extra",
-                                    "--no-progress"], capsys)
+    code, stdout, stderr = run_cli(
+        [str(d), "--target", str(target), "--outfile", str(out), "--allow-extra", "--no-progress"], capsys
+    )
     assert code == 0, stderr
     assert "mystery.weight" in stdout  # reported as skipped
     from factories import gguf_tensors
@@ -123,8 +132,9 @@ def test_target_layer_ids_outside_target(tmp_path: Path, target: Path, capsys: p
     expect_failure(capsys, d, target, "target_layer_ids [1, 4]", "ids [4]", "4 layers", "target.gguf")
 
 
-def test_num_target_layers_disagrees_with_target(tmp_path: Path, target: Path,
-                                                 capsys: pytest.CaptureFixture[str]) -> None:
+def test_num_target_layers_disagrees_with_target(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = ckpt(tmp_path, n_target_layers=6)
     expect_failure(capsys, d, target, "num_target_layers 6", "block_count 4")
 
@@ -144,14 +154,14 @@ def test_hidden_differs_from_target(tmp_path: Path, target: Path, capsys: pytest
     expect_failure(capsys, d, target, "hidden_size 32", "embedding_length 64")
 
 
-def test_dflash2_conv_group_must_divide_hidden(tmp_path: Path, target: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_dflash2_conv_group_must_divide_hidden(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     d = ckpt(tmp_path, conv_group=24)
     expect_failure(capsys, d, target, "hidden_size % dflash_config.conv_group_size", "64", "24")
 
 
-def test_dflash2_hidden_too_small_for_top_k(tmp_path: Path, target: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
+def test_dflash2_hidden_too_small_for_top_k(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, top_k=8)  # needs hidden >= 72
     expect_failure(capsys, d, target, "selector_top_k * (selector_top_k + 1) = 72", "hidden_size 64")
 
@@ -175,6 +185,7 @@ def test_target_not_a_gguf(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 # ---------------------------------------------------------------- pickles
 
+
 def test_pickle_refused(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
 
@@ -193,8 +204,10 @@ def test_allow_pickle_uses_weights_only(tmp_path: Path, target: Path, capsys: py
     (d / "model.safetensors").unlink()
     torch.save({k: torch.from_numpy(v) for k, v in src.items()}, d / "pytorch_model.bin")
     out = tmp_path / "out.gguf"
-    code, _, stderr = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--allow-pickle",
-                               "--outtype", "f32", "--no-progress"], capsys)
+    code, _, stderr = run_cli(
+        [str(d), "--target", str(target), "--outfile", str(out), "--allow-pickle", "--outtype", "f32", "--no-progress"],
+        capsys,
+    )
     assert code == 0, stderr
     from factories import gguf_tensors
 
@@ -211,10 +224,11 @@ def test_allow_pickle_uses_weights_only(tmp_path: Path, target: Path, capsys: py
 
 # ---------------------------------------------------------------- malformed safetensors
 
+
 def _read_st(path: Path) -> tuple[dict[str, Any], bytes]:
     raw = path.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
-    return json.loads(raw[8:8 + n]), raw[8 + n:]
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
 def _write_st(path: Path, header: dict[str, Any], data: bytes, *, length: int | None = None) -> None:
@@ -309,8 +323,9 @@ CORRUPTIONS = {
 
 @pytest.mark.parametrize("case", list(CORRUPTIONS))
 @pytest.mark.parametrize("shards", [1, 2])
-def test_malformed_safetensors(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str],
-                               case: str, shards: int) -> None:
+def test_malformed_safetensors(
+    tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str], case: str, shards: int
+) -> None:
     d = ckpt(tmp_path, shards=shards)
     victim = sorted(d.glob("*.safetensors"))[-1]
     corrupt, fragment = CORRUPTIONS[case]
@@ -327,7 +342,9 @@ def test_index_names_missing_shard(tmp_path: Path, target: Path, capsys: pytest.
 def test_index_key_not_in_shard(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, shards=2)
     index = json.loads((d / "model.safetensors.index.json").read_text())
-    index["weight_map"]["fc.weight"] = next(n for k, n in index["weight_map"].items() if n != index["weight_map"]["fc.weight"])
+    index["weight_map"]["fc.weight"] = next(
+        n for k, n in index["weight_map"].items() if n != index["weight_map"]["fc.weight"]
+    )
     (d / "model.safetensors.index.json").write_text(json.dumps(index))
     expect_failure(capsys, d, target, "'fc.weight'", "not in this shard")
 
@@ -339,6 +356,7 @@ def test_no_weights(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[
 
 
 # ---------------------------------------------------------------- output safety
+
 
 def test_refuses_to_overwrite_without_force(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path)
@@ -352,8 +370,9 @@ def test_force_overwrites(tmp_path: Path, target: Path, capsys: pytest.CaptureFi
     d = ckpt(tmp_path)
     out = tmp_path / "exists.gguf"
     out.write_bytes(SENTINEL)
-    code, _, stderr = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--force",
-                               "--no-progress"], capsys)
+    code, _, stderr = run_cli(
+        [str(d), "--target", str(target), "--outfile", str(out), "--force", "--no-progress"], capsys
+    )
     assert code == 0, stderr
     assert out.read_bytes()[:4] == b"GGUF"
 
@@ -382,13 +401,20 @@ def test_failure_while_writing_leaves_nothing(tmp_path: Path, capsys: pytest.Cap
     make_target_gguf(target)
     big = np.full((128, 64), 1.0e6, np.float32)
     d = ckpt(tmp_path, dtype=dtype, extra={"layers.1.mlp.up_proj.weight": big})
-    expect_failure(capsys, d, target, "'layers.1.mlp.up_proj.weight'", "does not fit in F16",
-                   extra_args=("--outtype", "f16"))
+    expect_failure(
+        capsys, d, target, "'layers.1.mlp.up_proj.weight'", "does not fit in F16", extra_args=("--outtype", "f16")
+    )
 
 
 @pytest.mark.parametrize(("outtype", "dtype"), [("q8_0", "f32"), ("f16", "f32"), ("bf16", "f32"), ("f16", "bf16")])
-def test_failed_read_back_leaves_nothing(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str],
-                                         monkeypatch: pytest.MonkeyPatch, outtype: str, dtype: str) -> None:
+def test_failed_read_back_leaves_nothing(
+    tmp_path: Path,
+    target: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    outtype: str,
+    dtype: str,
+) -> None:
     """Corrupt one stored value on its way to disk: the read-back check must catch it."""
     from dflash_convert import writer
 
@@ -402,14 +428,16 @@ def test_failed_read_back_leaves_nothing(tmp_path: Path, target: Path, capsys: p
                 out = out.copy()
                 out.reshape(-1)[1] ^= 0x40 if out.dtype == np.uint8 else 0x4000
             return out
+
         return flip
 
     # the write path's converters (bf16 -> f16 works on bits; the rest through encode_rows)
     monkeypatch.setattr(writer, "encode_rows", corrupting(writer.encode_rows))
     monkeypatch.setattr(writer, "bf16_bits_to_f16_bits", corrupting(writer.bf16_bits_to_f16_bits))
     d = ckpt(tmp_path, dtype=dtype)  # f32 source: f16/bf16 are converted, not copied
-    expect_failure(capsys, d, target, "out.gguf: read-back check failed", "'fc.weight'",
-                   extra_args=("--outtype", outtype))
+    expect_failure(
+        capsys, d, target, "out.gguf: read-back check failed", "'fc.weight'", extra_args=("--outtype", outtype)
+    )
 
 
 def test_unknown_outtype(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:

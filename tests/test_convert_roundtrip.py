@@ -70,8 +70,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "v2-f32-single": dict(version=2, dtype="f32", shards=1, prefix=""),
     "v2-f16-single-prefix": dict(version=2, dtype="f16", shards=1, prefix="model.", seed=3),
     "v2-bf16-wide": dict(
-        version=2, dtype="bf16", hidden=256, n_layers=1, heads=4, kv_heads=2, head_dim=64, ff=512,
-        vocab=2048, n_target_layers=6, target_layer_ids=(1, 3), rank=256, top_k=8, seed=7,
+        version=2,
+        dtype="bf16",
+        hidden=256,
+        n_layers=1,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        ff=512,
+        vocab=2048,
+        n_target_layers=6,
+        target_layer_ids=(1, 3),
+        rank=256,
+        top_k=8,
+        seed=7,
     ),
 }
 
@@ -105,8 +117,9 @@ class Workspace:
         if key not in self._outputs:
             path, _ = self.source(variant)
             out = self.root / f"{variant}-{outtype}.gguf"
-            convert(Options(draft_dir=path, target=self.target_for(variant), outfile=out,
-                            outtype=outtype, progress=False))
+            convert(
+                Options(draft_dir=path, target=self.target_for(variant), outfile=out, outtype=outtype, progress=False)
+            )
             self._outputs[key] = out
         return self._outputs[key]
 
@@ -118,8 +131,16 @@ def ws(tmp_path_factory: pytest.TempPathFactory, tinycode: Path) -> Workspace:
 
 # relative RMS error allowed per stored quantized type (random normal data)
 REL_RMSE = {
-    Q.Q8_0: 0.01, Q.Q6_K: 0.03, Q.Q5_K: 0.06, Q.Q5_0: 0.06, Q.Q5_1: 0.06,
-    Q.Q4_K: 0.12, Q.Q4_0: 0.12, Q.Q4_1: 0.12, Q.Q3_K: 0.25, Q.Q2_K: 0.5,
+    Q.Q8_0: 0.01,
+    Q.Q6_K: 0.03,
+    Q.Q5_K: 0.06,
+    Q.Q5_0: 0.06,
+    Q.Q5_1: 0.06,
+    Q.Q4_K: 0.12,
+    Q.Q4_0: 0.12,
+    Q.Q4_1: 0.12,
+    Q.Q3_K: 0.25,
+    Q.Q2_K: 0.5,
 }
 KQUANT_MAIN = {"q4_k_m": Q.Q4_K, "q5_k_m": Q.Q5_K, "q6_k": Q.Q6_K}
 PLAIN = {"f32": Q.F32, "f16": Q.F16, "bf16": Q.BF16, "q8_0": Q.Q8_0, "q4_0": Q.Q4_0, "q5_0": Q.Q5_0}
@@ -167,7 +188,9 @@ def test_round_trip(ws: Workspace, variant: str, outtype: str) -> None:
             tol = REL_RMSE.get(t.type, 1e-3)
             assert err < tol, f"{name} ({t.type.name}): relative error {err:.4f} >= {tol}"
     if outtype in KQUANT_MAIN and VARIANTS[variant].get("hidden") == 256:
-        assert KQUANT_MAIN[outtype] in seen_types, f"no {KQUANT_MAIN[outtype].name} tensor in {sorted(t.name for t in seen_types)}"
+        assert KQUANT_MAIN[outtype] in seen_types, (
+            f"no {KQUANT_MAIN[outtype].name} tensor in {sorted(t.name for t in seen_types)}"
+        )
 
 
 @pytest.mark.parametrize("variant", ["v1-bf16-single", "v2-bf16-sharded-prefix"])
@@ -195,10 +218,19 @@ def test_metadata(ws: Workspace, variant: str) -> None:
     for key, value in target.items():
         if key.startswith("tokenizer.ggml.") and key != "tokenizer.ggml.mask_token_id":
             assert kv[key] == value, key
-    dflash2_keys = ("dflash.conv_kernel_size", "dflash.conv_group_size", "dflash.selector_rank", "dflash.selector_top_k")
+    dflash2_keys = (
+        "dflash.conv_kernel_size",
+        "dflash.conv_group_size",
+        "dflash.selector_rank",
+        "dflash.selector_top_k",
+    )
     if cfg["version"] == 2:
-        assert [kv[k] for k in dflash2_keys] == [(2, "UINT32", None), (16, "UINT32", None),
-                                                  (8, "UINT32", None), (4, "UINT32", None)]
+        assert [kv[k] for k in dflash2_keys] == [
+            (2, "UINT32", None),
+            (16, "UINT32", None),
+            (8, "UINT32", None),
+            (4, "UINT32", None),
+        ]
     else:
         assert not any(k in kv for k in dflash2_keys)
 
@@ -260,8 +292,15 @@ def test_libllama_loads(ws: Workspace, libllama: Any, variant: str, outtype: str
 def test_bundled_drafter_converts_and_loads(tinycode: Path, tmp_path: Path, libllama: Any) -> None:
     for outtype in ("f16", "q4_k_m"):
         out = tmp_path / f"tinycode-{outtype}.gguf"
-        convert(Options(draft_dir=tinycode / "drafter-dflash2", target=tinycode / "target-f16.gguf",
-                        outfile=out, outtype=outtype, progress=False))
+        convert(
+            Options(
+                draft_dir=tinycode / "drafter-dflash2",
+                target=tinycode / "target-f16.gguf",
+                outfile=out,
+                outtype=outtype,
+                progress=False,
+            )
+        )
         info = load_with_libllama(libllama, out)
         assert (info["arch"], info["n_embd"], info["n_layer"], info["n_vocab"]) == ("dflash", 256, 2, 2048)
         kv = gguf_kv(out)

@@ -12,11 +12,12 @@ pytest.importorskip("transformers", reason="transformers builds the tiny targets
 
 import gguf  # noqa: E402
 from arch_targets import HIDDEN, VOCAB, drafter_for, target_gguf  # noqa: E402
+from factories import make_checkpoint  # noqa: E402
+from tinycode import GreedyReference, compare_greedy  # noqa: E402
+
 from dflash_convert import ConversionError, Options, convert  # noqa: E402
 from dflash_gguf import SpeculativeLlama, inspect_draft  # noqa: E402
 from dflash_gguf.info import format_text, summarize  # noqa: E402
-from factories import make_checkpoint  # noqa: E402
-from tinycode import GreedyReference, compare_greedy  # noqa: E402
 
 MASK_ID = 1
 
@@ -45,10 +46,27 @@ def test_an_m_rope_target_gives_the_drafter_upstreams_sections() -> None:
 
 def _mask_drafter(tmp: Path, vec: np.ndarray | None = None, **mask: object) -> Path:
     src = tmp / "drafter"
-    make_checkpoint(src, version=2, hidden=HIDDEN, n_layers=1, heads=4, kv_heads=2, head_dim=16, ff=128, vocab=VOCAB,
-                    n_target_layers=4, target_layer_ids=(1, 2), top_k=4, rank=8, mask_token_id=MASK_ID, seed=3)
-    data = {"mask_token_id": MASK_ID, "embedding": torch.from_numpy(vec if vec is not None else
-                                                                     np.linspace(-1, 1, HIDDEN, dtype=np.float32))}
+    make_checkpoint(
+        src,
+        version=2,
+        hidden=HIDDEN,
+        n_layers=1,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        ff=128,
+        vocab=VOCAB,
+        n_target_layers=4,
+        target_layer_ids=(1, 2),
+        top_k=4,
+        rank=8,
+        mask_token_id=MASK_ID,
+        seed=3,
+    )
+    data = {
+        "mask_token_id": MASK_ID,
+        "embedding": torch.from_numpy(vec if vec is not None else np.linspace(-1, 1, HIDDEN, dtype=np.float32)),
+    }
     data.update(mask)
     torch.save(data, src / "mask_embedding.pt")
     return src

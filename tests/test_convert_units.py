@@ -51,8 +51,9 @@ def test_bf16_widening_is_exact() -> None:
 
 @pytest.mark.parametrize("qtype", [Q.F16, Q.BF16])
 def test_exact_check_handles_special_values(qtype: Q) -> None:
-    src = np.array([[0.0, -0.0, 1e-7, -3e-6, 6e-8, 1e-30, 65504.0, 1.0 / 3.0, np.inf, -np.inf, 2.5e-5, 7.0]],
-                   np.float32)
+    src = np.array(
+        [[0.0, -0.0, 1e-7, -3e-6, 6e-8, 1e-30, 65504.0, 1.0 / 3.0, np.inf, -np.inf, 2.5e-5, 7.0]], np.float32
+    )
     with np.errstate(over="ignore"):
         raw = encode_rows(src, qtype)
     assert exact_mismatch(raw, src, qtype) is None
@@ -67,8 +68,11 @@ def test_special_values_round_trip(tmp_path: Path) -> None:
     special = np.zeros((64, 64), np.float32)
     special[0, :8] = [1e-7, -3e-6, 6e-8, 1e-30, 65504.0, -0.0, 2.5e-5, 1.0 / 3.0]
     src = make_checkpoint(tmp_path / "d", dtype="f32", extra={"layers.0.self_attn.q_proj.weight": special})
-    for outtype, cast in (("f16", lambda a: a.astype(np.float16).astype(np.float32)),
-                          ("bf16", None), ("f32", lambda a: a)):
+    for outtype, cast in (
+        ("f16", lambda a: a.astype(np.float16).astype(np.float32)),
+        ("bf16", None),
+        ("f32", lambda a: a),
+    ):
         out = tmp_path / f"o-{outtype}.gguf"
         convert(Options(draft_dir=tmp_path / "d", target=target, outfile=out, outtype=outtype, progress=False))
         got = gguf_tensors(out)["blk.0.attn_q.weight"].values

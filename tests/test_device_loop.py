@@ -10,13 +10,15 @@ from __future__ import annotations
 import os
 
 import pytest
-
-from dflash_gguf import SpeculativeLlama
 from tinycode import N_CTX, TARGET, THREADS, GreedyReference, drafter_gguf, prompts
 
+from dflash_gguf import SpeculativeLlama
+
 DEVICE = os.environ.get("DFLASH_TEST_DEVICE", "cpu")
-pytestmark = pytest.mark.skipif(DEVICE.lower() == "cpu", reason="set DFLASH_TEST_DEVICE to a non-CPU ggml device "
-                                "(scripts/vulkan_check.sh, scripts/gpu_check.sh)")
+pytestmark = pytest.mark.skipif(
+    DEVICE.lower() == "cpu",
+    reason="set DFLASH_TEST_DEVICE to a non-CPU ggml device (scripts/vulkan_check.sh, scripts/gpu_check.sh)",
+)
 
 N_NEW = 40
 N_PROMPTS = 3
@@ -29,8 +31,9 @@ def ptoks() -> list[list[int]]:
 
 
 def run(device: str, n_max: int, ptoks: list[list[int]]) -> tuple[list[list[int]], int, int]:
-    spec = SpeculativeLlama(str(TARGET), str(drafter_gguf("f16")), n_ctx=N_CTX, n_threads=THREADS, n_max=n_max,
-                            device=device)
+    spec = SpeculativeLlama(
+        str(TARGET), str(drafter_gguf("f16")), n_ctx=N_CTX, n_threads=THREADS, n_max=n_max, device=device
+    )
     outs, accepted, drafted = [], 0, 0
     for p in ptoks:
         outs.append(list(spec.generate_tokens(p, max_tokens=N_NEW)))

@@ -17,7 +17,7 @@ the real drafter would get accepted for each draft length (tests/acceptance_trac
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -36,18 +36,23 @@ SLOW_DRAFT: Costs = {"plain": 0.60, "draft": lambda k: 0.90 + 0.10 * k, "verify"
 # a 2-core AMD EPYC (no AMX) with the f16 drafter: step costs as its controller estimates them
 # (scripts/trace_auto.py prints the estimates after every prompt; draft + verify 1.24 ms at k = 1 ...
 # 2.96 ms at k = 7) against 0.42 ms per plain token: drafting never pays, so auto mode must stay plain
-EPYC_2CORE_F16_DRAFTER: Costs = {"plain": 0.42, "draft": lambda k: 0.45 + 0.08 * k,
-                                 "verify": lambda k: 0.53 + 0.21 * k}
+EPYC_2CORE_F16_DRAFTER: Costs = {"plain": 0.42, "draft": lambda k: 0.45 + 0.08 * k, "verify": lambda k: 0.53 + 0.21 * k}
 # 2 cores, the bundled drafter at q4_0 (dflash bench, n_max 2..4): draft 0.49 / 0.50 / 0.76 ms, verify
 # 0.87 / 1.04 / 1.45 ms, plain 0.60: drafting 3 pays ~10%
-CPU_Q4: Costs = {"plain": 0.60, "draft": lambda k: [0.45, 0.49, 0.50, 0.76][min(k, 4) - 1] + 0.1 * max(0, k - 4),
-                 "verify": lambda k: 0.62 + 0.14 * k + 0.05 * max(0, k - 3) ** 2}
+CPU_Q4: Costs = {
+    "plain": 0.60,
+    "draft": lambda k: [0.45, 0.49, 0.50, 0.76][min(k, 4) - 1] + 0.1 * max(0, k - 4),
+    "verify": lambda k: 0.62 + 0.14 * k + 0.05 * max(0, k - 3) ** 2,
+}
 # the bench's per-step figures of the bundled pair, q4_0 drafter, 2 cores, each n_max 1..7 fixed (draft
 # and verify ms per step, as `dflash bench --n-max 1,2,3,4,5,6,7` reports them); plain 0.58 ms
 BENCH_DRAFT_Q4 = [0.311, 0.417, 0.434, 0.646, 0.649, 0.788, 0.769]
 BENCH_VERIFY_Q4 = [0.719, 0.874, 1.015, 1.354, 1.493, 1.51, 1.676]
-BENCH_CPU_Q4: Costs = {"plain": 0.58, "draft": lambda k: BENCH_DRAFT_Q4[k - 1],
-                       "verify": lambda k: BENCH_VERIFY_Q4[k - 1]}
+BENCH_CPU_Q4: Costs = {
+    "plain": 0.58,
+    "draft": lambda k: BENCH_DRAFT_Q4[k - 1],
+    "verify": lambda k: BENCH_VERIFY_Q4[k - 1],
+}
 # a 2-core AMD EPYC with the q4_0 drafter: its controller's cost estimates after a bench round (as
 # scripts/trace_auto.py --draft <q4_0 drafter> prints them; draft + verify 0.98 / 1.28 / 1.27 / 1.43 /
 # 1.66 / 1.85 / 2.08 ms at k = 1..7; the draft's share as `dflash bench` reports it at n_max 1..3,
@@ -55,8 +60,11 @@ BENCH_CPU_Q4: Costs = {"plain": 0.58, "draft": lambda k: BENCH_DRAFT_Q4[k - 1],
 # predictable prompt's acceptance could carry drafting on into a hard one
 EPYC_2CORE_Q4_DRAFT_MS = [0.24, 0.30, 0.35, 0.45, 0.55, 0.62, 0.70]
 EPYC_2CORE_Q4_STEP_MS = [0.98, 1.28, 1.27, 1.43, 1.66, 1.85, 2.08]
-EPYC_2CORE_Q4_DRAFTER: Costs = {"plain": 0.37, "draft": lambda k: EPYC_2CORE_Q4_DRAFT_MS[k - 1],
-                                "verify": lambda k: EPYC_2CORE_Q4_STEP_MS[k - 1] - EPYC_2CORE_Q4_DRAFT_MS[k - 1]}
+EPYC_2CORE_Q4_DRAFTER: Costs = {
+    "plain": 0.37,
+    "draft": lambda k: EPYC_2CORE_Q4_DRAFT_MS[k - 1],
+    "verify": lambda k: EPYC_2CORE_Q4_STEP_MS[k - 1] - EPYC_2CORE_Q4_DRAFT_MS[k - 1],
+}
 # libllama rebuilds its graph when the batch shape changes: a plain step after a drafted one costs
 # 0.72-0.74 ms against 0.59-0.61 after a plain one (the bundled target, 2 cores, every step's time as
 # `scripts/trace_auto.py --steps` prints it); a drafted step after a plain one ~0.13 ms more likewise
@@ -116,11 +124,22 @@ def iid_acceptance(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
     return j
 
 
-def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq: int = 20,
-             n_tokens: int = 128, warmup_factor: float = 5.0, switch: float = 0.0,
-             tell_steady: bool = True, accept: Acceptance = iid_acceptance, warmup: int = 0,
-             calibrate: bool | None = None, calibration_plain: float = 1.0,
-             bursts: bool = False) -> tuple[float, float, list[int]]:
+def simulate(
+    costs: Costs,
+    seed: int,
+    mode: str = "auto",
+    n_max: int = 0,
+    n_seq: int = 20,
+    n_tokens: int = 128,
+    warmup_factor: float = 5.0,
+    switch: float = 0.0,
+    tell_steady: bool = True,
+    accept: Acceptance = iid_acceptance,
+    warmup: int = 0,
+    calibrate: bool | None = None,
+    calibration_plain: float = 1.0,
+    bursts: bool = False,
+) -> tuple[float, float, list[int]]:
     """(tokens per ms, share of drafted steps, the k chosen at every step). A step whose target batch
     shape differs from the step before (a sequence starts with a prefill) costs `switch` ms more; the
     loop tells the controller whether the shape repeated unless tell_steady is off. `warmup` runs of
@@ -178,8 +197,17 @@ def simulate(costs: Costs, seed: int, mode: str = "auto", n_max: int = 0, n_seq:
     return tokens / total_ms, drafted / len(chosen), chosen
 
 
-@pytest.mark.parametrize("name,costs", [("gpu", GPU), ("cpu", CPU), ("cpu_q4", CPU_Q4), ("cheap_draft", CHEAP_DRAFT),
-                                        ("slow_draft", SLOW_DRAFT), ("epyc_2core_f16", EPYC_2CORE_F16_DRAFTER)])
+@pytest.mark.parametrize(
+    "name,costs",
+    [
+        ("gpu", GPU),
+        ("cpu", CPU),
+        ("cpu_q4", CPU_Q4),
+        ("cheap_draft", CHEAP_DRAFT),
+        ("slow_draft", SLOW_DRAFT),
+        ("epyc_2core_f16", EPYC_2CORE_F16_DRAFTER),
+    ],
+)
 def test_auto_close_to_the_best_fixed_length(name: str, costs: Costs) -> None:
     """Close to the best fixed choice (plain decoding included) for each cost profile, with what the
     real loop shows a controller: the first step of every shape 5x slower (a controller that believed
@@ -197,8 +225,11 @@ def test_auto_close_to_the_best_fixed_length(name: str, costs: Costs) -> None:
     runs = [simulate(costs, seed, switch=SWITCH)[:2] for seed in range(6)]
     ratio = np.array([r for r, _ in runs]) / best
     drafted = np.mean([d for _, d in runs])
-    print(f"{name}: auto / best fixed (k={best_k}) per seed", " ".join(f"{r:.2f}" for r in ratio),
-          f"({drafted:.0%} of steps drafted)")
+    print(
+        f"{name}: auto / best fixed (k={best_k}) per seed",
+        " ".join(f"{r:.2f}" for r in ratio),
+        f"({drafted:.0%} of steps drafted)",
+    )
     assert ratio.min() >= 0.85 and ratio.mean() >= 0.92, ratio
     if rates[0] > 1.1 * best_drafting:
         assert drafted <= 0.15, drafted  # it stops drafting where drafting cannot pay
@@ -258,20 +289,33 @@ def test_auto_matches_the_best_fixed_length_on_the_bundled_pair(bundled_traces: 
         return int(traces[seq][pos, k - 1])
 
     seeds = range(6)
-    fixed = {k: np.mean([simulate(BENCH_CPU_Q4, s, mode="fixed_no_fallback", n_max=k, switch=SWITCH, accept=accept,
-                                  warmup=1)[0] for s in seeds]) for k in range(1, 8)}
+    fixed = {
+        k: np.mean(
+            [
+                simulate(BENCH_CPU_Q4, s, mode="fixed_no_fallback", n_max=k, switch=SWITCH, accept=accept, warmup=1)[0]
+                for s in seeds
+            ]
+        )
+        for k in range(1, 8)
+    }
     auto = np.array([simulate(BENCH_CPU_Q4, s, switch=SWITCH, accept=accept, warmup=1)[0] for s in seeds])
     best_k = max(fixed, key=lambda k: fixed[k])
     ratios = auto / fixed[best_k]
-    print("fixed n_max 1..7:", " ".join(f"{fixed[k]:.3f}" for k in fixed), "tok/ms; auto / best fixed (k = "
-          f"{best_k}) per seed:", " ".join(f"{r:.3f}" for r in ratios))
+    print(
+        "fixed n_max 1..7:",
+        " ".join(f"{fixed[k]:.3f}" for k in fixed),
+        f"tok/ms; auto / best fixed (k = {best_k}) per seed:",
+        " ".join(f"{r:.3f}" for r in ratios),
+    )
     assert ratios.mean() >= 0.985 and ratios.min() >= 0.95, ratios
 
 
-@pytest.mark.parametrize("name,costs", [("epyc_2core_q4", EPYC_2CORE_Q4_DRAFTER),
-                                        ("epyc_2core_f16", EPYC_2CORE_F16_DRAFTER)])
-def test_auto_leaves_a_predictable_prompts_acceptance_behind(bundled_traces: list[np.ndarray], name: str,
-                                                             costs: Costs) -> None:
+@pytest.mark.parametrize(
+    "name,costs", [("epyc_2core_q4", EPYC_2CORE_Q4_DRAFTER), ("epyc_2core_f16", EPYC_2CORE_F16_DRAFTER)]
+)
+def test_auto_leaves_a_predictable_prompts_acceptance_behind(
+    bundled_traces: list[np.ndarray], name: str, costs: Costs
+) -> None:
     """The bench replayed with the 2-core AMD EPYC profiles, where only near-perfect acceptance pays:
     the perfectly predictable prompts' acceptance (a memory of ~100 drafted steps) would keep auto mode
     drafting 6 tokens through the next, hard prompt for 15-30 steps that accept 0-2 each. A run ends
@@ -312,12 +356,12 @@ def test_bad_mode_is_an_error() -> None:
         DraftLengthController(7, "fast")
 
 
-
 def test_a_dip_in_acceptance_is_not_remembered_for_good() -> None:
     """Drafts that paid, then a run of rejections (auto turns to plain decoding), then content on which
     drafting pays again: plain steps add no evidence, so the controller must come back to drafting on
     its own (the bound on acceptance widens while it waits), not only through 2-step probes, which
     back off to one per 256 steps."""
+
     def cost(k: int) -> tuple[float, float]:
         return 0.45 + 0.05 * k, 0.62 + 0.14 * k  # draft, verify ms (plain 0.60: CPU_Q4-like)
 
@@ -359,6 +403,7 @@ def test_a_run_the_estimates_never_favoured_is_not_begun_again_at_once() -> None
     their two steps; begun again a single plain step later, they would draft 2 steps in 3 (`DD.DD.DD`)
     at well below plain speed. After such a run auto mode waits 4, 8, ... 32 plain steps, so only a few
     immediate re-entries remain (those after runs the estimates favoured)."""
+
     def cost(k: int) -> tuple[float, float]:
         return EPYC_2CORE_F16_DRAFTER["draft"](k), EPYC_2CORE_F16_DRAFTER["verify"](k)  # type: ignore[operator]
 

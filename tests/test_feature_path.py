@@ -15,13 +15,13 @@ import ctypes
 import json
 import logging
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
-
 from reference.dflash_ref import DraftReference
 from reference.qwen3_ref import Qwen3Reference
 
@@ -273,9 +273,6 @@ def test_libllama_features_drive_the_reference_to_the_golden_draft(
     out = ref.draft(ref.inject(feats, range(n)), case["anchor"], n)
     assert out.walk.tolist() == case["walk"]
     assert out.argmax.tolist() == case["argmax"]
-    err = max(
-        (out.cand_logits[r["row"] - 1] - torch.tensor(r["topk_logits"])).abs().max().item() for r in case["rows"]
-    )
+    err = max((out.cand_logits[r["row"] - 1] - torch.tensor(r["topk_logits"])).abs().max().item() for r in case["rows"])
     print(case["prompt_id"], "top-k logit max abs err with libllama features:", err)
     assert err < 0.05
-

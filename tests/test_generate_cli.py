@@ -14,9 +14,26 @@ from tinycode import N_CTX, TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
 
 
 def run_generate(*args: str, stream: bool = False) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "dflash_gguf.cli", "generate", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
-           "-c", str(N_CTX), "-t", str(THREADS), "--n-max", "3", "-n", "24", *([] if stream else ["--no-stream"]),
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_gguf.cli",
+        "generate",
+        "-m",
+        str(TARGET),
+        "-d",
+        str(drafter_gguf("f32")),
+        "-c",
+        str(N_CTX),
+        "-t",
+        str(THREADS),
+        "--n-max",
+        "3",
+        "-n",
+        "24",
+        *([] if stream else ["--no-stream"]),
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -57,10 +74,10 @@ def test_grammar_options(tmp_path: Path) -> None:
     import re
 
     text = prompts()[0]["text"]
-    gbnf = 'root ::= [a-z \\n]+'
+    gbnf = "root ::= [a-z \\n]+"
     inline = run_generate("-p", text, "--grammar", gbnf)
     assert inline.returncode == 0, inline.stderr
-    assert re.fullmatch(r"[a-z \n]*", inline.stdout[len(text):].rstrip("\n")), inline.stdout
+    assert re.fullmatch(r"[a-z \n]*", inline.stdout[len(text) :].rstrip("\n")), inline.stdout
     g = tmp_path / "g.gbnf"
     g.write_text(gbnf)
     assert run_generate("-p", text, "--grammar-file", str(g)).stdout == inline.stdout
@@ -69,8 +86,12 @@ def test_grammar_options(tmp_path: Path) -> None:
     both = run_generate("-p", text, "--grammar", gbnf, "--grammar-file", str(g))
     bad_streamed = run_generate("-p", text, "--grammar", "root ::= [a-z", stream=True)  # no prompt echoed first
     assert run_generate("-p", text, "--grammar", gbnf, stream=True).stdout == inline.stdout
-    for r, needle in ((bad, "grammar"), (bad_streamed, "grammar"), (missing, "nope.gbnf"),
-                      (both, "at most one of --grammar, --grammar-file")):
+    for r, needle in (
+        (bad, "grammar"),
+        (bad_streamed, "grammar"),
+        (missing, "nope.gbnf"),
+        (both, "at most one of --grammar, --grammar-file"),
+    ):
         assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
         assert "Traceback" not in r.stderr
 
@@ -84,15 +105,18 @@ def test_json_schema_options(tmp_path: Path) -> None:
     schema = '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}'
     r = run_generate("-p", text, "--json-schema", schema, "-n", "40")
     assert r.returncode == 0, r.stderr
-    assert isinstance(json.loads(r.stdout[len(text):])["n"], int), r.stdout
+    assert isinstance(json.loads(r.stdout[len(text) :])["n"], int), r.stdout
     f = tmp_path / "schema.json"
     f.write_text(schema)
     assert run_generate("-p", text, "--json-schema-file", str(f), "-n", "40").stdout == r.stdout
     not_json = run_generate("-p", text, "-j", "{type: object}")
     unknown = run_generate("-p", text, "-j", '{"type": "bogus"}')
     clash = run_generate("-p", text, "-j", schema, "--grammar", "root ::= [a-z]+")
-    for r, needle in ((not_json, "--json-schema: not JSON"), (unknown, "cannot be turned into a grammar"),
-                      (clash, "at most one of --grammar, --json-schema")):
+    for r, needle in (
+        (not_json, "--json-schema: not JSON"),
+        (unknown, "cannot be turned into a grammar"),
+        (clash, "at most one of --grammar, --json-schema"),
+    ):
         assert r.returncode == 2 and r.stdout == "" and needle in r.stderr, (r.returncode, r.stderr[-500:])
         assert "Traceback" not in r.stderr
 
@@ -103,8 +127,9 @@ def test_sampling_options_are_the_api_s() -> None:
     from dflash_gguf import SpeculativeLlama
 
     text = prompts()[0]["text"]
-    r = run_generate("-p", text, "--temp", "1", "--seed", "5", "--mirostat", "2", "--mirostat-ent", "2.0",
-                     "--mirostat-lr", "0.5")
+    r = run_generate(
+        "-p", text, "--temp", "1", "--seed", "5", "--mirostat", "2", "--mirostat-ent", "2.0", "--mirostat-lr", "0.5"
+    )
     assert r.returncode == 0, r.stderr
     with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, n_max=3) as llm:
         kw = {"max_tokens": 24, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 5}

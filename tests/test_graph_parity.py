@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from factories import make_checkpoint, make_target_gguf
 from reference.dflash_ref import DraftOutput, DraftReference
 from reference.qwen3_ref import Qwen3Reference
@@ -113,15 +112,32 @@ def target(work: Path) -> tuple[Path, dict[str, np.ndarray]]:
 class Case:
     """One random drafter: its HF dir, reference and converted GGUFs (made on demand)."""
 
-    def __init__(self, work: Path, target: tuple[Path, dict[str, np.ndarray]], version: int, block: int,
-                 conv_kernel: int = 2, conv_group: int = 16):
+    def __init__(
+        self,
+        work: Path,
+        target: tuple[Path, dict[str, np.ndarray]],
+        version: int,
+        block: int,
+        conv_kernel: int = 2,
+        conv_group: int = 16,
+    ):
         self.version, self.block = version, block
         self.dir = work / f"v{version}_b{block}" if conv_kernel == 2 else work / f"v{version}_b{block}_k{conv_kernel}"
         self.target_path, tt = target
         self.tensors = make_checkpoint(
-            self.dir, version=version, hidden=HIDDEN, vocab=VOCAB, n_target_layers=N_TARGET_LAYERS,
-            target_layer_ids=(1, 2), block_size=block, top_k=4, rank=8, dtype="f32", seed=100 + 10 * version + block,
-            conv_kernel=conv_kernel, conv_group=conv_group,
+            self.dir,
+            version=version,
+            hidden=HIDDEN,
+            vocab=VOCAB,
+            n_target_layers=N_TARGET_LAYERS,
+            target_layer_ids=(1, 2),
+            block_size=block,
+            top_k=4,
+            rank=8,
+            dtype="f32",
+            seed=100 + 10 * version + block,
+            conv_kernel=conv_kernel,
+            conv_group=conv_group,
         )
         self.config = json.loads((self.dir / "config.json").read_text())
         self.ref = DraftReference(self.config, self.tensors, tt["token_embd.weight"], tt["output.weight"])
@@ -132,15 +148,25 @@ class Case:
         key = (outtype, embed_head)
         if key not in self._gguf:
             out = self.dir.parent / f"{self.dir.name}-{outtype}{'-head' if embed_head else ''}.gguf"
-            convert(Options(draft_dir=self.dir, target=self.target_path, outfile=out, outtype=outtype,
-                            embed_target_head=embed_head, force=True, progress=False))
+            convert(
+                Options(
+                    draft_dir=self.dir,
+                    target=self.target_path,
+                    outfile=out,
+                    outtype=outtype,
+                    embed_target_head=embed_head,
+                    force=True,
+                    progress=False,
+                )
+            )
             self._gguf[key] = out
         return self._gguf[key]
 
     def drafter(self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256, n_threads: int = 1) -> Any:
         target = "" if embed_head else str(self.target_path)
-        return dflash_gguf.Drafter(str(self.gguf(outtype, embed_head)), target, device=DEVICE, n_threads=n_threads,
-                                   n_ctx=n_ctx)
+        return dflash_gguf.Drafter(
+            str(self.gguf(outtype, embed_head)), target, device=DEVICE, n_threads=n_threads, n_ctx=n_ctx
+        )
 
 
 _CASES: dict[tuple[int, int], Case] = {}
@@ -344,8 +370,16 @@ def tiny_gguf(work: Path) -> Any:
     def get(outtype: str) -> Path:
         if outtype not in made:
             out = work / f"tinycode-drafter-{outtype}.gguf"
-            convert(Options(draft_dir=TINY / "drafter-dflash2", target=TINY / "target-f16.gguf", outfile=out,
-                            outtype=outtype, force=True, progress=False))
+            convert(
+                Options(
+                    draft_dir=TINY / "drafter-dflash2",
+                    target=TINY / "target-f16.gguf",
+                    outfile=out,
+                    outtype=outtype,
+                    force=True,
+                    progress=False,
+                )
+            )
             made[outtype] = out
         return made[outtype]
 
@@ -442,10 +476,16 @@ def test_repacking_prints_nothing(tiny_gguf: Any) -> None:
     """ggml logs each weight it repacks at debug level and its default logger prints every level: a
     Drafter opened without llama_cpp's logger must not fill stderr with them."""
     skip_without_x86_repack()
-    code = ("import sys, dflash_gguf; d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1); "
-            "print(d.repacked_weights)")
-    r = subprocess.run([sys.executable, "-c", code, str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")],
-                       capture_output=True, text=True, timeout=120)
+    code = (
+        "import sys, dflash_gguf; d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1); "
+        "print(d.repacked_weights)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 0, r.stderr
     assert int(r.stdout) == 19
     assert "repack" not in r.stderr, r.stderr
@@ -471,8 +511,8 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
         assert fast["first_row"] == 1
         logits = np.asarray(fast["logits"])
         assert logits.shape == (h, VOCAB)
-        np.testing.assert_allclose(logits, np.asarray(full["logits"])[1:h + 1], rtol=0, atol=1e-5)
-        assert list(fast["argmax"]) == list(np.asarray(full["argmax"])[1:h + 1])
+        np.testing.assert_allclose(logits, np.asarray(full["logits"])[1 : h + 1], rtol=0, atol=1e-5)
+        assert list(fast["argmax"]) == list(np.asarray(full["argmax"])[1 : h + 1])
         assert list(fast["tokens"]) == list(full["tokens"])[:n]
         assert d.draft(11, 37, n) == list(full["tokens"])[:n]  # the loop's path: tokens only
         if version == 2:
@@ -563,7 +603,7 @@ def test_short_block_is_the_smaller_block(case: Any, version: int) -> None:
         else:
             assert ours["tokens"] == ref.argmax.tolist()
         if not c.ref.cfg.causal:
-            gap = float(np.abs(logits - np.asarray(full["logits"])[1:n + 1]).max())
+            gap = float(np.abs(logits - np.asarray(full["logits"])[1 : n + 1]).max())
             assert gap > 1e-3, f"n = {n}: the short block equals the full block's rows (gap {gap})"
 
 
@@ -589,8 +629,9 @@ def test_draft_threads_are_picked_and_change_nothing(case: Any) -> None:
     assert one.counters["draft_threads"] == 1
 
 
-def test_cpu_conv_op_equals_the_portable_graph(case: Any, work: Path, target: Any,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cpu_conv_op_equals_the_portable_graph(
+    case: Any, work: Path, target: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On the CPU each DFlash2 conv is one custom op (cpu_conv.h); DFLASH_PORTABLE_GRAPH=1 builds the
     graph other backends run. Both give the same floats, at any thread split, and a 3-tap conv with
     8-channel groups matches the reference too."""

@@ -33,11 +33,11 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
-
 from tinycode import DRAFTER_DIR, TARGET, THREADS, drafter_gguf, prompts, record
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,11 +63,16 @@ def _temps(folder: Path, final_name: str) -> list[str]:
 # the loader: fuzz regressions and non-UTF-8 bytes
 # --------------------------------------------------------------------------- #
 
+
 def test_fuzz_regressions_replay_cleanly() -> None:
     """Every saved fuzzer finding: a DFlashError in a child process (no crash, no other exception)."""
     assert REGRESSIONS, "fuzz/regressions/ is empty"
-    res = subprocess.run([sys.executable, str(FUZZ / "fuzz_loader.py"), "--replay", *map(str, REGRESSIONS)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, str(FUZZ / "fuzz_loader.py"), "--replay", *map(str, REGRESSIONS)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, f"rc {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}"
     assert "FINDING" not in res.stdout
     assert res.stdout.count(": ") >= len(REGRESSIONS)
@@ -87,9 +92,9 @@ def test_non_utf8_metadata_and_names(tmp_path: Path) -> None:
     """A valid drafter whose general.name is not UTF-8 loads (the bytes shown escaped); a non-UTF-8
     tensor name is a DFlashError quoting it escaped."""
     import numpy as np
+    from draft_gguf import GGUFValueType, typed, write_draft_gguf
 
     import dflash_gguf as dg
-    from draft_gguf import GGUFValueType, typed, write_draft_gguf
 
     p = tmp_path / "name.gguf"
     write_draft_gguf(p, key_overrides={"general.name": typed(GGUFValueType.STRING, b"tiny\xff\xfedrafter")})
@@ -99,7 +104,7 @@ def test_non_utf8_metadata_and_names(tmp_path: Path) -> None:
 
     q = tmp_path / "tensor.gguf"
     write_draft_gguf(q, extra_tensors={"blk.0.\xff_bogus.weight": np.zeros(4, np.float32)})
-    data = q.read_bytes().replace("blk.0.\xff_bogus".encode("utf-8"), b"blk.0.\xff\xfe_bogus")
+    data = q.read_bytes().replace("blk.0.\xff_bogus".encode(), b"blk.0.\xff\xfe_bogus")
     q.write_bytes(data)
     with pytest.raises(dg.DFlashError, match=r"\\xff"):
         dg.inspect_draft(str(q))
@@ -109,6 +114,7 @@ def test_non_utf8_metadata_and_names(tmp_path: Path) -> None:
 # converter crash safety
 # --------------------------------------------------------------------------- #
 
+
 @pytest.fixture(scope="module")
 def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A random DFlash2 checkpoint that fits the tinycode target, large enough (~27 MB bf16, 56 MB as F32)
@@ -116,20 +122,49 @@ def big_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from factories import make_checkpoint
 
     d = tmp_path_factory.mktemp("big") / "ckpt"
-    make_checkpoint(d, version=2, hidden=256, n_layers=4, heads=4, kv_heads=2, head_dim=64, ff=4096, vocab=2048,
-                    n_target_layers=6, target_layer_ids=(1, 3), top_k=8, rank=64, conv_kernel=2, conv_group=16,
-                    seed=7)
+    make_checkpoint(
+        d,
+        version=2,
+        hidden=256,
+        n_layers=4,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        ff=4096,
+        vocab=2048,
+        n_target_layers=6,
+        target_layer_ids=(1, 3),
+        top_k=8,
+        rank=64,
+        conv_kernel=2,
+        conv_group=16,
+        seed=7,
+    )
     return d
 
 
 def _start_convert(ckpt: Path, out: Path, outtype: str) -> subprocess.Popen:
-    cmd = _convert_cmd() + [str(ckpt), "--target", str(TARGET), "--outfile", str(out), "--outtype", outtype,
-                            "--force", "--no-progress"]
+    cmd = _convert_cmd() + [
+        str(ckpt),
+        "--target",
+        str(TARGET),
+        "--outfile",
+        str(out),
+        "--outtype",
+        outtype,
+        "--force",
+        "--no-progress",
+    ]
     # SIGINT at its default, as in a terminal: a test run started in the background (`cmd &`) inherits
     # SIGINT ignored, and Python then installs no Ctrl-C handler at all
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "DFLASH_CONVERT_THREADS": "1"},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DFLASH_CONVERT_THREADS": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
 
 def _tmp_sizes(folder: Path, name: str) -> dict[str, int]:
@@ -154,13 +189,18 @@ KILL_POINTS: dict[str, tuple[str, KillPoint]] = {
     # k-quant: libllama is quantizing into the output temp
     "quantizing": ("q4_k_m", lambda tmps, t: any(k.endswith(".gguf.tmp") and v > 0 for k, v in tmps.items())),
     # k-quant: the F32 intermediate is gone (quantized), the result is being verified
-    "verifying": ("q4_k_m", lambda tmps, t: len(tmps) == 1 and next(iter(tmps)).endswith(".gguf.tmp")
-                  and next(iter(tmps.values())) > 4 << 20),
+    "verifying": (
+        "q4_k_m",
+        lambda tmps, t: len(tmps) == 1
+        and next(iter(tmps)).endswith(".gguf.tmp")
+        and next(iter(tmps.values())) > 4 << 20,
+    ),
 }
 
 
-def _kill_at(ckpt: Path, out: Path, outtype: str, when: KillPoint, sig: int = signal.SIGKILL
-             ) -> tuple[bool, dict[str, int], subprocess.Popen]:
+def _kill_at(
+    ckpt: Path, out: Path, outtype: str, when: KillPoint, sig: int = signal.SIGKILL
+) -> tuple[bool, dict[str, int], subprocess.Popen]:
     """Run a conversion and send ``sig`` once ``when`` holds; (hit before the end?, temps at kill, proc)."""
     proc = _start_convert(ckpt, out, outtype)
     t0 = time.monotonic()
@@ -185,8 +225,9 @@ def _kill_at(ckpt: Path, out: Path, outtype: str, when: KillPoint, sig: int = si
 
 @pytest.mark.parametrize("point", list(KILL_POINTS))
 @pytest.mark.parametrize("existing", [False, True], ids=["new", "existing"])
-def test_sigkill_midway_leaves_destination_untouched(point: str, existing: bool, big_checkpoint: Path,
-                                                     tmp_path: Path) -> None:
+def test_sigkill_midway_leaves_destination_untouched(
+    point: str, existing: bool, big_checkpoint: Path, tmp_path: Path
+) -> None:
     outtype, when = KILL_POINTS[point]
     out = tmp_path / "drafter.gguf"
     if existing:
@@ -206,8 +247,9 @@ def test_sigkill_midway_leaves_destination_untouched(point: str, existing: bool,
     else:
         assert not out.exists(), "a killed conversion left a file at the destination"
     left = _temps(tmp_path, out.name)
-    record(f"hardening-sigkill-{point}-{'existing' if existing else 'new'}",
-           {"temps_at_kill": seen, "temps_left": left})
+    record(
+        f"hardening-sigkill-{point}-{'existing' if existing else 'new'}", {"temps_at_kill": seen, "temps_left": left}
+    )
     # what SIGKILL leaves: at most the hidden temp files of that one run (nothing can clean up after SIGKILL)
     assert all(t.startswith(f".{out.name}.") and t.endswith(".tmp") for t in left)
     assert len(left) <= 2
@@ -224,9 +266,11 @@ def test_sigkill_leaves_no_temp_files(big_checkpoint: Path, tmp_path: Path) -> N
     assert _temps(tmp_path, out.name) == []
 
 
-@pytest.mark.parametrize("sig,point", [(signal.SIGINT, "writing-f32"), (signal.SIGTERM, "writing-f32"),
-                                       (signal.SIGINT, "quantizing")],
-                         ids=["SIGINT-writing", "SIGTERM-writing", "SIGINT-quantizing"])
+@pytest.mark.parametrize(
+    "sig,point",
+    [(signal.SIGINT, "writing-f32"), (signal.SIGTERM, "writing-f32"), (signal.SIGINT, "quantizing")],
+    ids=["SIGINT-writing", "SIGTERM-writing", "SIGINT-quantizing"],
+)
 def test_interrupt_cleans_up(sig: int, point: str, big_checkpoint: Path, tmp_path: Path) -> None:
     """Ctrl-C / a polite kill while writing, or while libllama quantizes (where its log callback must not
     swallow the interrupt and let the conversion finish): no destination, no temp files."""
@@ -266,10 +310,20 @@ def test_disk_full_is_a_clean_error(outtype: str, tiny_tmpfs: Path) -> None:
     out = tiny_tmpfs / "drafter.gguf"
     out.write_bytes(b"GGUF" + bytes(100_000))
     before = _sha(out)
-    cmd = _convert_cmd() + [str(DRAFTER_DIR), "--target", str(TARGET), "--outfile", str(out), "--outtype", outtype,
-                            "--force", "--no-progress"]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "DFLASH_CONVERT_THREADS": "1"})
+    cmd = _convert_cmd() + [
+        str(DRAFTER_DIR),
+        "--target",
+        str(TARGET),
+        "--outfile",
+        str(out),
+        "--outtype",
+        outtype,
+        "--force",
+        "--no-progress",
+    ]
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "DFLASH_CONVERT_THREADS": "1"}
+    )
     record(f"hardening-disk-full-{outtype}", {"rc": res.returncode, "stderr": res.stderr[-3000:]})
     assert res.returncode != 0
     assert _sha(out) == before
@@ -319,16 +373,26 @@ def test_long_run_rss_is_bounded(tmp_path: Path) -> None:
     RSS after warm-up (200 completions) and at the end differ by less than 8 MiB (a leak of 10 KB per
     completion would show as 8 MB)."""
     script = tmp_path / "long_run.py"
-    script.write_text(LONG_RUN.format(tests=str(ROOT / "tests"), target=str(TARGET), draft=str(drafter_gguf("f16")),
-                                      threads=THREADS, n=1000, warm=200))
+    script.write_text(
+        LONG_RUN.format(
+            tests=str(ROOT / "tests"),
+            target=str(TARGET),
+            draft=str(drafter_gguf("f16")),
+            threads=THREADS,
+            n=1000,
+            warm=200,
+        )
+    )
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     record("hardening-long-run", out)
     samples = dict(out["samples"])
     growth = samples[1000] - samples[200]
-    print(f"long run: {out['seconds']:.1f} s, RSS {samples[200] / 2**20:.1f} MiB after 200 -> "
-          f"{samples[1000] / 2**20:.1f} MiB after 1000 ({growth / 2**10:+.0f} KiB), finish {out['finish']}")
+    print(
+        f"long run: {out['seconds']:.1f} s, RSS {samples[200] / 2**20:.1f} MiB after 200 -> "
+        f"{samples[1000] / 2**20:.1f} MiB after 1000 ({growth / 2**10:+.0f} KiB), finish {out['finish']}"
+    )
     assert sum(out["finish"].values()) == 1000
     assert growth < RSS_GROWTH_BOUND, out["samples"]
 
@@ -336,6 +400,7 @@ def test_long_run_rss_is_bounded(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- #
 # concurrency
 # --------------------------------------------------------------------------- #
+
 
 def test_three_objects_three_threads() -> None:
     """Three SpeculativeLlama objects on three drafter types (F16, Q8_0, Q4_K_M), each in its own thread,
@@ -345,11 +410,20 @@ def test_three_objects_three_threads() -> None:
     kinds = ("f16", "q8_0", "q4_k_m")
     objs = [SpeculativeLlama(str(TARGET), str(drafter_gguf(k)), n_ctx=512, n_threads=THREADS, n_max=7) for k in kinds]
     texts = [p["text"] for p in prompts()]
-    jobs = {k: [(i, dict(temperature=0.0) if i % 2 else dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
-                                                                seed=100 + i))
-                for i in range(3 * k, 3 * k + 3)] for k in range(3)}
-    want = {k: [list(objs[k].generate_tokens(objs[k].tokenize(texts[i], False, False), max_tokens=40, **kw))
-                for i, kw in jobs[k]] for k in range(3)}
+    jobs = {
+        k: [
+            (i, dict(temperature=0.0) if i % 2 else dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=100 + i))
+            for i in range(3 * k, 3 * k + 3)
+        ]
+        for k in range(3)
+    }
+    want = {
+        k: [
+            list(objs[k].generate_tokens(objs[k].tokenize(texts[i], False, False), max_tokens=40, **kw))
+            for i, kw in jobs[k]
+        ]
+        for k in range(3)
+    }
     results: dict[int, Any] = {}
     barrier = threading.Barrier(3)
 
@@ -357,8 +431,10 @@ def test_three_objects_three_threads() -> None:
         try:
             barrier.wait(30)
             s = objs[k]
-            results[k] = [[list(s.generate_tokens(s.tokenize(texts[i], False, False), max_tokens=40, **kw))
-                           for i, kw in jobs[k]] for _ in range(2)]
+            results[k] = [
+                [list(s.generate_tokens(s.tokenize(texts[i], False, False), max_tokens=40, **kw)) for i, kw in jobs[k]]
+                for _ in range(2)
+            ]
         except BaseException as e:  # pragma: no cover - reported below
             results[k] = e
 
@@ -384,9 +460,26 @@ def test_fuzzer_catches_a_dying_worker(kind: str, tmp_path: Path) -> None:
 
     write_draft_gguf(seeds / "small.gguf", n_layer=1)
     env = {**os.environ, "DFLASH_FUZZ_SELFTEST": f"{kind}:50", "DFLASH_FUZZ_SEED": "1"}
-    res = subprocess.run([sys.executable, str(FUZZ / "fuzz_loader.py"), "--seeds", str(seeds), "--time", "6",
-                          "--hang-s", "2", "--leak-rounds", "0", "--crashes", str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=120, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(FUZZ / "fuzz_loader.py"),
+            "--seeds",
+            str(seeds),
+            "--time",
+            "6",
+            "--hang-s",
+            "2",
+            "--leak-rounds",
+            "0",
+            "--crashes",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert res.returncode == 1, res.stdout + res.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     kinds = [f["kind"] for f in summary["findings"]]

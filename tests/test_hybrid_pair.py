@@ -16,7 +16,6 @@ import pytest
 
 pytest.importorskip("transformers", reason="transformers builds the hybrid target")
 
-from dflash_gguf import SpeculativeLlama  # noqa: E402
 from tinycode import (  # noqa: E402
     ROOT,
     TARGET,
@@ -29,6 +28,8 @@ from tinycode import (  # noqa: E402
     record,
 )
 
+from dflash_gguf import SpeculativeLlama  # noqa: E402
+
 HYBRID = ROOT / "examples" / "tinycode-hybrid"
 N_NEW = 48
 N_PROMPTS = 10
@@ -39,8 +40,9 @@ EPS = 1e-2  # F16 targets (as tests/test_lossless.py)
 def hybrid_target() -> Path:
     target = HYBRID / "target-f16.gguf"
     if not target.exists():
-        res = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_hybrid_pair.py")], capture_output=True,
-                             text=True)
+        res = subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "make_hybrid_pair.py")], capture_output=True, text=True
+        )
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return target
 
@@ -101,8 +103,10 @@ def test_our_loop_on_the_hybrid_is_lossless_and_accepts_as_on_tinycode(
     assert not problems, problems
     dense = SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=1, n_max=3)
     _, acc_dense = _run(dense, ptoks)
-    record(f"hybrid_acceptance_{'checkpoint' if adopted else 'snapshots'}",
-           {"hybrid": acc_hybrid, "tinycode": acc_dense, "rollback": spec._spec.rollback_counters})
+    record(
+        f"hybrid_acceptance_{'checkpoint' if adopted else 'snapshots'}",
+        {"hybrid": acc_hybrid, "tinycode": acc_dense, "rollback": spec._spec.rollback_counters},
+    )
     assert acc_hybrid > 1.5  # real partial acceptances, not the random drafters' ~1
     assert abs(acc_hybrid - acc_dense) <= 0.05 * acc_dense, (acc_hybrid, acc_dense)
     kind = "restored" if adopted else "snapshot"

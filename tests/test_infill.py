@@ -12,11 +12,12 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
+from test_server import request  # noqa: E402
+from tinycode import FIM_IDS, N_CTX, TARGET, THREADS, drafter_gguf, fim_target_gguf  # noqa: E402
+
 from dflash_gguf import SpeculativeLlama  # noqa: E402
 from dflash_gguf.infill import server_infill_prompt  # noqa: E402
 from dflash_gguf.server import serving  # noqa: E402
-from test_server import request  # noqa: E402
-from tinycode import FIM_IDS, N_CTX, TARGET, THREADS, drafter_gguf, fim_target_gguf  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 BEFORE = "import os\n\n\ndef read_config(path):\n    "
@@ -25,8 +26,9 @@ AFTER = "\n    return config\n\n\ndef main():\n    print(read_config('a.ini'))\n
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[SpeculativeLlama]:
-    with SpeculativeLlama(str(fim_target_gguf()), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS,
-                          n_max=3) as m:
+    with SpeculativeLlama(
+        str(fim_target_gguf()), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, n_max=3
+    ) as m:
         yield m
 
 
@@ -34,6 +36,7 @@ def test_suffix_fills_the_middle_losslessly(llm: SpeculativeLlama) -> None:
     """suffix= puts the prompt and the suffix around the FIM tokens ([FIM_PRE] prompt [FIM_SUF] suffix
     [FIM_MID]; this vocabulary asks for no BOS) and continues there exactly as plain decoding of that
     token list does, drafting as it goes."""
+
     def tok(text: str) -> list[int]:
         return llm.tokenize(text.encode(), add_bos=False)
 
@@ -58,8 +61,10 @@ def test_suffix_fills_the_middle_losslessly(llm: SpeculativeLlama) -> None:
 
 def test_a_target_without_fim_tokens_is_told_so() -> None:
     with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS) as plain:
-        for call in (lambda: plain.create_completion(BEFORE, suffix=AFTER, max_tokens=4),
-                     lambda: plain.infill_tokens(BEFORE, AFTER)):
+        for call in (
+            lambda: plain.create_completion(BEFORE, suffix=AFTER, max_tokens=4),
+            lambda: plain.infill_tokens(BEFORE, AFTER),
+        ):
             with pytest.raises(ValueError, match="tokenizer.ggml.fim_pre_token_id") as e:
                 call()
             assert str(TARGET) in str(e.value)
@@ -78,12 +83,15 @@ def test_server_layout_keeps_what_llama_server_keeps() -> None:
         return "".join(chr(t) if t < 1000 else f"<{t - 1000}>" for t in tokens)
 
     extra = [{"filename": "a.py", "text": "A"}, {"text": "B"}]
-    full = server_infill_prompt(fim, [1001], tokenize, "p" * 500, "s" * 500, "m" * 10, extra, n_batch=256,
-                                n_ctx=4096, n_predict=-1)
-    assert chars(full) == ("<5>myproject\n<6>a.py\nA<6>tmp\nB<6>filename\n<1><2>" + "p" * 192 + "m" * 10 + "<3>" +
-                           "s" * (64 - 12) + "<4>")
-    no_sep = server_infill_prompt({**fim, "rep": -1, "sep": -1}, [], tokenize, "pp", "ss", "", extra, n_batch=256,
-                                  n_ctx=4096)
+    full = server_infill_prompt(
+        fim, [1001], tokenize, "p" * 500, "s" * 500, "m" * 10, extra, n_batch=256, n_ctx=4096, n_predict=-1
+    )
+    assert chars(full) == (
+        "<5>myproject\n<6>a.py\nA<6>tmp\nB<6>filename\n<1><2>" + "p" * 192 + "m" * 10 + "<3>" + "s" * (64 - 12) + "<4>"
+    )
+    no_sep = server_infill_prompt(
+        {**fim, "rep": -1, "sep": -1}, [], tokenize, "pp", "ss", "", extra, n_batch=256, n_ctx=4096
+    )
     assert chars(no_sep) == "\n\n--- snippet ---\n\nA\n\n--- snippet ---\n\nB<2>pp<3>ss<4>"
     # a full context keeps only the end of the extra context: here 1024 - 256 - 2 * 380 = 8 tokens
     tight = server_infill_prompt(fim, [], tokenize, "pp", "ss", "", extra, n_batch=256, n_ctx=1024, n_predict=380)
@@ -99,8 +107,14 @@ def port(llm: SpeculativeLlama) -> Iterator[int]:
 def test_server_infill_and_suffix(llm: SpeculativeLlama, port: int) -> None:
     """/infill answers in llama-server's native shape with infill_tokens' prompt, streamed or not;
     /v1/completions takes OpenAI's `suffix`; bad bodies get a 400 naming the field."""
-    body: dict[str, Any] = {"input_prefix": BEFORE, "input_suffix": AFTER, "prompt": "with",
-                            "input_extra": [{"filename": "util.py", "text": "X = 1\n"}], "n_predict": 24, **GREEDY}
+    body: dict[str, Any] = {
+        "input_prefix": BEFORE,
+        "input_suffix": AFTER,
+        "prompt": "with",
+        "input_extra": [{"filename": "util.py", "text": "X = 1\n"}],
+        "n_predict": 24,
+        **GREEDY,
+    }
     tokens = llm.infill_tokens(BEFORE, AFTER, "with", body["input_extra"])
     direct = llm.create_completion(tokens, max_tokens=24, **GREEDY)["choices"][0]["text"]
     status, out = request(port, "POST", "/infill", body)
@@ -114,15 +128,22 @@ def test_server_infill_and_suffix(llm: SpeculativeLlama, port: int) -> None:
     assert chunks[-1]["stop"] is True and not any(c["stop"] for c in chunks[:-1])
     assert chunks[-1]["tokens_predicted"] == 24
 
-    status, oai = request(port, "POST", "/v1/completions", {"prompt": BEFORE, "suffix": AFTER, "max_tokens": 16,
-                                                            **GREEDY})
+    status, oai = request(
+        port, "POST", "/v1/completions", {"prompt": BEFORE, "suffix": AFTER, "max_tokens": 16, **GREEDY}
+    )
     assert status == 200
-    assert oai["choices"][0]["text"] == llm.create_completion(BEFORE, suffix=AFTER, max_tokens=16,
-                                                              **GREEDY)["choices"][0]["text"]
-    for bad, message in (({"input_suffix": AFTER}, "input_prefix"), ({"input_prefix": BEFORE}, "input_suffix"),
-                         ({**body, "input_extra": {"text": "x"}}, "input_extra"),
-                         ({**body, "input_extra": [{"filename": "a"}]}, "input_extra"),
-                         ({**body, "n_predict": "many"}, "n_predict"), ({**body, "prompt": 7}, "prompt")):
+    assert (
+        oai["choices"][0]["text"]
+        == llm.create_completion(BEFORE, suffix=AFTER, max_tokens=16, **GREEDY)["choices"][0]["text"]
+    )
+    for bad, message in (
+        ({"input_suffix": AFTER}, "input_prefix"),
+        ({"input_prefix": BEFORE}, "input_suffix"),
+        ({**body, "input_extra": {"text": "x"}}, "input_extra"),
+        ({**body, "input_extra": [{"filename": "a"}]}, "input_extra"),
+        ({**body, "n_predict": "many"}, "n_predict"),
+        ({**body, "prompt": 7}, "prompt"),
+    ):
         status, out = request(port, "POST", "/infill", bad)
         assert status == 400 and message in out["error"]["message"], (bad, out)
     assert request(port, "POST", "/infill", body)[1]["content"] == direct  # still serving
@@ -130,7 +151,6 @@ def test_server_infill_and_suffix(llm: SpeculativeLlama, port: int) -> None:
 
 def events_native(payload: bytes) -> list[dict[str, Any]]:
     """llama-server's native stream: data events, no [DONE]"""
-    parts = [p[len(b"data: "):] for p in payload.split(b"\n\n") if p]
+    parts = [p[len(b"data: ") :] for p in payload.split(b"\n\n") if p]
     assert parts and parts[-1] != b"[DONE]"
     return [json.loads(p) for p in parts]
-

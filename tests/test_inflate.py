@@ -68,8 +68,15 @@ def test_f16_target_computes_tinycodes_function(pair, reference: GreedyReference
         if same:
             want = reference.logits_after(toks + ref.tokens[: same - 1])
             worst_diff = max(worst_diff, float(np.abs(logits[same - 1][:REAL_VOCAB] - want).max()))
-    record("inflate_f16", {"identical": identical, "near_ties": near_ties, "max_real_logit_diff": worst_diff,
-                           "max_padded_logit": top_pad})
+    record(
+        "inflate_f16",
+        {
+            "identical": identical,
+            "near_ties": near_ties,
+            "max_real_logit_diff": worst_diff,
+            "max_padded_logit": top_pad,
+        },
+    )
     assert identical >= len(prompts()) - 2, near_ties
     assert worst_diff < 2e-2, "the real logits are tinycode's up to F16 rounding"
     assert top_pad < -1e3, "a padded token can never win or enter the drafter's top-k"
@@ -83,15 +90,20 @@ def _same_prefix(reference: GreedyReference, target: GreedyReference) -> tuple[i
         toks = reference.tokenize(p["text"])
         ref = reference.greedy(toks, N_TOKENS).tokens
         got, logits = _greedy_with_logits(target, toks, N_TOKENS)
-        top_pad = max(top_pad, max(float(row[REAL_VOCAB:].max()) if len(row) > REAL_VOCAB else -np.inf
-                                   for row in logits))
+        top_pad = max(
+            top_pad, max(float(row[REAL_VOCAB:].max()) if len(row) > REAL_VOCAB else -np.inf for row in logits)
+        )
         same += next((i for i, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
     return same, top_pad
 
 
 @pytest.mark.parametrize("ftype", ["q8_0", "q4_k_m"])
-def test_quantized_targets_keep_the_text(pair, reference: GreedyReference, tmp_path: Path,  # type: ignore[no-untyped-def]
-                                         ftype: str) -> None:
+def test_quantized_targets_keep_the_text(
+    pair,
+    reference: GreedyReference,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+    ftype: str,
+) -> None:
     """Quantized, the inflated target is not bit-for-bit tinycode's quantized the same way (its blocks
     group other values), so it is held to that: its greedy text agrees with tinycode's F16 text about as
     long as tinycode's own quantization does, and padded tokens stay out."""
@@ -100,8 +112,15 @@ def test_quantized_targets_keep_the_text(pair, reference: GreedyReference, tmp_p
     llama_quantize(TARGET, tmp_path / f"tinycode-{ftype}.gguf", parse_outtype(ftype))
     baseline, _ = _same_prefix(reference, GreedyReference(tmp_path / f"tinycode-{ftype}.gguf"))
     same, top_pad = _same_prefix(reference, GreedyReference(pair.targets[ftype]))
-    record(f"inflate_{ftype}", {"same_prefix_tokens": same, "tinycode_quantized_same_prefix_tokens": baseline,
-                                "tokens": 10 * N_TOKENS, "max_padded_logit": top_pad})
+    record(
+        f"inflate_{ftype}",
+        {
+            "same_prefix_tokens": same,
+            "tinycode_quantized_same_prefix_tokens": baseline,
+            "tokens": 10 * N_TOKENS,
+            "max_padded_logit": top_pad,
+        },
+    )
     assert same >= 0.7 * baseline, (same, baseline)
     assert top_pad < -1e3
 

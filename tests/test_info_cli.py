@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from draft_gguf import write_draft_gguf
 
 _BIN_DIR = Path(sys.executable).parent
@@ -28,8 +27,13 @@ def _dflash_exe() -> str:
 
 
 def run_info(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([_dflash_exe(), "info", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [_dflash_exe(), "info", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 def _by_type(tensors: dict[str, np.ndarray]) -> dict[str, int]:
@@ -44,8 +48,9 @@ def _by_type(tensors: dict[str, np.ndarray]) -> dict[str, int]:
 def files(tmp_path_factory):
     d = tmp_path_factory.mktemp("info")
     v2 = d / "v2-f16.gguf"
-    t2 = write_draft_gguf(v2, version=2, dtype=np.float16, block_size=16, target_layers=(1, 3, 5),
-                          n_layer=3, mask_token_id=7, n_vocab=300)
+    t2 = write_draft_gguf(
+        v2, version=2, dtype=np.float16, block_size=16, target_layers=(1, 3, 5), n_layer=3, mask_token_id=7, n_vocab=300
+    )
     v1 = d / "v1.gguf"
     t1 = write_draft_gguf(v1, version=1, block_size=4, target_layers=(2, 5))
     return {"v2": (v2, t2), "v1": (v1, t1)}
@@ -100,7 +105,11 @@ def test_json_numbers_equal_what_was_written(files, which):
         "target_layers": [1, 3, 5] if version == 2 else [2, 5],
         "mask_token_id": 7 if version == 2 else 1,
         "n_layer": 3 if version == 2 else 2,
-        "n_embd": 64, "n_head": 4, "n_head_kv": 2, "head_dim": 16, "n_ff": 128,
+        "n_embd": 64,
+        "n_head": 4,
+        "n_head_kv": 2,
+        "head_dim": 16,
+        "n_ff": 128,
         "n_vocab": 300 if version == 2 else 256,
         "target_hidden": 64,
         "context_length": 4096,

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from dflash_convert import Options, convert
 
 VERSION = "0.3.36"
@@ -91,9 +92,22 @@ def running_server(
 ) -> Iterator[str]:
     port = free_port()
     cmd = [
-        str(binary), "-m", str(target),
-        "--host", "127.0.0.1", "--port", str(port),
-        "-c", "1024", "-np", "1", "-t", "2", "--seed", "0", *(extra_args or []),
+        str(binary),
+        "-m",
+        str(target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        "1024",
+        "-np",
+        "1",
+        "-t",
+        "2",
+        "--seed",
+        "0",
+        *(extra_args or []),
     ]
     if draft is not None:
         cmd += ["-md", str(draft), "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"]
@@ -104,9 +118,7 @@ def running_server(
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while True:
                 if proc.poll() is not None:
-                    raise AssertionError(
-                        f"llama-server exited with {proc.returncode} during startup:\n{_tail(log)}"
-                    )
+                    raise AssertionError(f"llama-server exited with {proc.returncode} during startup:\n{_tail(log)}")
                 try:
                     status, _ = http_json(base + "/health", timeout=5)
                     if status == 200:
@@ -156,7 +168,9 @@ def prompts(tinycode: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def plain_completions(llama_server: Path, tinycode: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def plain_completions(
+    llama_server: Path, tinycode: Path, tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
     """The target alone (no drafter), greedy."""
     log = tmp_path_factory.mktemp("server") / "server-plain.log"
     with running_server(llama_server, tinycode / "target-f16.gguf", log) as base:
@@ -170,8 +184,16 @@ def test_llama_server_drafts_with_converted_drafter(
     outtype, _, embed = variant.partition("+")
     target = tinycode / "target-f16.gguf"
     draft = tmp_path / f"tinycode-dflash2-{outtype}.gguf"
-    convert(Options(draft_dir=tinycode / "drafter-dflash2", target=target, outfile=draft,
-                    outtype=outtype, progress=False, embed_target_head=bool(embed)))
+    convert(
+        Options(
+            draft_dir=tinycode / "drafter-dflash2",
+            target=target,
+            outfile=draft,
+            outtype=outtype,
+            progress=False,
+            embed_target_head=bool(embed),
+        )
+    )
     extra = QUANTIZED_ARGS if outtype not in ("f32", "f16", "bf16") else []
     log = tmp_path / "server-draft.log"
     with running_server(llama_server, target, log, draft=draft, extra_args=extra) as base:
@@ -196,22 +218,30 @@ def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
     """llama-server's /infill and ours (`dflash serve`), the same FIM-capable target, context and batch: the
     same prompt (llama-server echoes it as text), token count and greedy middle, with the repository
     context of input_extra, and with a prefix and a suffix longer than the batch lets either keep."""
-    from dflash_gguf import SpeculativeLlama
-    from dflash_gguf.server import serving
     from tinycode import drafter_gguf, fim_target_gguf
 
-    texts = prompts(tinycode) + [json.loads(line)["text"] for line in
-                                 (tinycode / "prompts.jsonl").read_text().splitlines()[N_PROMPTS:N_PROMPTS + 3]]
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    texts = prompts(tinycode) + [
+        json.loads(line)["text"]
+        for line in (tinycode / "prompts.jsonl").read_text().splitlines()[N_PROMPTS : N_PROMPTS + 3]
+    ]
     bodies = [
-        {"input_prefix": "import os\n\n\ndef read_config(path):\n    ", "input_suffix": "\n    return config\n",
-         "prompt": "with", "input_extra": [{"filename": "util.py", "text": texts[0]}, {"text": texts[1]}]},
+        {
+            "input_prefix": "import os\n\n\ndef read_config(path):\n    ",
+            "input_suffix": "\n    return config\n",
+            "prompt": "with",
+            "input_extra": [{"filename": "util.py", "text": texts[0]}, {"text": texts[1]}],
+        },
         {"input_prefix": "".join(texts[:4]), "input_suffix": "".join(texts[4:])},  # > 3/4 and > 1/4 of 256
     ]
     target = fim_target_gguf()
     batch = ["-b", "256", "-ub", "256"]
-    with running_server(llama_server, target, tmp_path / "infill.log", extra_args=batch) as base, \
-            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_batch=256, n_threads=2,
-                             n_max=3) as llm:
+    with (
+        running_server(llama_server, target, tmp_path / "infill.log", extra_args=batch) as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_batch=256, n_threads=2, n_max=3) as llm,
+    ):
         with serving(llm, "ours") as port:
             ours_base = f"http://127.0.0.1:{port}"
             for body in bodies:
@@ -221,8 +251,9 @@ def test_infill_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
                 status, ours = http_json(ours_base + "/infill", req)
                 assert status == 200, ours
                 assert ours["tokens_evaluated"] == theirs["tokens_evaluated"]
-                tokens = llm.infill_tokens(body["input_prefix"], body["input_suffix"], body.get("prompt", ""),
-                                           body.get("input_extra", ()))
+                tokens = llm.infill_tokens(
+                    body["input_prefix"], body["input_suffix"], body.get("prompt", ""), body.get("input_extra", ())
+                )
                 assert len(tokens) == ours["tokens_evaluated"]
                 # llama-server echoes its prompt through llama_detokenize (which cleans spaces: " 'm" -> "'m")
                 assert libllama_text(target, tokens) == theirs["prompt"]
@@ -252,26 +283,36 @@ def libllama_text(model: Path, tokens: list[int]) -> str:
 def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
     """llama-server's /completion, /tokenize and /detokenize and ours on the same target: the same tokens,
     pieces and text, and the same greedy completion and token counts."""
-    from dflash_gguf import SpeculativeLlama
-    from dflash_gguf.server import serving
     from tinycode import drafter_gguf
 
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
     target = tinycode / "target-f16.gguf"
-    with running_server(llama_server, target, tmp_path / "native.log") as base, \
-            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm:
+    with (
+        running_server(llama_server, target, tmp_path / "native.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+    ):
         with serving(llm, "ours") as port:
             ours_base = f"http://127.0.0.1:{port}"
             for text in prompts(tinycode):
-                for path, body in (("/tokenize", {"content": text}),
-                                   ("/tokenize", {"content": text + "<|endoftext|>", "with_pieces": True}),
-                                   ("/tokenize", {"content": "<|endoftext|>x", "parse_special": False})):
+                for path, body in (
+                    ("/tokenize", {"content": text}),
+                    ("/tokenize", {"content": text + "<|endoftext|>", "with_pieces": True}),
+                    ("/tokenize", {"content": "<|endoftext|>x", "parse_special": False}),
+                ):
                     assert http_json(ours_base + path, body) == http_json(base + path, body), (path, body)
                 ids = http_json(base + "/tokenize", {"content": text})[1]["tokens"]
                 body = {"tokens": ids + [0]}
                 assert http_json(ours_base + "/detokenize", body) == http_json(base + "/detokenize", body)
                 for ignore_eos in (False, True):
-                    req = {"prompt": text, "n_predict": N_PREDICT, "temperature": 0.0, "cache_prompt": False,
-                           "ignore_eos": ignore_eos}
+                    req = {
+                        "prompt": text,
+                        "n_predict": N_PREDICT,
+                        "temperature": 0.0,
+                        "cache_prompt": False,
+                        "ignore_eos": ignore_eos,
+                    }
                     _, theirs = http_json(base + "/completion", req)
                     _, ours = http_json(ours_base + "/completion", req)
                     assert ours["content"] == theirs["content"]
@@ -286,30 +327,55 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
                 assert out["tokens_predicted"] == 200, server_base
 
 
-@pytest.mark.parametrize(("template", "extra"), [
-    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", {}),  # the template opens <think>: the reply is thinking
-    ("Qwen-Qwen3-0.6B", {}),
-    ("Qwen-Qwen3-0.6B", {"chat_template_kwargs": {"enable_thinking": False}}),  # <think></think> in the prompt
-    ("Qwen-Qwen3-0.6B", {"reasoning_effort": "none"}),
-    ("Qwen-Qwen3-0.6B", {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": "string"}}}}}]}),
-])
-def test_chat_replies_are_llama_server_s(llama_server: Path, template: str, extra: dict[str, Any],
-                                         tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("template", "extra"),
+    [
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", {}),  # the template opens <think>: the reply is thinking
+        ("Qwen-Qwen3-0.6B", {}),
+        ("Qwen-Qwen3-0.6B", {"chat_template_kwargs": {"enable_thinking": False}}),  # <think></think> in the prompt
+        ("Qwen-Qwen3-0.6B", {"reasoning_effort": "none"}),
+        (
+            "Qwen-Qwen3-0.6B",
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "get_weather",
+                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                        },
+                    }
+                ]
+            },
+        ),
+    ],
+)
+def test_chat_replies_are_llama_server_s(
+    llama_server: Path, template: str, extra: dict[str, Any], tmp_path: Path
+) -> None:
     """The tinycode target dressed in real model chat templates: llama-server (--jinja, its default
     reasoning format) and `dflash serve` render the same prompt (token count) and hand out the same greedy
     reply, thinking in reasoning_content, for each template option a client sends."""
-    from dflash_gguf import SpeculativeLlama
-    from dflash_gguf.server import serving
     from tinycode import chat_target_gguf, drafter_gguf
 
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
     target = chat_target_gguf(template)
-    req = {"messages": [{"role": "system", "content": "You write Python."},
-                        {"role": "user", "content": "def parse_args(argv):"}],
-           "max_tokens": N_PREDICT, "temperature": 0.0, **extra}
-    with running_server(llama_server, target, tmp_path / "chat.log") as base, \
-            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm, \
-            serving(llm, "ours") as port:
+    req = {
+        "messages": [
+            {"role": "system", "content": "You write Python."},
+            {"role": "user", "content": "def parse_args(argv):"},
+        ],
+        "max_tokens": N_PREDICT,
+        "temperature": 0.0,
+        **extra,
+    }
+    with (
+        running_server(llama_server, target, tmp_path / "chat.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
         ours_base = f"http://127.0.0.1:{port}"
         assert http_json(ours_base + "/apply-template", req) == http_json(base + "/apply-template", req)
         status, theirs = http_json(base + "/v1/chat/completions", req)
@@ -352,24 +418,29 @@ def test_openai_usage_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_
     request left in the prompt cache (llama-server's --cache-ram is on by default, ours given one);
     streamed usage (stream_options.include_usage) and the native tokens_predicted alike; a
     system_fingerprint each."""
+    from tinycode import drafter_gguf
+
     from dflash_gguf import SpeculativeLlama
     from dflash_gguf.server import serving
-    from tinycode import drafter_gguf
 
     target = tinycode / "target-f16.gguf"
     ends_now = 'if __name__ == "__main__":\n    main()\n'  # greedy: the end of text at once
     ends_soon = 'def main():\n    pass\n\n\nif __name__ == "__main__":\n    main'  # "()\n", then the end
     greedy = {"temperature": 0.0, "max_tokens": 24}
-    requests = [("/v1/completions", {"prompt": ends_now, **greedy}),
-                ("/v1/completions", {"prompt": ends_now, **greedy}),
-                ("/v1/completions", {"prompt": ends_soon, **greedy}),
-                ("/v1/completions", {"prompt": ends_soon + "()\n", **greedy}),
-                ("/v1/completions", {"prompt": prompts(tinycode)[0], **greedy}),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b):"}], **greedy}),
-                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b):"}], **greedy})]
-    with running_server(llama_server, target, tmp_path / "usage.log") as base, \
-            SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm, \
-            serving(llm, "ours") as port:
+    requests = [
+        ("/v1/completions", {"prompt": ends_now, **greedy}),
+        ("/v1/completions", {"prompt": ends_now, **greedy}),
+        ("/v1/completions", {"prompt": ends_soon, **greedy}),
+        ("/v1/completions", {"prompt": ends_soon + "()\n", **greedy}),
+        ("/v1/completions", {"prompt": prompts(tinycode)[0], **greedy}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b):"}], **greedy}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "def add(a, b):"}], **greedy}),
+    ]
+    with (
+        running_server(llama_server, target, tmp_path / "usage.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
         import llama_cpp
 
         llm.set_cache(llama_cpp.LlamaRAMCache(capacity_bytes=256 << 20))  # `dflash serve --cache-ram 256`
@@ -381,13 +452,19 @@ def test_openai_usage_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_
                 assert status == 200, out
                 assert isinstance(out["system_fingerprint"], str) and out["system_fingerprint"]
                 got.append((out["usage"], out["choices"][0]["finish_reason"]))
-            usage_chunks = sse_usage(server_base + "/v1/completions",
-                                     {"prompt": ends_soon, **greedy, "stream": True,
-                                      "stream_options": {"include_usage": True}})
+            usage_chunks = sse_usage(
+                server_base + "/v1/completions",
+                {"prompt": ends_soon, **greedy, "stream": True, "stream_options": {"include_usage": True}},
+            )
             got.append(usage_chunks)
-            got.append({k: http_json(server_base + "/completion", {"prompt": ends_now, "n_predict": 24,
-                                                                    "temperature": 0.0})[1][k]
-                        for k in ("tokens_predicted", "tokens_evaluated")})
+            got.append(
+                {
+                    k: http_json(
+                        server_base + "/completion", {"prompt": ends_now, "n_predict": 24, "temperature": 0.0}
+                    )[1][k]
+                    for k in ("tokens_predicted", "tokens_evaluated")
+                }
+            )
         ours, theirs = answers[f"http://127.0.0.1:{port}"], answers[base]
     assert ours == theirs
     assert ours[0][0]["completion_tokens"] == 1 and ours[1][0]["prompt_tokens_details"]["cached_tokens"] > 0
@@ -401,6 +478,6 @@ def sse_usage(url: str, payload: dict[str, Any]) -> list[Any]:
     with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
         for line in resp.read().decode().splitlines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[len("data: "):])
+                chunk = json.loads(line[len("data: ") :])
                 out.append(("system_fingerprint" in chunk, chunk.get("usage")))
     return [u for u in out if u[1] is not None] + [all(f for f, _ in out)]

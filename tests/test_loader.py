@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+from draft_gguf import GGUFValueType as T
+from draft_gguf import typed, write_draft_gguf
 from gguf import GGUFReader
 
 import dflash_gguf
 from dflash_gguf import DFlashError
-from draft_gguf import GGUFValueType as T
-from draft_gguf import typed, write_draft_gguf
 
 TARGET = Path(__file__).resolve().parent.parent / "examples" / "tinycode" / "target-f16.gguf"
 TESTS_DIR = Path(__file__).resolve().parent
@@ -72,6 +72,7 @@ def draft(tmp_path):
 # valid files
 # ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("version", [1, 2])
 @pytest.mark.parametrize("fn", ["inspect_draft", "load_draft"])
 def test_valid_draft_reports_what_was_written(tmp_path, version, fn):
@@ -85,10 +86,22 @@ def test_valid_draft_reports_what_was_written(tmp_path, version, fn):
     hp = info["hparams"]
     assert hp["version"] == version
     expect = {
-        "context_length": 4096, "n_embd": E, "n_layer": N_LAYER, "n_ff": N_FF, "n_head": N_HEAD,
-        "n_head_kv": N_HEAD_KV, "head_dim": HEAD_DIM, "n_rot": HEAD_DIM, "block_size": 8,
-        "target_layers": [2, 4], "mask_token_id": 1, "n_vocab": N_VOCAB, "target_hidden": 64,
-        "causal": False, "logit_scale": 0.0, "embedding_scale": 0.0,
+        "context_length": 4096,
+        "n_embd": E,
+        "n_layer": N_LAYER,
+        "n_ff": N_FF,
+        "n_head": N_HEAD,
+        "n_head_kv": N_HEAD_KV,
+        "head_dim": HEAD_DIM,
+        "n_rot": HEAD_DIM,
+        "block_size": 8,
+        "target_layers": [2, 4],
+        "mask_token_id": 1,
+        "n_vocab": N_VOCAB,
+        "target_hidden": 64,
+        "causal": False,
+        "logit_scale": 0.0,
+        "embedding_scale": 0.0,
     }
     if version == 2:
         expect |= {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
@@ -114,9 +127,24 @@ def test_valid_draft_reports_what_was_written(tmp_path, version, fn):
 
 def test_valid_f16_matrices_and_other_hparams(draft):
     """F16 matrices, 3 target layers, block 16, 3 draft layers, top_k at its limit (72 = 8*9)."""
-    p = draft(version=2, dtype=np.float16, n_embd=72, n_head=6, n_head_kv=3, head_dim=12, n_ff=96,
-              n_layer=3, target_layers=(1, 3, 5), target_hidden=40, block_size=16, top_k=8,
-              rank=4, conv_kernel=3, conv_group=8, mask_token_id=N_VOCAB - 1)
+    p = draft(
+        version=2,
+        dtype=np.float16,
+        n_embd=72,
+        n_head=6,
+        n_head_kv=3,
+        head_dim=12,
+        n_ff=96,
+        n_layer=3,
+        target_layers=(1, 3, 5),
+        target_hidden=40,
+        block_size=16,
+        top_k=8,
+        rank=4,
+        conv_kernel=3,
+        conv_group=8,
+        mask_token_id=N_VOCAB - 1,
+    )
     info = dflash_gguf.load_draft(str(p))
     hp = info["hparams"]
     assert (hp["n_embd"], hp["n_layer"], hp["n_head"], hp["n_head_kv"], hp["head_dim"]) == (72, 3, 6, 3, 12)
@@ -153,8 +181,13 @@ def test_vocab_from_selector_codebooks_when_no_tokens(draft):
 
 
 def test_embedded_target_head_is_reported(draft):
-    p = draft(version=1, extra_tensors={"token_embd.weight": np.zeros((N_VOCAB, E), np.float16),
-                                        "output.weight": np.zeros((N_VOCAB, E), np.float16)})
+    p = draft(
+        version=1,
+        extra_tensors={
+            "token_embd.weight": np.zeros((N_VOCAB, E), np.float16),
+            "output.weight": np.zeros((N_VOCAB, E), np.float16),
+        },
+    )
     info = dflash_gguf.load_draft(str(p))
     assert info["has_token_embd"] and info["has_output"]
     assert len(info["tensors"]) == N_TENSORS[1] + 2
@@ -163,6 +196,7 @@ def test_embedded_target_head_is_reported(draft):
 # ----------------------------------------------------------------------------
 # not a GGUF at all
 # ----------------------------------------------------------------------------
+
 
 def test_random_bytes(tmp_path):
     p = tmp_path / "random.gguf"
@@ -253,8 +287,16 @@ def _truncation_cases(layout: dict) -> dict[str, tuple[int, tuple[str, ...]]]:
     }
 
 
-TRUNCATIONS = ["3_bytes", "10_bytes", "end_of_header", "mid_metadata", "mid_tensor_info", "before_data",
-               "mid_tensor_data", "one_byte_short"]
+TRUNCATIONS = [
+    "3_bytes",
+    "10_bytes",
+    "end_of_header",
+    "mid_metadata",
+    "mid_tensor_info",
+    "before_data",
+    "mid_tensor_data",
+    "one_byte_short",
+]
 
 
 @pytest.mark.parametrize("case", TRUNCATIONS)
@@ -265,12 +307,19 @@ def test_truncated(tmp_path, full_v2, case):
     p.write_bytes(src.read_bytes()[:n])
     assert p.stat().st_size == n
 
-    child = subprocess.run([sys.executable, "-c", _CHILD, str(p)], capture_output=True, text=True, timeout=60,
-                           env={**os.environ, "PYTHONPATH": str(TESTS_DIR)})
-    assert child.returncode == 0, f"child died or did not raise (rc {child.returncode}):\n{child.stdout}\n{child.stderr}"
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(p)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(TESTS_DIR)},
+    )
+    assert child.returncode == 0, (
+        f"child died or did not raise (rc {child.returncode}):\n{child.stdout}\n{child.stderr}"
+    )
     line = [ln for ln in child.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(line) == 1, child.stdout
-    msgs = json.loads(line[0][len("RESULT "):])
+    msgs = json.loads(line[0][len("RESULT ") :])
     for fn in ("inspect_draft", "load_draft"):
         assert str(p) in msgs[fn]
         for f in fragments:
@@ -325,19 +374,26 @@ WRONG_TYPES = {
     "block_count_bool": ("dflash.block_count", typed(T.BOOL, True), "expected an integer, found bool"),
     "mask_token_string": ("tokenizer.ggml.mask_token_id", typed(T.STRING, "1"), "expected an integer, found string"),
     "top_k_array": ("dflash.selector_top_k", typed(T.ARRAY, [4], T.UINT32), "expected an integer, found array"),
-    "target_layers_float": ("dflash.target_layers", typed(T.FLOAT32, 2.0),
-                            "expected an array of integers, found f32"),
+    "target_layers_float": ("dflash.target_layers", typed(T.FLOAT32, 2.0), "expected an array of integers, found f32"),
     "target_layers_int": ("dflash.target_layers", typed(T.UINT32, 2), "expected an array of integers, found u32"),
-    "target_layers_float_array": ("dflash.target_layers", typed(T.ARRAY, [2.0, 4.0], T.FLOAT32),
-                                  "found an array of f32"),
-    "target_layers_string_array": ("dflash.target_layers", typed(T.ARRAY, ["2", "4"], T.STRING),
-                                   "found an array of string"),
-    "rms_eps_int": ("dflash.attention.layer_norm_rms_epsilon", typed(T.UINT32, 1),
-                    "expected a float (f32), found u32"),
+    "target_layers_float_array": (
+        "dflash.target_layers",
+        typed(T.ARRAY, [2.0, 4.0], T.FLOAT32),
+        "found an array of f32",
+    ),
+    "target_layers_string_array": (
+        "dflash.target_layers",
+        typed(T.ARRAY, ["2", "4"], T.STRING),
+        "found an array of string",
+    ),
+    "rms_eps_int": ("dflash.attention.layer_norm_rms_epsilon", typed(T.UINT32, 1), "expected a float (f32), found u32"),
     "rope_base_string": ("dflash.rope.freq_base", typed(T.STRING, "1e6"), "expected a float (f32), found string"),
     "architecture_int": ("general.architecture", typed(T.UINT32, 7), "expected a string, found u32"),
-    "architecture_array": ("general.architecture", typed(T.ARRAY, ["dflash"], T.STRING),
-                           "expected a string, found array"),
+    "architecture_array": (
+        "general.architecture",
+        typed(T.ARRAY, ["dflash"], T.STRING),
+        "expected a string, found array",
+    ),
     "causal_int": ("dflash.attention.causal", typed(T.INT32, 1), "expected a bool, found i32"),
     "tokens_string": ("tokenizer.ggml.tokens", typed(T.STRING, "abc"), "expected an array, found string"),
 }
@@ -361,7 +417,7 @@ BAD_VALUES = {
     "value_length_differs": ("dflash.attention.value_length", 32, "expected 16 (= key_length), found 32"),
     "mask_token_negative": ("tokenizer.ggml.mask_token_id", typed(T.INT32, -1), "value -1 is out of range"),
     "sliding_window": ("dflash.attention.sliding_window", 512, "not supported"),
-    "rope_scaling_yarn": ("dflash.rope.scaling.type", "yarn", "only \"linear\" and \"none\""),
+    "rope_scaling_yarn": ("dflash.rope.scaling.type", "yarn", 'only "linear" and "none"'),
 }
 
 
@@ -395,8 +451,10 @@ def test_bad_block_size(draft, value):
     expect_error(p, "key 'dflash.block_size'", f"value {value} is out of range", "2..32")
 
 
-@pytest.mark.parametrize("key", ["dflash.embedding_length", "dflash.feed_forward_length",
-                                 "dflash.attention.head_count", "dflash.context_length"])
+@pytest.mark.parametrize(
+    "key",
+    ["dflash.embedding_length", "dflash.feed_forward_length", "dflash.attention.head_count", "dflash.context_length"],
+)
 def test_absurd_size(draft, key):
     p = draft(version=1, key_overrides={key: 2**32 - 1})
     expect_error(p, f"key '{key}'", f"value {2**32 - 1} is out of range")
@@ -494,8 +552,13 @@ WRONG_TYPES_T = {
     "f16_norm": ("output_norm.weight", (E,), np.float16, "type f16 is not allowed", "must be F32"),
     "f16_q_norm": ("blk.1.attn_q_norm.weight", (HEAD_DIM,), np.float16, "type f16 is not allowed", "must be F32"),
     "f16_conv_base": ("blk.0.ffn_conv_base", (2, 2, E), np.float16, "type f16 is not allowed", "must be F32"),
-    "i32_matrix": ("blk.0.attn_v.weight", (N_HEAD_KV * HEAD_DIM, E), np.int32, "type i32 is not allowed",
-                   "expected F32/F16/BF16"),
+    "i32_matrix": (
+        "blk.0.attn_v.weight",
+        (N_HEAD_KV * HEAD_DIM, E),
+        np.int32,
+        "type i32 is not allowed",
+        "expected F32/F16/BF16",
+    ),
     "f64_fc": ("fc.weight", (E, 128), np.float64, "type f64 is not allowed", "expected F32/F16/BF16"),
 }
 
@@ -528,15 +591,22 @@ def test_layer_count_larger_than_tensors(draft):
 
 
 def test_embedded_head_with_wrong_vocab(draft):
-    p = draft(version=1, extra_tensors={"token_embd.weight": np.zeros((N_VOCAB, E), np.float32),
-                                        "output.weight": np.zeros((N_VOCAB + 1, E), np.float32)})
-    expect_error(p, "tensor 'output.weight'", f"expected shape (ggml ne) {{{E}, {N_VOCAB}}}",
-                 f"found {{{E}, {N_VOCAB + 1}}}")
+    p = draft(
+        version=1,
+        extra_tensors={
+            "token_embd.weight": np.zeros((N_VOCAB, E), np.float32),
+            "output.weight": np.zeros((N_VOCAB + 1, E), np.float32),
+        },
+    )
+    expect_error(
+        p, "tensor 'output.weight'", f"expected shape (ggml ne) {{{E}, {N_VOCAB}}}", f"found {{{E}, {N_VOCAB + 1}}}"
+    )
 
 
 # ----------------------------------------------------------------------------
 # pairing with the bundled target (vocab 2048, hidden 256, 6 layers)
 # ----------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def tiny_target() -> str:
@@ -588,6 +658,7 @@ def test_drafter_opens_and_drafts_without_context(draft, tiny_target, version):
 # edge cases of the loader's checks: files it must accept, and inputs it must reject with a clear error
 # ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("kw", [{"rank": 1}, {"n_ff": 1}], ids=["selector_rank_1", "n_ff_1"])
 def test_valid_tensor_with_trailing_unit_dim_is_accepted(draft, kw):
     p = draft(version=2, **kw)
@@ -595,8 +666,14 @@ def test_valid_tensor_with_trailing_unit_dim_is_accepted(draft, kw):
 
 
 def test_head_dim_zero_is_rejected(draft):
-    p = draft(version=1, n_embd=E, n_head=128, n_head_kv=128, head_dim=1,
-              drop_keys=["dflash.attention.key_length", "dflash.attention.value_length", "tokenizer.ggml.tokens"])
+    p = draft(
+        version=1,
+        n_embd=E,
+        n_head=128,
+        n_head_kv=128,
+        head_dim=1,
+        drop_keys=["dflash.attention.key_length", "dflash.attention.value_length", "tokenizer.ggml.tokens"],
+    )
     expect_error(p, "key_length")
 
 

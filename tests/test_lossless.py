@@ -22,7 +22,6 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import SpeculativeLlama  # noqa: E402
 from tinycode import (  # noqa: E402
     N_CTX,
     TARGET,
@@ -35,9 +34,11 @@ from tinycode import (  # noqa: E402
     record,
 )
 
-EPS = 1e-2          # top-2 logit margin below which a divergence counts as a near-tie
-N_NEW = 128         # tokens per prompt
-MAX_TIES = 5        # more near-ties than this over 20 prompts would mean a systematic numeric drift
+from dflash_gguf import SpeculativeLlama  # noqa: E402
+
+EPS = 1e-2  # top-2 logit margin below which a divergence counts as a near-tie
+N_NEW = 128  # tokens per prompt
+MAX_TIES = 5  # more near-ties than this over 20 prompts would mean a systematic numeric drift
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +67,9 @@ def spec_random() -> SpeculativeLlama:
     return _spec(str(random_drafter_gguf()))
 
 
-def _run_all(spec: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]], label: str,
-             plain: bool = False) -> dict[str, Any]:
+def _run_all(
+    spec: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]], label: str, plain: bool = False
+) -> dict[str, Any]:
     problems: list[str] = []
     ties = []
     steps = plain_steps = drafted = accepted = emitted = 0
@@ -101,15 +103,18 @@ def _run_all(spec: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]
     }
     record(f"lossless_{label}", summary)
     margins = ", ".join(f"{t.prompt}@{t.index}: {t.margin:.5f}" for t in ties) or "none"
-    print(f"\n[lossless {label}] {emitted} tokens, {steps} target passes ({plain_steps} plain), "
-          f"mean accepted length {summary['mean_accepted_length']:.2f}, "
-          f"acceptance {accepted}/{drafted}; near-ties {len(ties)} ({margins})")
+    print(
+        f"\n[lossless {label}] {emitted} tokens, {steps} target passes ({plain_steps} plain), "
+        f"mean accepted length {summary['mean_accepted_length']:.2f}, "
+        f"acceptance {accepted}/{drafted}; near-ties {len(ties)} ({margins})"
+    )
     return summary
 
 
 @pytest.mark.parametrize("n_max", [7, 3, 1])
-def test_greedy_lossless_bundled(spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]],
-                                 n_max: int) -> None:
+def test_greedy_lossless_bundled(
+    spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]], n_max: int
+) -> None:
     spec_bundled.n_max = n_max
     assert spec_bundled.n_max == n_max
     try:
@@ -125,8 +130,9 @@ def test_greedy_lossless_bundled(spec_bundled: SpeculativeLlama, ref: GreedyRefe
     assert s["mean_accepted_length"] > 1.0 + 0.35 * n_max, s["mean_accepted_length"]
 
 
-def test_greedy_lossless_auto_draft_length(spec_bundled: SpeculativeLlama, ref: GreedyReference,
-                                          ptoks: list[list[int]]) -> None:
+def test_greedy_lossless_auto_draft_length(
+    spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
+) -> None:
     """n_max="auto": the loop picks each step's draft length from measured costs; output stays exact."""
     spec_bundled.n_max = "auto"
     assert spec_bundled.n_max == "auto"
@@ -142,8 +148,9 @@ def test_greedy_lossless_auto_draft_length(spec_bundled: SpeculativeLlama, ref: 
     assert all(c > 0.0 for c in ctl["expected_step_ms"]), ctl
 
 
-def test_greedy_lossless_random_drafter(spec_random: SpeculativeLlama, ref: GreedyReference,
-                                        ptoks: list[list[int]]) -> None:
+def test_greedy_lossless_random_drafter(
+    spec_random: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
+) -> None:
     """An untrained drafter: almost nothing is accepted, the fallback decodes plainly, output still exact."""
     s = _run_all(spec_random, ref, ptoks, "random_drafter")
     assert not s["problems"], "\n".join(s["problems"])
@@ -165,8 +172,7 @@ def test_auto_stops_drafting_an_untrained_drafter(ref: GreedyReference, ptoks: l
     assert 1 <= drafted_steps <= 0.02 * s["steps"], (drafted_steps, s["steps"])
 
 
-def test_auto_calibrates_its_costs_once_before_the_first_prefill(ref: GreedyReference,
-                                                                 ptoks: list[list[int]]) -> None:
+def test_auto_calibrates_its_costs_once_before_the_first_prefill(ref: GreedyReference, ptoks: list[list[int]]) -> None:
     """n_max="auto" times a plain decode and every draft length on placeholder tokens before its first
     prefill, then clears that state: the first request starts with every choice priced (rather than
     exploring each draft length inside it, 4-5 steps apiece) and decodes as plain decoding does. Only
@@ -201,8 +207,9 @@ def test_greedy_lossless_quantized_drafter(outtype: str, ref: GreedyReference, p
     assert s["mean_accepted_length"] > 2.0, s["mean_accepted_length"]
 
 
-def test_plain_cpp_loop_matches_reference(spec_bundled: SpeculativeLlama, ref: GreedyReference,
-                                          ptoks: list[list[int]]) -> None:
+def test_plain_cpp_loop_matches_reference(
+    spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
+) -> None:
     """plain=True (the C++ one-token loop, no drafting) is the same decoding as llama_cpp's."""
     s = _run_all(spec_bundled, ref, ptoks, "plain_cpp", plain=True)
     assert not s["problems"], "\n".join(s["problems"])
@@ -212,6 +219,7 @@ def test_plain_cpp_loop_matches_reference(spec_bundled: SpeculativeLlama, ref: G
 # --------------------------------------------------------------------------- #
 # prompt-prefix reuse and rollback
 # --------------------------------------------------------------------------- #
+
 
 def _lcp(a: list[int], b: list[int]) -> int:
     n = 0
@@ -225,8 +233,9 @@ def _check(ref: GreedyReference, prompt: list[int], ours: list[int], n: int, nam
     assert not problems, "\n".join(problems)
 
 
-def test_prefix_reuse_matches_plain(spec_bundled: SpeculativeLlama, ref: GreedyReference,
-                                    ptoks: list[list[int]]) -> None:
+def test_prefix_reuse_matches_plain(
+    spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
+) -> None:
     n = 48
     a = ptoks[5]
     out_a = list(spec_bundled.generate_tokens(a, max_tokens=n))
@@ -256,8 +265,11 @@ def test_prefix_reuse_matches_plain(spec_bundled: SpeculativeLlama, ref: GreedyR
 def test_rollback_gives_identical_outputs(spec_bundled: SpeculativeLlama, ptoks: list[list[int]]) -> None:
     """A, then an unrelated prompt, then A again: identical outputs, greedy and seeded sampling."""
     a, other = ptoks[2], ptoks[13]
-    for kw in ({"temperature": 0.0}, {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7},
-               {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 123}):
+    for kw in (
+        {"temperature": 0.0},
+        {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 7},
+        {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "seed": 123},
+    ):
         first = list(spec_bundled.generate_tokens(a, max_tokens=64, **kw))
         list(spec_bundled.generate_tokens(other, max_tokens=64, **kw))
         again = list(spec_bundled.generate_tokens(a, max_tokens=64, **kw))
@@ -280,8 +292,9 @@ def test_one_hot_sampling_is_greedy(spec_bundled: SpeculativeLlama, ptoks: list[
         assert list(spec_bundled.generate_tokens(toks, max_tokens=96, temperature=0.7, min_p=1.0, seed=seed)) == greedy
 
 
-def test_generation_to_a_full_context(spec_bundled: SpeculativeLlama, ref: GreedyReference,
-                                      ptoks: list[list[int]]) -> None:
+def test_generation_to_a_full_context(
+    spec_bundled: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
+) -> None:
     """max_tokens=None runs until the context is full: the last drafts are cut to fit, still exact."""
     toks = ptoks[11]
     ours = list(spec_bundled.generate_tokens(toks, max_tokens=None))

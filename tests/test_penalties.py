@@ -20,8 +20,9 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import SpeculativeLlama  # noqa: E402
 from tinycode import EOS, N_CTX, TARGET, THREADS, GreedyReference, drafter_gguf, prompts  # noqa: E402
+
+from dflash_gguf import SpeculativeLlama  # noqa: E402
 
 N_NEW = 64
 N_PROMPTS = 6
@@ -52,8 +53,9 @@ def llama_cpp_greedy(llm: Any, toks: list[int], n: int, **penalties: float) -> l
     return out
 
 
-def test_penalized_greedy_is_what_plain_decoding_emits(spec: SpeculativeLlama, llm: Any,
-                                                       ptoks: list[list[int]]) -> None:
+def test_penalized_greedy_is_what_plain_decoding_emits(
+    spec: SpeculativeLlama, llm: Any, ptoks: list[list[int]]
+) -> None:
     changed = accepted = 0
     for i, toks in enumerate(ptoks):
         ours = list(spec.generate_tokens(toks, max_tokens=N_NEW, temperature=0.0, **PENALTIES))
@@ -93,10 +95,18 @@ def test_completion_takes_llama_cpp_arguments(spec: SpeculativeLlama, llm: Any, 
     assert ours == theirs
 
 
-@pytest.mark.parametrize("bad", [dict(repeat_penalty=0.0), dict(repeat_penalty=-1.0),
-                                 dict(frequency_penalty=float("nan")), dict(logit_bias={"x": 1.0}),
-                                 dict(logit_bias={5: float("nan")}), dict(logit_bias={10**6: 1.0}),
-                                 dict(logit_bias={-1: 1.0})])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(repeat_penalty=0.0),
+        dict(repeat_penalty=-1.0),
+        dict(frequency_penalty=float("nan")),
+        dict(logit_bias={"x": 1.0}),
+        dict(logit_bias={5: float("nan")}),
+        dict(logit_bias={10**6: 1.0}),
+        dict(logit_bias={-1: 1.0}),
+    ],
+)
 def test_bad_values_raise(spec: SpeculativeLlama, ptoks: list[list[int]], bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         list(spec.generate_tokens(ptoks[0], max_tokens=4, **bad))
@@ -109,8 +119,23 @@ def test_bad_window_raises() -> None:
 
 
 def run_generate(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "dflash_gguf.cli", "generate", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
-           "-c", str(N_CTX), "-t", str(THREADS), "--n-max", "3", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "dflash_gguf.cli",
+        "generate",
+        "-m",
+        str(TARGET),
+        "-d",
+        str(drafter_gguf("f32")),
+        "-c",
+        str(N_CTX),
+        "-t",
+        str(THREADS),
+        "--n-max",
+        "3",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -118,15 +143,24 @@ def test_cli_penalties(spec: SpeculativeLlama) -> None:
     """`dflash generate --repeat-penalty/--presence-penalty/--frequency-penalty/--repeat-last-n` print what
     create_completion gives with the same settings; a bad value is a one-line error, before any text."""
     prompt = prompts()[3]["text"]
-    pen = ["--repeat-penalty", "1.3", "--presence-penalty", "0.2", "--frequency-penalty", "0.2",
-           "--repeat-last-n", "32"]
+    pen = [
+        "--repeat-penalty",
+        "1.3",
+        "--presence-penalty",
+        "0.2",
+        "--frequency-penalty",
+        "0.2",
+        "--repeat-last-n",
+        "32",
+    ]
     r = run_generate("-p", prompt, "-n", "40", "--no-stream", *pen)
     assert r.returncode == 0, r.stderr
     assert "[dflash] " in r.stderr and "Traceback" not in r.stderr
     spec.last_n_tokens_size = 32
     try:
-        want = spec.create_completion(prompt, max_tokens=40, temperature=0.0, repeat_penalty=1.3,
-                                      presence_penalty=0.2, frequency_penalty=0.2)["choices"][0]["text"]
+        want = spec.create_completion(
+            prompt, max_tokens=40, temperature=0.0, repeat_penalty=1.3, presence_penalty=0.2, frequency_penalty=0.2
+        )["choices"][0]["text"]
     finally:
         spec.last_n_tokens_size = 64
     assert r.stdout == prompt + want + "\n"

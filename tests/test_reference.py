@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
 from reference import dflash_ref
 from reference.dflash_ref import DraftReference
 from reference.qwen3_ref import Qwen3Reference
@@ -258,9 +257,7 @@ MUTANTS = [
 
 
 @pytest.mark.parametrize("name", MUTANTS)
-def test_broken_variant_fails_golden(
-    name: str, monkeypatch: pytest.MonkeyPatch, target_runs: dict[str, Any]
-) -> None:
+def test_broken_variant_fails_golden(name: str, monkeypatch: pytest.MonkeyPatch, target_runs: dict[str, Any]) -> None:
     ref = DraftReference.from_hf_dir(TINY / "drafter-dflash2", TINY / "target")
     kwargs = apply_mutant(name, monkeypatch, ref)
     case = GOLDEN["cases"][0]
@@ -443,9 +440,7 @@ def test_numpy_tensors_and_model_prefix(drafter: DraftReference, target: Qwen3Re
     }
     assert any(a.dtype == np.uint16 for a in raw.values())
     cfg = json.loads((TINY / "drafter-dflash2" / "config.json").read_text())
-    ref = DraftReference(
-        cfg, {"model." + k: v for k, v in raw.items()}, target.embed.numpy(), target.lm_head.numpy()
-    )
+    ref = DraftReference(cfg, {"model." + k: v for k, v in raw.items()}, target.embed.numpy(), target.lm_head.numpy())
     assert ref.w.keys() == drafter.w.keys()
     for k in ref.w:
         assert torch.equal(ref.w[k], drafter.w[k]), k
@@ -456,13 +451,20 @@ def test_factory_checkpoints_load_and_draft(tmp_path: Path, version: int) -> Non
     """The reference takes what tests/factories.make_checkpoint writes (sharded, `model.` prefix,
     derived target_layer_ids, a target wider than the drafter's fc input split) and drafts."""
     from factories import make_checkpoint
-
     from reference.qwen3_ref import load_safetensors_dir
 
     hidden, vocab, th = 64, 512, 48
     stored = make_checkpoint(
-        tmp_path, version=version, hidden=hidden, vocab=vocab, target_hidden=th, shards=2, prefix="model.",
-        target_layer_ids=None, n_target_layers=8, n_layers=3,
+        tmp_path,
+        version=version,
+        hidden=hidden,
+        vocab=vocab,
+        target_hidden=th,
+        shards=2,
+        prefix="model.",
+        target_layer_ids=None,
+        n_target_layers=8,
+        n_layers=3,
     )
     cfg = json.loads((tmp_path / "config.json").read_text())
     g = torch.Generator().manual_seed(1)

@@ -38,8 +38,8 @@ import pytest
 from dflash_gguf import _core
 
 N_DRAWS = 200_000
-ALPHA = 1e-6          # per chi-square test; the tests are seeded, so this only guards against unlucky seeds
-TV_BOUND = 0.01       # a correct sampler on <= 16 tokens with 2e5 draws has TV ~ 3e-3
+ALPHA = 1e-6  # per chi-square test; the tests are seeded, so this only guards against unlucky seeds
+TV_BOUND = 0.01  # a correct sampler on <= 16 tokens with 2e5 draws has TV ~ 3e-3
 
 
 def chi2_crit(df: int, alpha: float = ALPHA) -> float:
@@ -85,6 +85,7 @@ def tv(a: np.ndarray, b: np.ndarray) -> float:
 # 1. the rejection step
 # --------------------------------------------------------------------------- #
 
+
 def _norm(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float64)
     return (x / x.sum()).astype(np.float32)
@@ -95,10 +96,14 @@ _r = np.random.default_rng(42)
 _base = _norm(_r.dirichlet(np.ones(V)))
 CASES: dict[str, tuple[np.ndarray, np.ndarray]] = {
     "equal": (_base, _base.copy()),
-    "disjoint": (_norm(np.r_[_r.dirichlet(np.ones(6)), np.zeros(6)]),
-                 _norm(np.r_[np.zeros(6), _r.dirichlet(np.ones(6))])),
-    "overlapping": (_norm([0.30, 0.22, 0.15, 0.10, 0.08, 0.06, 0.05, 0.04, 0, 0, 0, 0]),
-                    _norm([0.02, 0.05, 0.30, 0.03, 0.20, 0.01, 0.04, 0.05, 0.10, 0.10, 0.05, 0.05])),
+    "disjoint": (
+        _norm(np.r_[_r.dirichlet(np.ones(6)), np.zeros(6)]),
+        _norm(np.r_[np.zeros(6), _r.dirichlet(np.ones(6))]),
+    ),
+    "overlapping": (
+        _norm([0.30, 0.22, 0.15, 0.10, 0.08, 0.06, 0.05, 0.04, 0, 0, 0, 0]),
+        _norm([0.02, 0.05, 0.30, 0.03, 0.20, 0.01, 0.04, 0.05, 0.10, 0.10, 0.05, 0.05]),
+    ),
     "one_hot_p": (_norm(np.eye(V)[4]), _norm(_r.dirichlet(np.ones(V)))),
     "one_hot_q": (_norm(_r.dirichlet(np.ones(V))), _norm(np.eye(V)[4])),
     "q_sharper": (_norm(np.exp(np.linspace(1.0, 0.0, V))), _norm(np.exp(np.linspace(4.0, 0.0, V)))),
@@ -137,8 +142,11 @@ def out_always_accept(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return q.astype(np.float64)
 
 
-WRONG = {"residual_from_p": out_residual_from_p, "accept_q_over_p": out_accept_q_over_p,
-         "always_accept": out_always_accept}
+WRONG = {
+    "residual_from_p": out_residual_from_p,
+    "accept_q_over_p": out_accept_q_over_p,
+    "always_accept": out_always_accept,
+}
 
 
 def simulate(p: np.ndarray, q: np.ndarray, rule: str, n: int, seed: int) -> np.ndarray:
@@ -199,10 +207,20 @@ def test_rejection_step_is_exact(case: str) -> None:
 
     pp = p.astype(np.float64) / p.sum()
     stat, df = chi2_one_sample(counts[pp > 0], pp[pp > 0]) if (pp > 0).sum() > 1 else (0.0, 0)
-    record(f"rejection_{case}", {
-        "draws": N_DRAWS, "tv": tv(counts / N_DRAWS, pp), "tv_bound": TV_BOUND, "chi2": stat, "df": df,
-        "chi2_crit": chi2_crit(df), "accept_rate": n_acc / N_DRAWS, "sum_min_pq": a,
-        "wrong_rule_tv_from_p": {k: tv(law(p, q), pp) for k, law in WRONG.items()}})
+    record(
+        f"rejection_{case}",
+        {
+            "draws": N_DRAWS,
+            "tv": tv(counts / N_DRAWS, pp),
+            "tv_bound": TV_BOUND,
+            "chi2": stat,
+            "df": df,
+            "chi2_crit": chi2_crit(df),
+            "accept_rate": n_acc / N_DRAWS,
+            "sum_min_pq": a,
+            "wrong_rule_tv_from_p": {k: tv(law(p, q), pp) for k, law in WRONG.items()},
+        },
+    )
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -250,6 +268,7 @@ def test_rejection_step_details() -> None:
 # 2. target_distribution
 # --------------------------------------------------------------------------- #
 
+
 def np_llama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
     """llama.cpp's / llama-cpp-python's chain: top_k, top_p, min_p on the raw logits, then temperature."""
     lg = logits.astype(np.float64)
@@ -273,8 +292,9 @@ def np_llama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     return out
 
 
-def run_libllama_chain(logits: np.ndarray, samplers: list[Any],
-                       accepted: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+def run_libllama_chain(
+    logits: np.ndarray, samplers: list[Any], accepted: Sequence[int] = ()
+) -> tuple[np.ndarray, np.ndarray]:
     """Apply a libllama sampler chain of `samplers` (which it then owns) to `logits`, after it accepted
     `accepted`; returns the surviving ids and their logits."""
     from llama_cpp import llama_cpp as llc
@@ -302,10 +322,16 @@ def libllama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
     """The distribution libllama's sampler chain samples from, built as llama_cpp.Llama._init_sampler does."""
     from llama_cpp import llama_cpp as llc
 
-    ids, lg = run_libllama_chain(logits, [
-        llc.llama_sampler_init_top_k(top_k), llc.llama_sampler_init_typical(1.0, 1),
-        llc.llama_sampler_init_top_p(top_p, 1), llc.llama_sampler_init_min_p(min_p, 1),
-        llc.llama_sampler_init_temp(temperature)])
+    ids, lg = run_libllama_chain(
+        logits,
+        [
+            llc.llama_sampler_init_top_k(top_k),
+            llc.llama_sampler_init_typical(1.0, 1),
+            llc.llama_sampler_init_top_p(top_p, 1),
+            llc.llama_sampler_init_min_p(min_p, 1),
+            llc.llama_sampler_init_temp(temperature),
+        ],
+    )
     pr = np.exp(lg - lg.max())
     out = np.zeros(len(logits))
     out[ids] = pr / pr.sum()
@@ -313,15 +339,35 @@ def libllama_chain(logits: np.ndarray, temperature: float, top_k: int, top_p: fl
 
 
 _lr = np.random.default_rng(5)
-LOGITS = [(2.0 * _lr.standard_normal(64)).astype(np.float32), (0.5 * _lr.standard_normal(300)).astype(np.float32),
-          np.sort(3.0 * _lr.standard_normal(40)).astype(np.float32)[::-1].copy()]
+LOGITS = [
+    (2.0 * _lr.standard_normal(64)).astype(np.float32),
+    (0.5 * _lr.standard_normal(300)).astype(np.float32),
+    np.sort(3.0 * _lr.standard_normal(40)).astype(np.float32)[::-1].copy(),
+]
 # parameter sets on which the order of temperature vs the top-p / min-p cuts does not matter
-ORDER_FREE = [(1.0, 0, 1.0, 0.0), (0.5, 0, 1.0, 0.0), (2.0, 0, 1.0, 0.0), (1.0, 5, 1.0, 0.0), (0.7, 10, 1.0, 0.0),
-              (1.0, 0, 0.9, 0.0), (1.0, 0, 0.5, 0.0), (1.0, 0, 1.0, 0.1), (1.0, 0, 1.0, 0.5),
-              (1.0, 20, 0.9, 0.05), (1.0, 1, 0.9, 0.05), (0.3, 1, 1.0, 0.0), (1.0, 0, 1e-6, 0.0)]
+ORDER_FREE = [
+    (1.0, 0, 1.0, 0.0),
+    (0.5, 0, 1.0, 0.0),
+    (2.0, 0, 1.0, 0.0),
+    (1.0, 5, 1.0, 0.0),
+    (0.7, 10, 1.0, 0.0),
+    (1.0, 0, 0.9, 0.0),
+    (1.0, 0, 0.5, 0.0),
+    (1.0, 0, 1.0, 0.1),
+    (1.0, 0, 1.0, 0.5),
+    (1.0, 20, 0.9, 0.05),
+    (1.0, 1, 0.9, 0.05),
+    (0.3, 1, 1.0, 0.0),
+    (1.0, 0, 1e-6, 0.0),
+]
 # llama-cpp-python's create_completion defaults and other T != 1 with a top-p / min-p cut
-ORDER_SENSITIVE = [(0.8, 40, 0.95, 0.05), (0.5, 0, 0.9, 0.0), (2.0, 0, 1.0, 0.1), (0.2, 0, 1.0, 0.05),
-                   (1.5, 0, 0.8, 0.0)]
+ORDER_SENSITIVE = [
+    (0.8, 40, 0.95, 0.05),
+    (0.5, 0, 0.9, 0.0),
+    (2.0, 0, 1.0, 0.1),
+    (0.2, 0, 1.0, 0.05),
+    (1.5, 0, 0.8, 0.0),
+]
 
 
 @pytest.mark.parametrize("params", ORDER_FREE, ids=str)
@@ -380,7 +426,8 @@ def test_temperature_sharpens_and_flattens() -> None:
 
 @pytest.mark.parametrize("params", ORDER_SENSITIVE, ids=str)
 def test_target_distribution_matches_llama_chain_when_temperature_is_not_one(
-        params: tuple[float, int, float, float]) -> None:
+    params: tuple[float, int, float, float],
+) -> None:
     T, k, top_p, min_p = params
     for lg in LOGITS:
         ref = libllama_chain(lg, T, k, top_p, min_p)
@@ -389,8 +436,15 @@ def test_target_distribution_matches_llama_chain_when_temperature_is_not_one(
         np.testing.assert_allclose(ours, ref, atol=2e-6, rtol=1e-4)
 
 
-def libllama_shaped(logits: np.ndarray, generated: list[int], repeat: float, freq: float, present: float,
-                    last_n: int, bias: dict[int, float]) -> np.ndarray:
+def libllama_shaped(
+    logits: np.ndarray,
+    generated: list[int],
+    repeat: float,
+    freq: float,
+    present: float,
+    last_n: int,
+    bias: dict[int, float],
+) -> np.ndarray:
     """The logits after libllama's logit-bias and penalties samplers, the penalties having accepted `generated`."""
     from llama_cpp import llama_cpp as llc
 
@@ -407,9 +461,16 @@ def libllama_shaped(logits: np.ndarray, generated: list[int], repeat: float, fre
 
 
 # (repeat, frequency, presence, last_n, bias): last_n below the history's length drops its old tokens
-PENALTIES = [(1.3, 0.0, 0.0, 64, {}), (1.0, 0.4, 0.0, 64, {}), (1.0, 0.0, 0.7, 64, {}), (1.5, 0.2, 0.3, 8, {}),
-             (0.8, -0.1, 0.2, 3, {}), (1.0, 0.0, 0.0, 64, {3: 2.5, 7: -4.0, 11: -float("inf")}),
-             (1.2, 0.1, 0.1, 0, {5: 1.0}), (1.3, 0.5, 0.5, 64, {2: 1.5, 9: -0.5})]
+PENALTIES = [
+    (1.3, 0.0, 0.0, 64, {}),
+    (1.0, 0.4, 0.0, 64, {}),
+    (1.0, 0.0, 0.7, 64, {}),
+    (1.5, 0.2, 0.3, 8, {}),
+    (0.8, -0.1, 0.2, 3, {}),
+    (1.0, 0.0, 0.0, 64, {3: 2.5, 7: -4.0, 11: -float("inf")}),
+    (1.2, 0.1, 0.1, 0, {5: 1.0}),
+    (1.3, 0.5, 0.5, 64, {2: 1.5, 9: -0.5}),
+]
 
 
 @pytest.mark.parametrize("params", PENALTIES, ids=str)
@@ -422,16 +483,26 @@ def test_shaped_logits_match_llama_samplers(params: tuple) -> None:
         lg = (3.0 * rng.standard_normal(40)).astype(np.float32)
         generated = [int(t) for t in rng.integers(0, 16, size=int(rng.integers(1, 100)))]
         ours = np.asarray(_core.shape_logits(lg, generated, repeat, freq, present, last_n, bias))
-        np.testing.assert_array_equal(ours, libllama_shaped(lg, generated, repeat, freq, present, last_n, bias),
-                                      err_msg=f"trial {trial}, {len(generated)} generated")
+        np.testing.assert_array_equal(
+            ours,
+            libllama_shaped(lg, generated, repeat, freq, present, last_n, bias),
+            err_msg=f"trial {trial}, {len(generated)} generated",
+        )
         if repeat != 1.0 or freq or present or bias:
             assert not np.array_equal(ours, lg)  # the case shapes something
 
 
 # (temperature, top_k, top_p, min_p, typical_p): typical alone over a whole vocabulary (its quickselect),
 # after top-k, before top-p (which then orders what typical left), with llama-cpp-python's defaults
-TYPICAL = [(1.0, 0, 1.0, 0.0, 0.9), (1.0, 0, 1.0, 0.0, 0.3), (0.8, 40, 0.95, 0.05, 0.5), (1.0, 0, 0.9, 0.0, 0.7),
-           (1.3, 100, 1.0, 0.0, 0.2), (1.0, 0, 0.5, 0.1, 0.95), (0.7, 0, 1.0, 0.0, 1e-6)]
+TYPICAL = [
+    (1.0, 0, 1.0, 0.0, 0.9),
+    (1.0, 0, 1.0, 0.0, 0.3),
+    (0.8, 40, 0.95, 0.05, 0.5),
+    (1.0, 0, 0.9, 0.0, 0.7),
+    (1.3, 100, 1.0, 0.0, 0.2),
+    (1.0, 0, 0.5, 0.1, 0.95),
+    (0.7, 0, 1.0, 0.0, 1e-6),
+]
 
 
 @pytest.mark.parametrize("params", TYPICAL, ids=str)
@@ -447,10 +518,16 @@ def test_typical_p_is_libllama_s(params: tuple[float, int, float, float, float])
         V = int(rng.integers(30, 5000))
         lg = (rng.uniform(0.3, 3.0) * rng.standard_normal(V)).astype(np.float32)
         ours = np.asarray(_core.target_distribution(lg, T, k, top_p, min_p, typical), np.float64)
-        ids, kept = run_libllama_chain(lg, [
-            llc.llama_sampler_init_top_k(k), llc.llama_sampler_init_typical(typical, 1),
-            llc.llama_sampler_init_top_p(top_p, 1), llc.llama_sampler_init_min_p(min_p, 1),
-            llc.llama_sampler_init_temp(T)])
+        ids, kept = run_libllama_chain(
+            lg,
+            [
+                llc.llama_sampler_init_top_k(k),
+                llc.llama_sampler_init_typical(typical, 1),
+                llc.llama_sampler_init_top_p(top_p, 1),
+                llc.llama_sampler_init_min_p(min_p, 1),
+                llc.llama_sampler_init_temp(T),
+            ],
+        )
         theirs = np.zeros(V)
         theirs[ids] = np.exp(kept - kept.max()) / np.exp(kept - kept.max()).sum()
         # libllama sums the typical mass in float: a token at the boundary may fall either way
@@ -460,15 +537,19 @@ def test_typical_p_is_libllama_s(params: tuple[float, int, float, float, float])
     assert moved > 1e-3  # the cut changes something
 
 
-def libllama_mirostat_steps(rows: list[np.ndarray], mode: int, tau: float, eta: float,
-                            seed: int) -> list[tuple[set[int], int]]:
+def libllama_mirostat_steps(
+    rows: list[np.ndarray], mode: int, tau: float, eta: float, seed: int
+) -> list[tuple[set[int], int]]:
     """llama.cpp's Mirostat sampler applied to `rows` in turn (its mu moving with each token it draws):
     per row, the tokens it kept and the one it drew."""
     from llama_cpp import llama_cpp as llc
 
     V = len(rows[0])
-    smpl = (llc.llama_sampler_init_mirostat(V, seed, tau, eta, 100) if mode == 1
-            else llc.llama_sampler_init_mirostat_v2(seed, tau, eta))
+    smpl = (
+        llc.llama_sampler_init_mirostat(V, seed, tau, eta, 100)
+        if mode == 1
+        else llc.llama_sampler_init_mirostat_v2(seed, tau, eta)
+    )
     out = []
     try:
         for lg in rows:
@@ -501,45 +582,65 @@ def test_mirostat_is_libllama_s(mode: int) -> None:
             ours = np.asarray(ours, np.float64)
             assert set(np.nonzero(ours)[0]) == kept, (trial, r, len(kept), int((ours > 0).sum()))
             lk = rows[r][sorted(kept)].astype(np.float64)
-            np.testing.assert_allclose(ours[sorted(kept)], np.exp(lk - lk.max()) / np.exp(lk - lk.max()).sum(),
-                                       rtol=1e-4, atol=1e-7)
+            np.testing.assert_allclose(
+                ours[sorted(kept)], np.exp(lk - lk.max()) / np.exp(lk - lk.max()).sum(), rtol=1e-4, atol=1e-7
+            )
             sizes.append(len(kept))
     assert len(set(sizes[:4])) > 1 or len(set(sizes)) > 4  # mu moved the cut
+
 
 # --------------------------------------------------------------------------- #
 # 3. end to end on the bundled pair
 # --------------------------------------------------------------------------- #
 
-E2E_PROMPT = 7        # bench prompt with a spread next-token distribution and drafts that are often accepted
-E2E_RUNS = 1500       # per arm
+E2E_PROMPT = 7  # bench prompt with a spread next-token distribution and drafts that are often accepted
+E2E_RUNS = 1500  # per arm
 E2E_ALPHA = 1e-4
-STOP = -1             # the generation ended (end-of-generation token) before this position
+STOP = -1  # the generation ended (end-of-generation token) before this position
 
 
 @pytest.fixture(scope="module")
 def e2e() -> dict:
     pytest.importorskip("llama_cpp")
-    from dflash_gguf import SpeculativeLlama
     from tinycode import N_CTX, TARGET, THREADS, GreedyReference, drafter_gguf, prompts
+
+    from dflash_gguf import SpeculativeLlama
 
     draft = str(drafter_gguf("f32"))
     # a fixed n_max: these tests are about the drafted path's rejection sampling, and "auto" rightly decodes
     # plainly where drafting does not pay (at T = 1 on a 2-core AMD EPYC: 0 drafted steps, nothing tested)
-    specs = {q: SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS, draft_q=q, n_max=3)
-             for q in ("logits", "selector")}
+    specs = {
+        q: SpeculativeLlama(str(TARGET), draft, n_ctx=N_CTX, n_threads=THREADS, draft_q=q, n_max=3)
+        for q in ("logits", "selector")
+    }
     ref = GreedyReference(TARGET, n_ctx=N_CTX, n_threads=THREADS)
     toks = ref.tokenize(prompts()[E2E_PROMPT]["text"])
     return {"specs": specs, "ref": ref, "toks": toks, "cache": {}}
 
 
-def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int, temperature: float = 1.0,
-                **options: float) -> dict:
+def _histograms(
+    spec, toks: list[int], plain: bool, runs: int, seed0: int, temperature: float = 1.0, **options: float
+) -> dict:
     pos = {1: collections.Counter(), 2: collections.Counter()}
     acc = steps = 0
     t0 = time.perf_counter()
     for s in range(runs):
-        out = list(spec.generate_tokens(toks, max_tokens=3, temperature=temperature, top_k=0, top_p=1.0, min_p=0.0,
-                                        seed=seed0 + s, plain=plain, **options)) + [STOP] * 3
+        out = (
+            list(
+                spec.generate_tokens(
+                    toks,
+                    max_tokens=3,
+                    temperature=temperature,
+                    top_k=0,
+                    top_p=1.0,
+                    min_p=0.0,
+                    seed=seed0 + s,
+                    plain=plain,
+                    **options,
+                )
+            )
+            + [STOP] * 3
+        )
         pos[1][out[1]] += 1
         pos[2][out[2]] += 1
         acc += spec.stats.accepted
@@ -547,8 +648,9 @@ def _histograms(spec, toks: list[int], plain: bool, runs: int, seed0: int, tempe
     return {"pos": pos, "accepted_per_step": acc / max(steps, 1), "seconds": time.perf_counter() - t0}
 
 
-def _exact_second_token(ref, toks: list[int], temperatures: tuple[float, ...], vocab: int, typical_p: float = 1.0,
-                        **penalties: float) -> list[np.ndarray]:
+def _exact_second_token(
+    ref, toks: list[int], temperatures: tuple[float, ...], vocab: int, typical_p: float = 1.0, **penalties: float
+) -> list[np.ndarray]:
     """P(2nd generated token) = sum over t1 of p(t1 | prompt) p(t2 | prompt, t1), per temperature, the
     penalties (if any) seeing t1 at the second; index vocab = STOP (the first token was the end of generation)."""
     from tinycode import EOS
@@ -595,8 +697,13 @@ def test_sampled_tokens_follow_the_target(e2e: dict, draft_q: str) -> None:
     # the verification path is exercised both ways: drafts are accepted and rejected
     assert 0.2 < ours["accepted_per_step"] < 5.0, ours["accepted_per_step"]
 
-    report = {"draft_q": draft_q, "runs": E2E_RUNS, "accepted_per_step": ours["accepted_per_step"],
-              "seconds": ours["seconds"], "plain_seconds": plain["seconds"]}
+    report = {
+        "draft_q": draft_q,
+        "runs": E2E_RUNS,
+        "accepted_per_step": ours["accepted_per_step"],
+        "seconds": ours["seconds"],
+        "plain_seconds": plain["seconds"],
+    }
     for k in (1, 2):
         a, b = _counts(ours["pos"][k], vocab), _counts(plain["pos"][k], vocab)
         stat, df = chi2_two_sample(a, b)
@@ -638,8 +745,17 @@ def test_penalized_sampling_follows_the_penalized_target(e2e: dict) -> None:
         (unpenalized,) = _exact_second_token(e2e["ref"], e2e["toks"], (1.0,), vocab)
     stat_w, df_w = chi2_one_sample(a, unpenalized)
     assert stat_w > chi2_crit(df_w, E2E_ALPHA), (stat_w, df_w)
-    record("sampling_e2e_penalties", {"penalties": pen, "runs": E2E_RUNS, "chi2": stat, "df": df,
-                                      "chi2_vs_unpenalized": stat_w, "accepted_per_step": ours["accepted_per_step"]})
+    record(
+        "sampling_e2e_penalties",
+        {
+            "penalties": pen,
+            "runs": E2E_RUNS,
+            "chi2": stat,
+            "df": df,
+            "chi2_vs_unpenalized": stat_w,
+            "accepted_per_step": ours["accepted_per_step"],
+        },
+    )
 
 
 def _exact_mirostat(ref, toks: list[int], vocab: int, mode: int, tau: float, eta: float) -> tuple[np.ndarray, ...]:
@@ -659,8 +775,10 @@ def _exact_mirostat(ref, toks: list[int], vocab: int, mode: int, tau: float, eta
 
 
 # a tau and eta per version that keep 5-8 tokens for the 1st token and move mu enough to tell
-MIROSTAT = {1: {"mirostat_mode": 1, "mirostat_tau": 3.5, "mirostat_eta": 2.0},
-            2: {"mirostat_mode": 2, "mirostat_tau": 4.0, "mirostat_eta": 2.0}}
+MIROSTAT = {
+    1: {"mirostat_mode": 1, "mirostat_tau": 3.5, "mirostat_eta": 2.0},
+    2: {"mirostat_mode": 2, "mirostat_tau": 4.0, "mirostat_eta": 2.0},
+}
 
 
 @pytest.mark.parametrize("mode", [1, 2])
@@ -697,12 +815,22 @@ def test_mirostat_sampling_follows_the_target(e2e: dict, mode: int) -> None:
     outside = int(theirs[cooled == 0].sum())  # draws that T = 0.5 (as llama.cpp's own tools chain it) rules out
     stat_c, df_c = chi2_one_sample(theirs, cooled)
     assert outside > 0 or stat_c > chi2_crit(df_c, E2E_ALPHA), (outside, stat_c, df_c)
-    record(f"sampling_e2e_mirostat{mode}", {"options": opts, "runs": E2E_RUNS, "chi2": stat, "df": df,
-                                            "chi2_vs_frozen_mu": stat_w, "llama_cpp_runs": runs,
-                                            "llama_cpp_chi2": stat_l, "llama_cpp_chi2_vs_T0.5": stat_c,
-                                            "llama_cpp_draws_outside_T0.5": outside,
-                                            "accepted_per_step": ours["accepted_per_step"],
-                                            "seconds": ours["seconds"]})
+    record(
+        f"sampling_e2e_mirostat{mode}",
+        {
+            "options": opts,
+            "runs": E2E_RUNS,
+            "chi2": stat,
+            "df": df,
+            "chi2_vs_frozen_mu": stat_w,
+            "llama_cpp_runs": runs,
+            "llama_cpp_chi2": stat_l,
+            "llama_cpp_chi2_vs_T0.5": stat_c,
+            "llama_cpp_draws_outside_T0.5": outside,
+            "accepted_per_step": ours["accepted_per_step"],
+            "seconds": ours["seconds"],
+        },
+    )
 
 
 @pytest.mark.parametrize("mode", [1, 2])

@@ -10,9 +10,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import SpeculativeLlama, _core  # noqa: E402
 from test_sampling import CASES, N_DRAWS, exactness_failures  # noqa: E402
 from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
+
+from dflash_gguf import SpeculativeLlama, _core  # noqa: E402
 
 HOT = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}  # llama_cpp.Llama's defaults
 
@@ -35,8 +36,9 @@ def spec_factory():
     def make(n_max: int | str) -> SpeculativeLlama:
         key = str(n_max)
         if key not in made:
-            made[key] = SpeculativeLlama(str(TARGET), str(drafter_gguf("q8_0")), n_ctx=1024, n_threads=THREADS,
-                                         n_max=n_max, sampler="gumbel")
+            made[key] = SpeculativeLlama(
+                str(TARGET), str(drafter_gguf("q8_0")), n_ctx=1024, n_threads=THREADS, n_max=n_max, sampler="gumbel"
+            )
         return made[key]
 
     return make
@@ -51,8 +53,11 @@ def test_a_seed_fixes_the_text_whatever_the_draft_lengths(spec_factory) -> None:
             for n_max in (1, 3, 7, "auto"):
                 spec = spec_factory(n_max)
                 for _ in range(2):  # the second time from the cached prompt
-                    assert list(spec.generate_tokens(prompt, max_tokens=48, seed=seed, **HOT)) == plain, \
-                        (seed, n_max, text[:20])
+                    assert list(spec.generate_tokens(prompt, max_tokens=48, seed=seed, **HOT)) == plain, (
+                        seed,
+                        n_max,
+                        text[:20],
+                    )
             assert spec_factory(3).stats.accepted > 0  # drafts were accepted and rejected along the way
 
 
@@ -68,8 +73,9 @@ def test_seeded_completions_repeat_after_other_requests(spec_factory) -> None:
 
 
 def test_rejection_sampling_stays_available() -> None:
-    spec = SpeculativeLlama(str(TARGET), str(drafter_gguf("q8_0")), n_ctx=512, n_threads=THREADS, n_max=3,
-                            sampler="rejection")
+    spec = SpeculativeLlama(
+        str(TARGET), str(drafter_gguf("q8_0")), n_ctx=512, n_threads=THREADS, n_max=3, sampler="rejection"
+    )
     assert spec.create_completion("x = ", max_tokens=8, seed=1, **HOT)["choices"][0]["finish_reason"]
     with pytest.raises(ValueError, match="sampler must be 'rejection' or 'gumbel'"):
         SpeculativeLlama(str(TARGET), str(drafter_gguf("q8_0")), n_ctx=512, n_threads=THREADS, sampler="other")

@@ -19,9 +19,10 @@ import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
+from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
+
 from dflash_gguf import SpeculativeLlama  # noqa: E402
 from dflash_gguf.server import serving  # noqa: E402
-from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
@@ -39,8 +40,9 @@ def port(llm: SpeculativeLlama) -> Iterator[int]:
         yield p
 
 
-def request(port: int, method: str, path: str, body: Any = None, raw: bytes | None = None,
-            headers: dict[str, str] | None = None) -> tuple[int, Any]:
+def request(
+    port: int, method: str, path: str, body: Any = None, raw: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
@@ -53,7 +55,7 @@ def request(port: int, method: str, path: str, body: Any = None, raw: bytes | No
 
 
 def events(payload: bytes) -> list[Any]:
-    parts = [p[len(b"data: "):] for p in payload.split(b"\n\n") if p]
+    parts = [p[len(b"data: ") :] for p in payload.split(b"\n\n") if p]
     assert parts[-1] == b"[DONE]", parts[-1]
     return [json.loads(p) for p in parts[:-1]]
 
@@ -64,8 +66,12 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     assert status == 200 and [m["id"] for m in models["data"]] == ["tiny"]
     prompt = prompts()[0]["text"]
     direct = llm.create_completion(prompt, max_tokens=40, **GREEDY)
-    status, out = request(port, "POST", "/v1/completions",
-                          {"prompt": prompt, "max_tokens": 40, "user": "someone", "stream_options": {}, **GREEDY})
+    status, out = request(
+        port,
+        "POST",
+        "/v1/completions",
+        {"prompt": prompt, "max_tokens": 40, "user": "someone", "stream_options": {}, **GREEDY},
+    )
     assert status == 200 and out["model"] == "tiny" and out["object"] == "text_completion"
     assert out["choices"] == direct["choices"] and out["system_fingerprint"] == llm.system_fingerprint
     t = out["timings"]  # llama-server's names, from the generation's statistics
@@ -75,16 +81,21 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     assert out["usage"] == {**direct["usage"], "prompt_tokens_details": {"cached_tokens": t["cache_n"]}}
     assert 0 < t["draft_n_accepted"] <= t["draft_n"] and t["predicted_per_second"] > 0
     # streamed: the same text, chunk by chunk
-    status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
-                                                                 **GREEDY})
+    status, payload = request(
+        port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True, **GREEDY}
+    )
     chunks = events(payload)
     assert status == 200 and len(chunks) > 2
     assert "".join(c["choices"][0]["text"] for c in chunks) == direct["choices"][0]["text"]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" and chunks[-1]["timings"]["predicted_n"] == 40
     assert not any("timings" in c for c in chunks[:-1])
     # OpenAI's stream_options.include_usage: a last chunk with the usage and no choices
-    status, payload = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 40, "stream": True,
-                                                                 "stream_options": {"include_usage": True}, **GREEDY})
+    status, payload = request(
+        port,
+        "POST",
+        "/v1/completions",
+        {"prompt": prompt, "max_tokens": 40, "stream": True, "stream_options": {"include_usage": True}, **GREEDY},
+    )
     with_usage = events(payload)
     assert with_usage[-1]["choices"] == [] and with_usage[-1]["usage"] == out["usage"]
     assert with_usage[-1]["id"] == with_usage[0]["id"] and len(with_usage) == len(chunks) + 1
@@ -92,13 +103,19 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     # a list of prompts: the usage chunk sums theirs, as the answer without a stream does
     pair = [prompt, prompts()[1]["text"]]
     status, whole = request(port, "POST", "/v1/completions", {"prompt": pair, "max_tokens": 8, **GREEDY})
-    status, payload = request(port, "POST", "/v1/completions", {"prompt": pair, "max_tokens": 8, "stream": True,
-                                                                 "stream_options": {"include_usage": True}, **GREEDY})
+    status, payload = request(
+        port,
+        "POST",
+        "/v1/completions",
+        {"prompt": pair, "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}, **GREEDY},
+    )
     summed = events(payload)[-1]["usage"]
-    assert {k: summed[k] for k in ("prompt_tokens", "completion_tokens")} == \
-        {k: whole["usage"][k] for k in ("prompt_tokens", "completion_tokens")}
+    assert {k: summed[k] for k in ("prompt_tokens", "completion_tokens")} == {
+        k: whole["usage"][k] for k in ("prompt_tokens", "completion_tokens")
+    }
     assert whole["usage"]["completion_tokens"] == 16 and whole["usage"]["prompt_tokens"] == sum(
-        len(llm.tokenize(t, special=True)) for t in pair)
+        len(llm.tokenize(t, special=True)) for t in pair
+    )
     # sampling options by llama-server's names ("mirostat") and llama_cpp.server's ("mirostat_mode")
     sampled = {"temperature": 1.0, "seed": 3, "mirostat_tau": 2.0, "mirostat_eta": 0.5, "typical_p": 0.9}
     direct = llm.create_completion(prompt, max_tokens=16, mirostat_mode=2, **sampled)
@@ -107,11 +124,13 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
         assert status == 200 and out["choices"] == direct["choices"]
     # chat, streamed and not; max_completion_tokens is OpenAI's newer name for max_tokens
     direct = llm.create_chat_completion(CHAT, max_tokens=24, **GREEDY)
-    status, out = request(port, "POST", "/v1/chat/completions",
-                          {"messages": CHAT, "max_completion_tokens": 24, **GREEDY})
+    status, out = request(
+        port, "POST", "/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 24, **GREEDY}
+    )
     assert status == 200 and out["choices"] == direct["choices"]
-    status, payload = request(port, "POST", "/v1/chat/completions",
-                              {"messages": CHAT, "max_tokens": 24, "stream": True, **GREEDY})
+    status, payload = request(
+        port, "POST", "/v1/chat/completions", {"messages": CHAT, "max_tokens": 24, "stream": True, **GREEDY}
+    )
     chunks = events(payload)
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant"}
     assert out["system_fingerprint"] == llm.system_fingerprint
@@ -121,8 +140,12 @@ def test_answers_are_the_python_api_s(llm: SpeculativeLlama, port: int) -> None:
     # logit_bias arrives with string keys (JSON): banning the greedy first token changes it as it does directly
     first = llm.tokenize(direct["choices"][0]["message"]["content"].encode(), add_bos=False)[0]
     banned = llm.create_chat_completion(CHAT, max_tokens=8, logit_bias={first: -100.0}, **GREEDY)
-    status, out = request(port, "POST", "/v1/chat/completions",
-                          {"messages": CHAT, "max_tokens": 8, "logit_bias": {str(first): -100}, **GREEDY})
+    status, out = request(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        {"messages": CHAT, "max_tokens": 8, "logit_bias": {str(first): -100}, **GREEDY},
+    )
     assert out["choices"] == banned["choices"] != direct["choices"]
 
 
@@ -138,9 +161,10 @@ def test_llama_server_native_routes(llm: SpeculativeLlama, port: int) -> None:
         assert out["tokens_predicted"] == 24 and out["timings"]["predicted_n"] == 24
     ids = llm.tokenize(prompt.encode())
     assert request(port, "POST", "/completion", {"prompt": ids, "n_predict": 24, **GREEDY})[1]["content"] == direct
-    status, payload = request(port, "POST", "/completion", {"prompt": prompt, "n_predict": 24, "stream": True,
-                                                            **GREEDY})
-    parts = [json.loads(p[len(b"data: "):]) for p in payload.split(b"\n\n") if p]
+    status, payload = request(
+        port, "POST", "/completion", {"prompt": prompt, "n_predict": 24, "stream": True, **GREEDY}
+    )
+    parts = [json.loads(p[len(b"data: ") :]) for p in payload.split(b"\n\n") if p]
     assert "".join(p["content"] for p in parts) == direct
     assert parts[-1]["stop"] is True and not any(p["stop"] for p in parts[:-1])
 
@@ -148,11 +172,13 @@ def test_llama_server_native_routes(llm: SpeculativeLlama, port: int) -> None:
     status, pieces = request(port, "POST", "/tokenize", {"content": "def f(x):", "with_pieces": True})
     assert "".join(p["piece"] for p in pieces["tokens"]) == "def f(x):"
     assert request(port, "POST", "/detokenize", {"tokens": ids}) == (200, {"content": prompt})
-    for path, bad, message in (("/completion", {"n_predict": 4}, "prompt"),
-                               ("/completion", {"prompt": [1.5]}, "prompt"),
-                               ("/completion", {"prompt": "x", "n_predict": "many"}, "n_predict"),
-                               ("/tokenize", {"content": 5}, "content"),
-                               ("/detokenize", {"tokens": [10**9]}, "tokens")):
+    for path, bad, message in (
+        ("/completion", {"n_predict": 4}, "prompt"),
+        ("/completion", {"prompt": [1.5]}, "prompt"),
+        ("/completion", {"prompt": "x", "n_predict": "many"}, "n_predict"),
+        ("/tokenize", {"content": 5}, "content"),
+        ("/detokenize", {"tokens": [10**9]}, "tokens"),
+    ):
         status, out = request(port, "POST", path, bad)
         assert status == 400 and message in out["error"]["message"], (path, bad, out)
 
@@ -183,12 +209,15 @@ def test_bad_requests_get_a_400_and_the_server_keeps_serving(llm: SpeculativeLla
     conn.close()
     assert request(port, "POST", "/v1/embeddings", {"input": "x"})[0] == 404
     direct = llm.create_completion("x = 1", max_tokens=8, **GREEDY)["choices"]
-    assert request(port, "POST", "/v1/completions", {"prompt": "x = 1", "max_tokens": 8, **GREEDY})[1]["choices"] == direct
+    assert (
+        request(port, "POST", "/v1/completions", {"prompt": "x = 1", "max_tokens": 8, **GREEDY})[1]["choices"] == direct
+    )
 
 
 def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeLlama, port: int) -> None:
-    texts = {i: llm.create_completion(prompts()[i]["text"], max_tokens=32, **GREEDY)["choices"][0]["text"]
-             for i in (2, 3, 4)}
+    texts = {
+        i: llm.create_completion(prompts()[i]["text"], max_tokens=32, **GREEDY)["choices"][0]["text"] for i in (2, 3, 4)
+    }
     # a client reads one event of a long stream and leaves: its generation ends, the next requests are served
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     body = {"prompt": prompts()[1]["text"], "max_tokens": 400, "stream": True, **GREEDY}
@@ -205,8 +234,9 @@ def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeL
     got: dict[int, str] = {}
 
     def ask(i: int) -> None:
-        got[i] = request(port, "POST", "/v1/completions",
-                         {"prompt": prompts()[i]["text"], "max_tokens": 32, **GREEDY})[1]["choices"][0]["text"]
+        got[i] = request(port, "POST", "/v1/completions", {"prompt": prompts()[i]["text"], "max_tokens": 32, **GREEDY})[
+            1
+        ]["choices"][0]["text"]
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in texts]
     for t in threads:
@@ -218,6 +248,7 @@ def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeL
 
 def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> None:
     """Once a stream's 200 is sent, an error can only be an event: the chunks before it all arrive."""
+
     class FailsAfterThreeChunks:  # the real model, whose stream breaks down after three chunks
         def __getattr__(self, name: str) -> Any:
             return getattr(llm, name)
@@ -247,8 +278,11 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
             status, out = request(port, "POST", "/v1/completions", body, headers=headers)
             assert status == 401 and "API key" in out["error"]["message"], (headers, out)
         assert request(port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
-        for path, native in (("/completion", {"prompt": "x = 1", "n_predict": 4}), ("/tokenize", {"content": "x"}),
-                             ("/detokenize", {"tokens": [5]})):
+        for path, native in (
+            ("/completion", {"prompt": "x = 1", "n_predict": 4}),
+            ("/tokenize", {"content": "x"}),
+            ("/detokenize", {"tokens": [5]}),
+        ):
             assert request(port, "POST", path, native)[0] == 401, path
         ok = {"Authorization": "Bearer s3cret"}
         assert request(port, "GET", "/v1/models", headers=ok)[0] == 200
@@ -257,11 +291,29 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
 
 
 def test_cli_serves_until_interrupted() -> None:
-    args = [sys.executable, "-m", "dflash_gguf.cli", "serve", "-m", str(TARGET), "-d", str(drafter_gguf("f32")),
-            "-c", "256", "-t", str(THREADS), "--alias", "tiny-cli", "--cache-ram", "16", "--port"]
+    args = [
+        sys.executable,
+        "-m",
+        "dflash_gguf.cli",
+        "serve",
+        "-m",
+        str(TARGET),
+        "-d",
+        str(drafter_gguf("f32")),
+        "-c",
+        "256",
+        "-t",
+        str(THREADS),
+        "--alias",
+        "tiny-cli",
+        "--cache-ram",
+        "16",
+        "--port",
+    ]
     # SIGINT at its default: a suite started in the background (CI) passes it on ignored
-    proc = subprocess.Popen([*args, "0"], stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [*args, "0"], stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
     try:
         line = proc.stderr.readline()  # type: ignore[union-attr]
         found = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
@@ -269,6 +321,7 @@ def test_cli_serves_until_interrupted() -> None:
         port = int(found.group(1))
         status, models = request(port, "GET", "/v1/models")
         assert status == 200 and models["data"][0]["id"] == "tiny-cli"
+
         # with --cache-ram a conversation that comes back starts from its saved context: same answer
         def ask(prompt: str) -> str:
             out = request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 24, **GREEDY})[1]
@@ -276,7 +329,9 @@ def test_cli_serves_until_interrupted() -> None:
 
         first = ask(prompts()[0]["text"])
         assert ask(prompts()[1]["text"]) != first
-        again = request(port, "POST", "/v1/completions", {"prompt": prompts()[0]["text"], "max_tokens": 24, **GREEDY})[1]
+        again = request(port, "POST", "/v1/completions", {"prompt": prompts()[0]["text"], "max_tokens": 24, **GREEDY})[
+            1
+        ]
         assert again["choices"][0]["text"] == first
         assert again["timings"]["prompt_n"] == 1  # the rest of the prompt came from the cache
         # a port that is taken: a one-line error naming why, exit 2
@@ -294,14 +349,22 @@ def test_connections_are_kept_alive(port: int) -> None:
     closes its own at its end)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     for _ in range(3):
-        conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "x = ", "max_tokens": 3, **GREEDY}),
-                     headers={"Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps({"prompt": "x = ", "max_tokens": 3, **GREEDY}),
+            headers={"Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         assert resp.version == 11 and resp.status == 200
         assert json.loads(resp.read())["choices"]
         assert not resp.will_close
-    conn.request("POST", "/v1/completions", body=json.dumps({"prompt": "x = ", "max_tokens": 3, "stream": True}),
-                 headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST",
+        "/v1/completions",
+        body=json.dumps({"prompt": "x = ", "max_tokens": 3, "stream": True}),
+        headers={"Content-Type": "application/json"},
+    )
     resp = conn.getresponse()
     assert resp.will_close and resp.read().endswith(b"data: [DONE]\n\n")
     conn.close()

@@ -15,8 +15,9 @@ import pytest
 
 llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 
-from dflash_gguf import DFlashError, SpeculativeLlama, SpeculativeState  # noqa: E402
 from tinycode import TARGET, THREADS, drafter_gguf, mismatched_drafter_gguf, prompts  # noqa: E402
+
+from dflash_gguf import DFlashError, SpeculativeLlama, SpeculativeState  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 

@@ -75,6 +75,7 @@ def _worker(spec_path: str) -> int:
     get_other = fn("_Z19llama_get_ctx_otherP13llama_context", [ctx_p], ctypes.c_void_p)
 
     if not spec.get("verbose"):
+
         @llc.llama_log_callback
         def _quiet(level: int, text: bytes, user_data: Any) -> None:
             pass
@@ -246,9 +247,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 dflash_gguf = pytest.importorskip("dflash_gguf", reason="the dflash_gguf extension is not built")
-from dflash_convert.convert import Options, convert  # noqa: E402
-
 from factories import make_checkpoint, make_target_gguf  # noqa: E402
+
+from dflash_convert.convert import Options, convert  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -264,9 +265,17 @@ def _report() -> Any:
             print("  " + line)
 
 
-def run_upstream(work: Path, target: Path, draft: Path, block: int, cases: list[tuple[np.ndarray, int, int]],
-                 kv_f32: bool, tag: str, extra_bufts: bool = True,
-                 step2: tuple[np.ndarray, int] | None = None) -> dict[str, np.ndarray]:
+def run_upstream(
+    work: Path,
+    target: Path,
+    draft: Path,
+    block: int,
+    cases: list[tuple[np.ndarray, int, int]],
+    kv_f32: bool,
+    tag: str,
+    extra_bufts: bool = True,
+    step2: tuple[np.ndarray, int] | None = None,
+) -> dict[str, np.ndarray]:
     """Run the worker on (features, anchor, position) cases; fail with its output if it crashes.
 
     step2 = (features, anchor): after each case's draft, inject these rows at position.. and
@@ -284,22 +293,44 @@ def run_upstream(work: Path, target: Path, draft: Path, block: int, cases: list[
     n_ctx = max(256, max(len(c[0]) for c in cases) + 2 * block + (len(step2[0]) if step2 is not None else 0))
     n_ctx = (n_ctx + 255) // 256 * 256
     out = work / f"{tag}_out.npz"
-    spec = {"target": str(target), "draft": str(draft), "kv_f32": kv_f32, "n_ctx": n_ctx, "block_size": block,
-            "cases": jobs, "out": str(out), "no_extra_bufts": not extra_bufts}
+    spec = {
+        "target": str(target),
+        "draft": str(draft),
+        "kv_f32": kv_f32,
+        "n_ctx": n_ctx,
+        "block_size": block,
+        "cases": jobs,
+        "out": str(out),
+        "no_extra_bufts": not extra_bufts,
+    }
     spec_path = work / f"{tag}_spec.json"
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
-                       capture_output=True, text=True, timeout=120, env=env, cwd=str(ROOT))
+    p = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(ROOT),
+    )
     if p.returncode != 0:
-        pytest.fail(f"upstream worker failed (rc {p.returncode}; a negative rc is a signal, e.g. a GGML_ASSERT abort)\n"
-                    f"--- stdout ---\n{p.stdout[-4000:]}\n--- stderr ---\n{p.stderr[-8000:]}")
+        pytest.fail(
+            f"upstream worker failed (rc {p.returncode}; a negative rc is a signal, e.g. a GGML_ASSERT abort)\n"
+            f"--- stdout ---\n{p.stdout[-4000:]}\n--- stderr ---\n{p.stderr[-8000:]}"
+        )
     with np.load(out) as z:
         return {key: z[key] for key in z.files}
 
 
-def ours_draft(draft: Path, target: Path, feats: np.ndarray, anchor: int, position: int,
-               step2: tuple[np.ndarray, int] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def ours_draft(
+    draft: Path,
+    target: Path,
+    feats: np.ndarray,
+    anchor: int,
+    position: int,
+    step2: tuple[np.ndarray, int] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Our Drafter on the same inputs; with step2, also the next step's draft (on the same drafter)."""
     d = dflash_gguf.Drafter(str(draft), str(target), device="cpu", n_threads=1, n_ctx=1024)
     if len(feats):
@@ -338,8 +369,15 @@ def upstream_walk(cand: np.ndarray, scores: np.ndarray) -> list[int]:
     return walk
 
 
-def compare(label: str, ours: dict[str, Any], up: dict[str, np.ndarray], ci: int | str, anchor: int,
-            bound: float, score_tol: float) -> float:
+def compare(
+    label: str,
+    ours: dict[str, Any],
+    up: dict[str, np.ndarray],
+    ci: int | str,
+    anchor: int,
+    bound: float,
+    score_tol: float,
+) -> float:
     k = int(up["meta"][0])
     logits = np.asarray(ours["logits"])
     e = row_nmse(logits, up[f"logits{ci}"])
@@ -382,7 +420,8 @@ def compare(label: str, ours: dict[str, Any], up: dict[str, np.ndarray], ci: int
                 d = abs(scores[t, i, j] - want)
                 worst_score = max(worst_score, d / max(1.0, abs(want)))
                 assert d <= score_tol * max(1.0, abs(want)), (
-                    f"{label}: row {t + 1} score({pred[i]}, {cand[t, j]}) = {scores[t, i, j]} vs upstream {want}")
+                    f"{label}: row {t + 1} score({pred[i]}, {cand[t, j]}) = {scores[t, i, j]} vs upstream {want}"
+                )
     walk_up = upstream_walk(cand_up, scores_up)
     assert list(ours["tokens"]) == walk_up, f"{label}: walk {ours['tokens']} vs upstream {walk_up}"
     FIGURES.append(f"{label}: logits NMSE {worst:.2e}, worst lattice score diff {worst_score:.2e}")
@@ -402,8 +441,16 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tiny_draft(work: Path) -> Path:
     out = work / "tinycode-drafter-f32.gguf"
-    convert(Options(draft_dir=TINY / "drafter-dflash2", target=TINY / "target-f16.gguf", outfile=out,
-                    outtype="f32", force=True, progress=False))
+    convert(
+        Options(
+            draft_dir=TINY / "drafter-dflash2",
+            target=TINY / "target-f16.gguf",
+            outfile=out,
+            outtype="f32",
+            force=True,
+            progress=False,
+        )
+    )
     return out
 
 
@@ -443,8 +490,9 @@ UPSTREAM_MODES = {
 def test_bundled_drafter_matches_upstream(work: Path, tiny_draft: Path, golden_cases: list[Any], mode: str) -> None:
     kv, extra, bound, score_tol = UPSTREAM_MODES[mode]
     target = TINY / "target-f16.gguf"
-    up = run_upstream(work, target, tiny_draft, 8, golden_cases, kv_f32=kv == "f32", tag=f"tiny_{mode}",
-                      extra_bufts=extra)
+    up = run_upstream(
+        work, target, tiny_draft, 8, golden_cases, kv_f32=kv == "f32", tag=f"tiny_{mode}", extra_bufts=extra
+    )
     worst = 0.0
     for ci, (feats, anchor, position) in enumerate(golden_cases):
         ours, _ = ours_draft(tiny_draft, target, feats, anchor, position)
@@ -463,15 +511,27 @@ def random_target(work: Path) -> Path:
 @pytest.mark.parametrize("version,block", [(1, 8), (2, 8), (2, 16), (1, 4)])
 def test_random_drafter_matches_upstream(work: Path, random_target: Path, version: int, block: int) -> None:
     src = work / f"v{version}_b{block}"
-    make_checkpoint(src, version=version, hidden=64, vocab=512, n_target_layers=4, target_layer_ids=(1, 2),
-                    block_size=block, top_k=4, rank=8, dtype="f32", seed=7 + version + block)
+    make_checkpoint(
+        src,
+        version=version,
+        hidden=64,
+        vocab=512,
+        n_target_layers=4,
+        target_layer_ids=(1, 2),
+        block_size=block,
+        top_k=4,
+        rank=8,
+        dtype="f32",
+        seed=7 + version + block,
+    )
     draft = work / f"v{version}_b{block}-f32.gguf"
     convert(Options(draft_dir=src, target=random_target, outfile=draft, outtype="f32", force=True, progress=False))
     rng = np.random.default_rng(version * 100 + block)
     cases = [(rng.standard_normal((n, 128)).astype(np.float32), int(a), n) for n, a in ((37, 9), (5, 300), (0, 77))]
     step2 = (rng.standard_normal((3, 128)).astype(np.float32), 123)  # 3 accepted rows, then the next anchor
-    up = run_upstream(work, random_target, draft, block, cases, kv_f32=True, tag=f"rand_v{version}_b{block}",
-                      step2=step2)
+    up = run_upstream(
+        work, random_target, draft, block, cases, kv_f32=True, tag=f"rand_v{version}_b{block}", step2=step2
+    )
     worst = 0.0
     for ci, (feats, anchor, position) in enumerate(cases):
         ours, ours2 = ours_draft(draft, random_target, feats, anchor, position, step2)

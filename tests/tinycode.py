@@ -31,9 +31,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -67,7 +68,8 @@ def record(name: str, data: Any) -> Path:
 # files built once per process
 # --------------------------------------------------------------------------- #
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def _workdir() -> Path:
     d = Path(tempfile.mkdtemp(prefix="dflash-gguf-tinycode-"))
     atexit.register(shutil.rmtree, d, True)
@@ -78,8 +80,17 @@ def convert(draft_dir: Path, target: Path, outfile: Path, outtype: str = "f32") 
     """Run the dflash-convert CLI; raise with its output on failure."""
     exe = Path(sys.executable).with_name("dflash-convert")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "dflash_convert"]
-    cmd += [str(draft_dir), "--target", str(target), "--outfile", str(outfile), "--outtype", outtype,
-            "--no-progress", "--force"]
+    cmd += [
+        str(draft_dir),
+        "--target",
+        str(target),
+        "--outfile",
+        str(outfile),
+        "--outtype",
+        outtype,
+        "--no-progress",
+        "--force",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0 or not outfile.exists():
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout}\n{res.stderr}")
@@ -90,15 +101,16 @@ def convert(draft_dir: Path, target: Path, outfile: Path, outtype: str = "f32") 
 FIM_IDS = {"pre": 2043, "suf": 2044, "mid": 2045, "rep": 2046, "sep": 2047}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fim_target_gguf() -> Path:
     """The tinycode target with FIM_IDS as its fill-in-the-middle tokens (tokenizer.ggml.fim_*_token_id).
     The model was not trained for FIM: its middles are no good, but prompt layouts and losslessness do not
     need them to be."""
     import gguf
 
-    return _target_copy("fim", {f"tokenizer.ggml.fim_{k}_token_id": (gguf.GGUFValueType.UINT32, v)
-                                for k, v in FIM_IDS.items()})
+    return _target_copy(
+        "fim", {f"tokenizer.ggml.fim_{k}_token_id": (gguf.GGUFValueType.UINT32, v) for k, v in FIM_IDS.items()}
+    )
 
 
 def chat_target_gguf(template: str) -> Path:
@@ -108,8 +120,17 @@ def chat_target_gguf(template: str) -> Path:
     import gguf
 
     cache = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash-gguf"))
-    path = (cache / "llama-server-0.3.36" / "src" / "llama_cpp_python-0.3.36" / "vendor" / "llama.cpp" / "models"
-            / "templates" / f"{template}.jinja")
+    path = (
+        cache
+        / "llama-server-0.3.36"
+        / "src"
+        / "llama_cpp_python-0.3.36"
+        / "vendor"
+        / "llama.cpp"
+        / "models"
+        / "templates"
+        / f"{template}.jinja"
+    )
     if not path.is_file():
         raise FileNotFoundError(f"{path} (unpacked by scripts/build_llama_server.sh)")
     return _target_copy(template, {"tokenizer.chat_template": (gguf.GGUFValueType.STRING, path.read_text())})
@@ -130,39 +151,60 @@ def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def drafter_gguf(outtype: str = "f32") -> Path:
     """The bundled trained drafter as a GGUF of the given type."""
     return convert(DRAFTER_DIR, TARGET, _workdir() / f"tinycode-drafter-{outtype}.gguf", outtype)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def random_drafter_gguf(seed: int = 1234) -> Path:
     """A random (untrained) DFlash2 drafter that fits the tinycode target."""
     from factories import make_checkpoint
 
     src = _workdir() / f"random-drafter-{seed}"
-    make_checkpoint(src, version=2, hidden=256, n_layers=2, heads=4, kv_heads=2, head_dim=64, ff=768, vocab=2048,
-                    n_target_layers=6, target_layer_ids=(1, 3), top_k=8, rank=64, conv_kernel=2, conv_group=16,
-                    seed=seed)
+    make_checkpoint(
+        src,
+        version=2,
+        hidden=256,
+        n_layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=64,
+        ff=768,
+        vocab=2048,
+        n_target_layers=6,
+        target_layer_ids=(1, 3),
+        top_k=8,
+        rank=64,
+        conv_kernel=2,
+        conv_group=16,
+        seed=seed,
+    )
     return convert(src, TARGET, _workdir() / f"random-drafter-{seed}.gguf", "f32")
 
 
 # kind -> (tiny target kwargs, checkpoint kwargs)
 _MISMATCH = {
     # vocabulary 512 instead of 2048 (hidden 256 as the tinycode target)
-    "vocab": (dict(vocab=512, hidden=256, n_layers=6, heads=4, kv_heads=2, head_dim=64, ff=128),
-              dict(vocab=512, hidden=256, n_target_layers=6, target_layer_ids=(1, 3))),
+    "vocab": (
+        dict(vocab=512, hidden=256, n_layers=6, heads=4, kv_heads=2, head_dim=64, ff=128),
+        dict(vocab=512, hidden=256, n_target_layers=6, target_layer_ids=(1, 3)),
+    ),
     # hidden 128 instead of 256 (vocabulary 2048 as the tinycode target)
-    "hidden": (dict(vocab=2048, hidden=128, n_layers=6, heads=4, kv_heads=2, head_dim=32, ff=128),
-               dict(vocab=2048, hidden=128, n_target_layers=6, target_layer_ids=(1, 3))),
+    "hidden": (
+        dict(vocab=2048, hidden=128, n_layers=6, heads=4, kv_heads=2, head_dim=32, ff=128),
+        dict(vocab=2048, hidden=128, n_target_layers=6, target_layer_ids=(1, 3)),
+    ),
     # taps target layer 7 (dflash.target_layers [2, 8]); the tinycode target has 6 layers
-    "layers": (dict(vocab=2048, hidden=256, n_layers=8, heads=4, kv_heads=2, head_dim=64, ff=128),
-               dict(vocab=2048, hidden=256, n_target_layers=8, target_layer_ids=(1, 7))),
+    "layers": (
+        dict(vocab=2048, hidden=256, n_layers=8, heads=4, kv_heads=2, head_dim=64, ff=128),
+        dict(vocab=2048, hidden=256, n_target_layers=8, target_layer_ids=(1, 7)),
+    ),
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def mismatched_drafter_gguf(kind: str) -> Path:
     """A valid drafter GGUF, converted against another tiny target, that does not fit the tinycode target."""
     from factories import make_checkpoint, make_target_gguf
@@ -172,8 +214,7 @@ def mismatched_drafter_gguf(kind: str) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     target = d / "target.gguf"
     make_target_gguf(target, **tkw)
-    make_checkpoint(d / "ckpt", version=2, n_layers=1, heads=4, kv_heads=2, head_dim=32, ff=128, top_k=4, rank=8,
-                    **ckw)
+    make_checkpoint(d / "ckpt", version=2, n_layers=1, heads=4, kv_heads=2, head_dim=32, ff=128, top_k=4, rank=8, **ckw)
     return convert(d / "ckpt", target, d / "drafter.gguf", "f32")
 
 
@@ -181,7 +222,8 @@ def mismatched_drafter_gguf(kind: str) -> Path:
 # prompts
 # --------------------------------------------------------------------------- #
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def prompts() -> tuple[dict[str, Any], ...]:
     return tuple(json.loads(line) for line in PROMPTS.read_text().splitlines() if line.strip())
 
@@ -195,11 +237,12 @@ def prompt_tokens(tokenize: Any) -> list[list[int]]:
 # the greedy reference
 # --------------------------------------------------------------------------- #
 
+
 @dataclass
 class RefRun:
-    tokens: list[int]          # greedy continuation (stops after EOS, which is included)
+    tokens: list[int]  # greedy continuation (stops after EOS, which is included)
     top2: list[tuple[int, int]]  # the two best token ids at each step
-    margins: list[float]       # top-1 minus top-2 logit at each step
+    margins: list[float]  # top-1 minus top-2 logit at each step
 
 
 class GreedyReference:
@@ -208,8 +251,9 @@ class GreedyReference:
     def __init__(self, target: Path | str = TARGET, n_ctx: int = N_CTX, n_threads: int = THREADS) -> None:
         import llama_cpp
 
-        self.llm = llama_cpp.Llama(str(target), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                                   logits_all=True, verbose=False)
+        self.llm = llama_cpp.Llama(
+            str(target), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads, logits_all=True, verbose=False
+        )
         self._memo: dict[tuple[int, ...], RefRun] = {}
 
     def tokenize(self, text: bytes | str, add_special: bool = False, parse_special: bool = False) -> list[int]:
@@ -262,14 +306,15 @@ class GreedyReference:
 @dataclass
 class NearTie:
     prompt: str
-    index: int          # position in the continuation
+    index: int  # position in the continuation
     ours: int
     reference: int
     margin: float
 
 
-def compare_greedy(ref: GreedyReference, prompt: Sequence[int], ours: Sequence[int], n: int, eps: float,
-                   name: str = "") -> tuple[list[str], list[NearTie]]:
+def compare_greedy(
+    ref: GreedyReference, prompt: Sequence[int], ours: Sequence[int], n: int, eps: float, name: str = ""
+) -> tuple[list[str], list[NearTie]]:
     """Compare a greedy continuation with the reference, tolerating only near-ties.
 
     Where ours differs from the reference, the reference's top-2 logit margin at
@@ -294,15 +339,18 @@ def compare_greedy(ref: GreedyReference, prompt: Sequence[int], ours: Sequence[i
                 if EOS in run.top2[k] and run.margins[k] < eps:
                     ties.append(NearTie(name, i, EOS, r, run.margins[k]))
                 else:
-                    problems.append(f"{name}: ours stopped after {len(ours)} tokens, the reference continues "
-                                    f"with {r} (top-2 {run.top2[k]}, margin {run.margins[k]:.5f})")
+                    problems.append(
+                        f"{name}: ours stopped after {len(ours)} tokens, the reference continues "
+                        f"with {r} (top-2 {run.top2[k]}, margin {run.margins[k]:.5f})"
+                    )
             break
         if ours[i] != r:
             margin = run.margins[k]
             if margin >= eps or ours[i] not in run.top2[k]:
                 problems.append(
                     f"{name}: token {i}: ours {ours[i]} != reference {r} (reference top-2 {run.top2[k]}, "
-                    f"margin {margin:.5f} >= eps {eps} or ours not among them)")
+                    f"margin {margin:.5f} >= eps {eps} or ours not among them)"
+                )
                 break
             ties.append(NearTie(name, i, ours[i], r, margin))
             if ours[i] == EOS:

@@ -6,13 +6,14 @@
 #include "dflash/error.h"
 
 class Busy {
-  public:
+public:
     Busy(std::mutex & mu, const char * what) : lock_(mu, std::try_to_lock) {
         if (!lock_.owns_lock()) {
-            throw dflash::Error(std::string(what) + " is already in use by another call (one generation at a time per object)");
+            throw dflash::Error(std::string(what) +
+                                " is already in use by another call (one generation at a time per object)");
         }
     }
 
-  private:
+private:
     std::unique_lock<std::mutex> lock_;
 };

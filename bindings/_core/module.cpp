@@ -13,7 +13,7 @@ PYBIND11_MODULE(_core, m) {
             // messages quote names and strings from the file, which need not be UTF-8:
             // decode with backslashreplace, or Python would raise UnicodeDecodeError instead
             const std::string msg = e.what();
-            PyObject * text = PyUnicode_DecodeUTF8(msg.data(), (Py_ssize_t) msg.size(), "backslashreplace");
+            PyObject * text = PyUnicode_DecodeUTF8(msg.data(), (Py_ssize_t)msg.size(), "backslashreplace");
             if (!text) return;  // MemoryError is set
             py::set_error(error, py::reinterpret_steal<py::str>(text));
         }

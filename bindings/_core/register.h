@@ -3,9 +3,13 @@
 
 namespace py = pybind11;
 
-namespace dflash { struct DraftHparams; }
+namespace dflash {
+struct DraftHparams;
+}
 py::dict hparams_dict(const dflash::DraftHparams & h);
-namespace dflash { struct DrafterCounters; }
+namespace dflash {
+struct DrafterCounters;
+}
 py::dict counters_dict(const dflash::DrafterCounters & c);
 
 void register_model(py::module_ & m);

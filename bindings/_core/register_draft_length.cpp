@@ -12,10 +12,14 @@ void register_draft_length(py::module_ & m) {
         .def(py::init([](uint32_t cap, const std::string & mode, uint32_t n_max) {
                  if (cap == 0) throw dflash::Error("cap must be >= 1");
                  auto c = std::make_unique<C>(cap);
-                 if (mode == "auto") c->configure(C::Mode::Auto, n_max);
-                 else if (mode == "fixed") c->configure(C::Mode::Fixed, n_max);
-                 else if (mode == "fixed_no_fallback") c->configure(C::Mode::FixedNoFallback, n_max);
-                 else throw dflash::Error("mode must be 'auto', 'fixed' or 'fixed_no_fallback', not '" + mode + "'");
+                 if (mode == "auto")
+                     c->configure(C::Mode::Auto, n_max);
+                 else if (mode == "fixed")
+                     c->configure(C::Mode::Fixed, n_max);
+                 else if (mode == "fixed_no_fallback")
+                     c->configure(C::Mode::FixedNoFallback, n_max);
+                 else
+                     throw dflash::Error("mode must be 'auto', 'fixed' or 'fixed_no_fallback', not '" + mode + "'");
                  return c;
              }),
              py::arg("cap"), py::arg("mode") = "auto", py::arg("n_max") = 0)

@@ -67,14 +67,14 @@ void register_drafter(py::module_ & m) {
                py::array_t<int32_t, py::array::c_style | py::array::forcecast> positions) {
                 Busy busy(p.mu, "this Drafter");
                 const size_t width = p.d->hparams().n_target_features();
-                if (features.ndim() != 2 || (size_t) features.shape(1) != width) {
+                if (features.ndim() != 2 || (size_t)features.shape(1) != width) {
                     throw dflash::Error("inject: features must have shape [n, " + std::to_string(width) + "]");
                 }
                 if (positions.ndim() != 1 || positions.shape(0) != features.shape(0)) {
                     throw dflash::Error("inject: positions must have shape [n] matching features");
                 }
                 py::gil_scoped_release nogil;
-                p.d->inject(features.data(), positions.data(), (uint32_t) features.shape(0));
+                p.d->inject(features.data(), positions.data(), (uint32_t)features.shape(0));
             },
             py::arg("features"), py::arg("positions"))
         .def(
@@ -84,17 +84,18 @@ void register_drafter(py::module_ & m) {
                 p.d->truncate(n);
             },
             py::arg("n"))
-        .def("reset", [](PyDrafter & p) {
-            Busy busy(p.mu, "this Drafter");
-            p.d->reset();
-        })
+        .def("reset",
+             [](PyDrafter & p) {
+                 Busy busy(p.mu, "this Drafter");
+                 p.d->reset();
+             })
         .def(
             "draft",
             [](PyDrafter & p, int32_t anchor, int32_t position, int n, bool details, py::object all_rows,
                bool short_block) -> py::object {
                 Busy busy(p.mu, "this Drafter");
                 const uint32_t B = p.d->hparams().block_size;
-                const uint32_t n_draft = n < 0 ? B - 1 : (uint32_t) n;
+                const uint32_t n_draft = n < 0 ? B - 1 : (uint32_t)n;
                 const bool every_row = all_rows.is_none() ? details : all_rows.cast<bool>();
                 dflash::DraftResult r;
                 {
@@ -103,7 +104,7 @@ void register_drafter(py::module_ & m) {
                 }
                 if (!details) return py::cast(r.tokens);
                 py::dict d;
-                const py::ssize_t head = (py::ssize_t) r.argmax.size(), rows = (py::ssize_t) r.walk_index.size();
+                const py::ssize_t head = (py::ssize_t)r.argmax.size(), rows = (py::ssize_t)r.walk_index.size();
                 const py::ssize_t k = r.top_k, V = p.d->n_vocab();
                 d["tokens"] = r.tokens;
                 d["first_row"] = r.first_row;

@@ -49,7 +49,7 @@ py::dict info_dict(const dflash::DraftFileInfo & info) {
     // metadata strings come from the file and need not be UTF-8
     py::dict meta;
     for (const auto & [k, v] : info.meta) {
-        PyObject * text = PyUnicode_DecodeUTF8(v.data(), (Py_ssize_t) v.size(), "backslashreplace");
+        PyObject * text = PyUnicode_DecodeUTF8(v.data(), (Py_ssize_t)v.size(), "backslashreplace");
         if (!text) throw py::error_already_set();
         meta[py::str(k)] = py::reinterpret_steal<py::str>(text);
     }

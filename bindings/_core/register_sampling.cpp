@@ -15,7 +15,7 @@ dflash::SparseDist dense_to_sparse(const py::array_t<float, py::array::c_style |
     dflash::SparseDist d;
     for (py::ssize_t i = 0; i < a.shape(0); ++i) {
         if (a.at(i) > 0.0f) {
-            d.ids.push_back((int32_t) i);
+            d.ids.push_back((int32_t)i);
             d.probs.push_back(a.at(i));
         }
     }
@@ -66,7 +66,8 @@ void register_sampling(py::module_ & m) {
             return py::make_tuple(counts, accepted);
         },
         py::arg("p"), py::arg("q"), py::arg("n_draws"), py::arg("seed") = 0,
-        "Draw d ~ q, verify it against p with the rejection step; histogram of the emitted token and the accept count.");
+        "Draw d ~ q, verify it against p with the rejection step; histogram of the emitted token and the accept "
+        "count.");
     m.def(
         "gumbel_histogram",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> p,
@@ -79,8 +80,8 @@ void register_sampling(py::module_ & m) {
             {
                 py::gil_scoped_release nogil;
                 for (uint64_t i = 0; i < n_draws; ++i) {
-                    const int32_t x = dflash::gumbel_pick(ps, seed, (int32_t) i);
-                    const int32_t d = dflash::gumbel_pick(qs, seed, (int32_t) i);
+                    const int32_t x = dflash::gumbel_pick(ps, seed, (int32_t)i);
+                    const int32_t d = dflash::gumbel_pick(qs, seed, (int32_t)i);
                     target.mutable_data()[x]++;
                     drafted.mutable_data()[d]++;
                     agreed += x == d;
@@ -97,10 +98,10 @@ void register_sampling(py::module_ & m) {
            float top_p, float min_p, float typical_p) {
             dflash::SamplingParams sp{temperature, top_k, top_p, min_p, typical_p};
             if (sp.greedy()) throw dflash::Error("temperature must be > 0 for a distribution");
-            return dense(dflash::target_distribution(logits.data(), (uint32_t) logits.shape(0), sp), logits.shape(0));
+            return dense(dflash::target_distribution(logits.data(), (uint32_t)logits.shape(0), sp), logits.shape(0));
         },
-        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0f, py::arg("min_p") = 0.0f,
-        py::arg("typical_p") = 1.0f);
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
+        py::arg("min_p") = 0.0f, py::arg("typical_p") = 1.0f);
     m.def(
         "mirostat_step",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int32_t mode, float tau, float eta,
@@ -109,7 +110,7 @@ void register_sampling(py::module_ & m) {
             sp.mirostat = mode;
             sp.mirostat_tau = tau;
             sp.mirostat_eta = eta;
-            const auto d = dflash::mirostat_distribution(logits.data(), (uint32_t) logits.shape(0), sp, mu);
+            const auto d = dflash::mirostat_distribution(logits.data(), (uint32_t)logits.shape(0), sp, mu);
             const float next_mu = dflash::mirostat_update(d, token, sp, mu);
             return py::make_tuple(dense(d, logits.shape(0)), next_mu);
         },
@@ -130,7 +131,7 @@ void register_sampling(py::module_ & m) {
             dflash::TokenWindow window(sp.penalizes() ? penalty_last_n : 0);
             for (int32_t t : generated) window.push(t);
             std::vector<float> scratch;
-            const float * out = dflash::shape_logits(logits.data(), (uint32_t) logits.shape(0), sp, window, scratch);
+            const float * out = dflash::shape_logits(logits.data(), (uint32_t)logits.shape(0), sp, window, scratch);
             return py::array_t<float>(logits.shape(0), out);
         },
         py::arg("logits"), py::arg("generated"), py::arg("repeat_penalty") = 1.0f, py::arg("frequency_penalty") = 0.0f,

@@ -65,7 +65,7 @@ std::function<void(const std::vector<int32_t> &, float *, uint32_t)> wrap_logits
     if (fn.is_none()) return {};
     if (!PyCallable_Check(fn.ptr())) {
         throw py::value_error("logits_processor must be callable (input_ids, scores) -> scores, got " +
-                             py::str(py::type::of(fn).attr("__name__")).cast<std::string>());
+                              py::str(py::type::of(fn).attr("__name__")).cast<std::string>());
     }
     std::shared_ptr<py::object> held(new py::object(std::move(fn)), [](py::object * o) {
         py::gil_scoped_acquire gil;
@@ -73,10 +73,10 @@ std::function<void(const std::vector<int32_t> &, float *, uint32_t)> wrap_logits
     });
     return [held](const std::vector<int32_t> & ids, float * logits, uint32_t n_vocab) {
         py::gil_scoped_acquire gil;
-        py::object r = (*held)(py::array_t<int32_t>((py::ssize_t) ids.size(), ids.data()),
-                               py::array_t<float>((py::ssize_t) n_vocab, logits));
+        py::object r = (*held)(py::array_t<int32_t>((py::ssize_t)ids.size(), ids.data()),
+                               py::array_t<float>((py::ssize_t)n_vocab, logits));
         auto out = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(r);
-        if (!out || out.ndim() != 1 || out.shape(0) != (py::ssize_t) n_vocab) {
+        if (!out || out.ndim() != 1 || out.shape(0) != (py::ssize_t)n_vocab) {
             std::string got = py::str(py::type::of(r).attr("__name__"));
             if (out) got += " of shape " + std::string(py::str(out.attr("shape")));
             throw py::value_error("logits_processor must return n_vocab = " + std::to_string(n_vocab) +
@@ -111,8 +111,8 @@ dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std:
 // (each a copy of the recurrent state) must cover; a later, longer n_max rolls back by checkpoint instead.
 std::unique_ptr<PySpeculator> make_speculator(
     const std::function<std::unique_ptr<dflash::Target>(uint32_t max_draft)> & open_target,
-    const std::string & target_path, const std::string & draft, const std::string & device, int n_threads,
-    bool repack, const dflash::SpeculatorOptions & sopt) {
+    const std::string & target_path, const std::string & draft, const std::string & device, int n_threads, bool repack,
+    const dflash::SpeculatorOptions & sopt) {
     const dflash::DraftFileInfo info = dflash::inspect_draft_file(draft);
     const uint32_t cap = info.hparams.block_size - 1;
     auto t = open_target(sopt.n_max > 0 ? std::min(sopt.n_max, cap) : cap);
@@ -145,15 +145,14 @@ void register_speculator(py::module_ & m) {
                  topt.n_batch = n_batch;
                  topt.n_gpu_layers = n_gpu_layers;
                  topt.n_threads = n_threads;
-                 topt.repack = repack ? (int) *repack : -1;
+                 topt.repack = repack ? (int)*repack : -1;
                  py::gil_scoped_release nogil;
                  return make_speculator(
                      [&](uint32_t max_draft) {
                          topt.n_rs_seq = max_draft;
                          return std::make_unique<dflash::Target>(target, topt);
                      },
-                     target, draft,
-                                        device, n_threads, repack.value_or(true), sopt);
+                     target, draft, device, n_threads, repack.value_or(true), sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
@@ -168,13 +167,13 @@ void register_speculator(py::module_ & m) {
                 py::gil_scoped_release nogil;
                 return make_speculator(
                     [&](uint32_t) {
-                        return std::make_unique<dflash::Target>((llama_model *) model_ptr, (llama_context *) ctx_ptr);
+                        return std::make_unique<dflash::Target>((llama_model *)model_ptr, (llama_context *)ctx_ptr);
                     },
                     target_path, draft, device, n_threads, /*repack=*/true, sopt);
             },
-            py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"), py::arg("n_threads") = 0,
-            py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = "logits",
-            py::arg("fallback") = true, py::arg("sampler") = "gumbel",
+            py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"),
+            py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false,
+            py::arg("draft_q") = "logits", py::arg("fallback") = true, py::arg("sampler") = "gumbel",
             "Use the model and context of an existing llama_cpp.Llama as the target (they stay owned by it).")
         .def(
             "start",
@@ -219,11 +218,11 @@ void register_speculator(py::module_ & m) {
             py::arg("prompt"), py::arg("temperature") = 0.0f, py::arg("top_k") = 0, py::arg("top_p") = 1.0f,
             py::arg("min_p") = 0.0f, py::arg("seed") = 0, py::arg("repeat_penalty") = 1.0f,
             py::arg("frequency_penalty") = 0.0f, py::arg("presence_penalty") = 0.0f, py::arg("penalty_last_n") = 64,
-            py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1,
-            py::arg("grammar") = "", py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(),
-            py::arg("keep_logits") = false, py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false,
-            py::arg("typical_p") = 1.0f, py::arg("mirostat_mode") = 0, py::arg("mirostat_tau") = 5.0f,
-            py::arg("mirostat_eta") = 0.1f, py::arg("grammar_triggers") = std::vector<std::string>{})
+            py::arg("logit_bias") = std::map<int32_t, float>{}, py::arg("logprobs") = -1, py::arg("grammar") = "",
+            py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(), py::arg("keep_logits") = false,
+            py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false, py::arg("typical_p") = 1.0f,
+            py::arg("mirostat_mode") = 0, py::arg("mirostat_tau") = 5.0f, py::arg("mirostat_eta") = 0.1f,
+            py::arg("grammar_triggers") = std::vector<std::string>{})
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");
@@ -238,7 +237,7 @@ void register_speculator(py::module_ & m) {
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");
                                    const py::ssize_t V = live(p).target().n_vocab();
-                                   py::array_t<float> a({(py::ssize_t) p.last_logits.size() / V, V});
+                                   py::array_t<float> a({(py::ssize_t)p.last_logits.size() / V, V});
                                    std::copy(p.last_logits.begin(), p.last_logits.end(), a.mutable_data());
                                    return a;
                                })
@@ -286,8 +285,8 @@ void register_speculator(py::module_ & m) {
                      py::gil_scoped_release nogil;
                      st = live(p).save_state();
                  }
-                 return py::make_tuple(st.tokens, py::bytes((const char *) st.target.data(), st.target.size()),
-                                       py::bytes((const char *) st.draft.data(), st.draft.size()));
+                 return py::make_tuple(st.tokens, py::bytes((const char *)st.target.data(), st.target.size()),
+                                       py::bytes((const char *)st.draft.data(), st.draft.size()));
              })
         .def(
             "load_state",
@@ -302,7 +301,8 @@ void register_speculator(py::module_ & m) {
         .def_property_readonly("n_ctx", [](PySpeculator & p) { return live(p).target().n_ctx(); })
         .def_property_readonly("target_arch", [](PySpeculator & p) { return live(p).target().arch(); })
         .def_property_readonly(
-            "target_memory", [](PySpeculator & p) { return std::string(dflash::memory_name(live(p).target().memory())); },
+            "target_memory",
+            [](PySpeculator & p) { return std::string(dflash::memory_name(live(p).target().memory())); },
             "How the target goes back on a rejected draft: attention, recurrent-snapshots, recurrent-checkpoint")
         .def_property_readonly("rollback_counters",
                                [](PySpeculator & p) {
@@ -318,7 +318,8 @@ void register_speculator(py::module_ & m) {
                                    return d;
                                })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return live(p).target().n_vocab(); })
-        .def_property_readonly("draft_hparams", [](PySpeculator & p) { return hparams_dict(live(p).drafter().hparams()); })
+        .def_property_readonly("draft_hparams",
+                               [](PySpeculator & p) { return hparams_dict(live(p).drafter().hparams()); })
         .def_property_readonly("draft_device", [](PySpeculator & p) { return live(p).drafter().device_name(); })
         .def_property_readonly("draft_counters",
                                [](PySpeculator & p) { return counters_dict(live(p).drafter().counters()); })
@@ -349,29 +350,32 @@ void register_speculator(py::module_ & m) {
             [](PySpeculator & p, const std::string & text, bool add_special, bool parse_special) {
                 const llama_vocab * v = live(p).target().vocab();
                 std::vector<int32_t> out(text.size() + 16);
-                int32_t n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(),
+                int32_t n = llama_tokenize(v, text.data(), (int32_t)text.size(), out.data(), (int32_t)out.size(),
                                            add_special, parse_special);
                 if (n < 0) {
-                    out.resize((size_t) -n);
-                    n = llama_tokenize(v, text.data(), (int32_t) text.size(), out.data(), (int32_t) out.size(),
+                    out.resize((size_t)-n);
+                    n = llama_tokenize(v, text.data(), (int32_t)text.size(), out.data(), (int32_t)out.size(),
                                        add_special, parse_special);
                 }
                 if (n < 0) throw dflash::Error("tokenization failed");
-                out.resize((size_t) n);
+                out.resize((size_t)n);
                 return out;
             },
             py::arg("text"), py::arg("add_special") = false, py::arg("parse_special") = true)
         .def(
             "token_to_piece",
             [](PySpeculator & p, int32_t tok, bool special) {
-                if (tok < 0 || (uint32_t) tok >= live(p).target().n_vocab()) throw dflash::Error("token id out of range");
+                if (tok < 0 || (uint32_t)tok >= live(p).target().n_vocab())
+                    throw dflash::Error("token id out of range");
                 std::string buf(256, '\0');
-                int32_t n = llama_token_to_piece(live(p).target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
+                int32_t n =
+                    llama_token_to_piece(live(p).target().vocab(), tok, buf.data(), (int32_t)buf.size(), 0, special);
                 if (n < 0) {
-                    buf.resize((size_t) -n);
-                    n = llama_token_to_piece(live(p).target().vocab(), tok, buf.data(), (int32_t) buf.size(), 0, special);
+                    buf.resize((size_t)-n);
+                    n = llama_token_to_piece(live(p).target().vocab(), tok, buf.data(), (int32_t)buf.size(), 0,
+                                             special);
                 }
-                buf.resize((size_t) std::max(n, 0));
+                buf.resize((size_t)std::max(n, 0));
                 return py::bytes(buf);
             },
             py::arg("token"), py::arg("special") = false)
@@ -380,13 +384,14 @@ void register_speculator(py::module_ & m) {
                                [](PySpeculator & p) {
                                    std::vector<int32_t> out;
                                    for (uint32_t t = 0; t < live(p).target().n_vocab(); ++t) {
-                                       if (live(p).target().is_eog((int32_t) t)) out.push_back((int32_t) t);
+                                       if (live(p).target().is_eog((int32_t)t)) out.push_back((int32_t)t);
                                    }
                                    return out;
                                })
         .def_property_readonly("token_eos", [](PySpeculator & p) { return llama_vocab_eos(live(p).target().vocab()); })
         .def_property_readonly("token_bos", [](PySpeculator & p) { return llama_vocab_bos(live(p).target().vocab()); })
-        .def_property_readonly("add_bos", [](PySpeculator & p) { return llama_vocab_get_add_bos(live(p).target().vocab()); })
+        .def_property_readonly("add_bos",
+                               [](PySpeculator & p) { return llama_vocab_get_add_bos(live(p).target().vocab()); })
         .def_property_readonly("fim_tokens",
                                [](PySpeculator & p) {
                                    const llama_vocab * v = live(p).target().vocab();
@@ -398,17 +403,15 @@ void register_speculator(py::module_ & m) {
                                    d["sep"] = llama_vocab_fim_sep(v);
                                    return d;
                                })
-        .def(
-            "close",
-            [](PySpeculator & p) {
-                Busy busy(p.mu, "this SpeculativeLlama");
-                p.s.reset();  // frees the target (or hands an adopted context back) and the drafter now
-            })
+        .def("close",
+             [](PySpeculator & p) {
+                 Busy busy(p.mu, "this SpeculativeLlama");
+                 p.s.reset();  // frees the target (or hands an adopted context back) and the drafter now
+             })
         .def_property_readonly("closed", [](PySpeculator & p) { return !p.s; })
-        .def_property_readonly("chat_template",
-                               [](PySpeculator & p) -> py::object {
-                                   const char * t = llama_model_chat_template(live(p).target().model(), nullptr);
-                                   if (!t) return py::none();
-                                   return py::str(t);
-                               });
+        .def_property_readonly("chat_template", [](PySpeculator & p) -> py::object {
+            const char * t = llama_model_chat_template(live(p).target().model(), nullptr);
+            if (!t) return py::none();
+            return py::str(t);
+        });
 }

@@ -12,6 +12,13 @@ from ._core import DFlashError, Drafter, inspect_draft, load_draft
 from .speculative import GenerationStats, SpeculativeLlama
 from .state import SpeculativeState
 
-__all__ = ["DFlashError", "Drafter", "GenerationStats", "SpeculativeLlama", "SpeculativeState", "inspect_draft",
-           "load_draft"]
+__all__ = [
+    "DFlashError",
+    "Drafter",
+    "GenerationStats",
+    "SpeculativeLlama",
+    "SpeculativeState",
+    "inspect_draft",
+    "load_draft",
+]
 __version__ = "0.1.0"

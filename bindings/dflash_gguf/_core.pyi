@@ -11,7 +11,12 @@ def load_draft(path: str) -> dict[str, Any]: ...
 
 class Drafter:
     def __init__(
-        self, draft: str, target: str = "", device: str = "auto", n_threads: int = 0, n_ctx: int = 4096,
+        self,
+        draft: str,
+        target: str = "",
+        device: str = "auto",
+        n_threads: int = 0,
+        n_ctx: int = 4096,
         repack: bool = True,
     ) -> None: ...
     @property
@@ -35,12 +40,22 @@ class Drafter:
     def reset(self) -> None: ...
     @overload
     def draft(
-        self, anchor: int, position: int, n: int = -1, details: bool = False, all_rows: bool | None = None,
+        self,
+        anchor: int,
+        position: int,
+        n: int = -1,
+        details: bool = False,
+        all_rows: bool | None = None,
         short_block: bool = False,
     ) -> list[int]: ...
     @overload
     def draft(
-        self, anchor: int, position: int, n: int, details: bool, all_rows: bool | None = None,
+        self,
+        anchor: int,
+        position: int,
+        n: int,
+        details: bool,
+        all_rows: bool | None = None,
         short_block: bool = False,
     ) -> dict[str, Any]: ...
 
@@ -51,15 +66,24 @@ def gumbel_histogram(
     p: npt.ArrayLike, q: npt.ArrayLike, n_draws: int, seed: int = 0
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]: ...
 def target_distribution(
-    logits: npt.ArrayLike, temperature: float, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
+    logits: npt.ArrayLike,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
     typical_p: float = 1.0,
 ) -> npt.NDArray[np.float32]: ...
 def mirostat_step(
     logits: npt.ArrayLike, mode: int, tau: float, eta: float, mu: float, token: int
 ) -> tuple[npt.NDArray[np.float32], float]: ...
 def shape_logits(
-    logits: npt.ArrayLike, generated: list[int], repeat_penalty: float = 1.0, frequency_penalty: float = 0.0,
-    presence_penalty: float = 0.0, penalty_last_n: int = 64, logit_bias: dict[int, float] = ...,
+    logits: npt.ArrayLike,
+    generated: list[int],
+    repeat_penalty: float = 1.0,
+    frequency_penalty: float = 0.0,
+    presence_penalty: float = 0.0,
+    penalty_last_n: int = 64,
+    logit_bias: dict[int, float] = ...,
 ) -> npt.NDArray[np.float32]: ...
 
 class DraftLengthController:
@@ -116,13 +140,29 @@ class Speculator:
     @property
     def rollback_counters(self) -> dict[str, int]: ...
     def start(
-        self, prompt: list[int], temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-        seed: int = 0, repeat_penalty: float = 1.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
-        penalty_last_n: int = 64, logit_bias: dict[int, float] = ..., logprobs: int = -1, grammar: str = "",
+        self,
+        prompt: list[int],
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        min_p: float = 0.0,
+        seed: int = 0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        penalty_last_n: int = 64,
+        logit_bias: dict[int, float] = ...,
+        logprobs: int = -1,
+        grammar: str = "",
         grammar_root: str = "root",
         logits_processor: Callable[[npt.NDArray[np.int32], npt.NDArray[np.float32]], npt.ArrayLike] | None = None,
-        keep_logits: bool = False, prompt_logprobs: bool = False, grammar_full_pass: bool = False,
-        typical_p: float = 1.0, mirostat_mode: int = 0, mirostat_tau: float = 5.0, mirostat_eta: float = 0.1,
+        keep_logits: bool = False,
+        prompt_logprobs: bool = False,
+        grammar_full_pass: bool = False,
+        typical_p: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
         grammar_triggers: list[str] = ...,
     ) -> int: ...
     @property

@@ -107,7 +107,7 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, s
                 obj = {"text": obj}
             text = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else None
             if not isinstance(text, str) or not text:
-                raise BenchError(f"{path}:{i + 1}: no \"text\" field")
+                raise BenchError(f'{path}:{i + 1}: no "text" field')
             prompts.append({"id": str(obj.get("id", f"prompt-{len(prompts)}")), "text": text})
     if limit is not None and limit > 0:
         prompts = prompts[:limit]
@@ -201,18 +201,58 @@ def parse_prometheus(text: str) -> dict[str, Any]:
 class UpstreamServer:
     """llama-server on 127.0.0.1 with a free port; started, waited for /health, stopped always."""
 
-    def __init__(self, binary: Path, target: str, draft: str | None, *, n_max: int, threads: int, n_ctx: int,
-                 n_gpu_layers: int, seed: int, extra_args: Sequence[str] = (), log_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        binary: Path,
+        target: str,
+        draft: str | None,
+        *,
+        n_max: int,
+        threads: int,
+        n_ctx: int,
+        n_gpu_layers: int,
+        seed: int,
+        extra_args: Sequence[str] = (),
+        log_path: Path | None = None,
+    ) -> None:
         self.binary = binary
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        cmd = [str(binary), "-m", target, "--host", "127.0.0.1", "--port", str(self.port),
-               "-c", str(n_ctx), "-np", "1", "-t", str(threads), "--seed", str(seed), "--metrics",
-               "-ngl", str(n_gpu_layers)]
+        cmd = [
+            str(binary),
+            "-m",
+            target,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "-c",
+            str(n_ctx),
+            "-np",
+            "1",
+            "-t",
+            str(threads),
+            "--seed",
+            str(seed),
+            "--metrics",
+            "-ngl",
+            str(n_gpu_layers),
+        ]
         if draft is not None:
-            cmd += ["-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", str(n_max),
-                    "--spec-draft-n-min", "0", "-td", str(threads),
-                    "-ngld", str(99 if n_gpu_layers > 0 else 0)]
+            cmd += [
+                "-md",
+                draft,
+                "--spec-type",
+                "draft-dflash",
+                "--spec-draft-n-max",
+                str(n_max),
+                "--spec-draft-n-min",
+                "0",
+                "-td",
+                str(threads),
+                "-ngld",
+                str(99 if n_gpu_layers > 0 else 0),
+            ]
         cmd += list(extra_args)
         self.cmd = cmd
         self.log_path = log_path
@@ -240,8 +280,10 @@ class UpstreamServer:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while True:
                 if self.proc.poll() is not None:
-                    raise BenchError(f"llama-server exited with {self.proc.returncode} during startup "
-                                     f"({' '.join(self.cmd)}):\n{self.log_tail()}")
+                    raise BenchError(
+                        f"llama-server exited with {self.proc.returncode} during startup "
+                        f"({' '.join(self.cmd)}):\n{self.log_tail()}"
+                    )
                 try:
                     status, _ = _http(self.base + "/health", timeout=5)
                     if status == 200:
@@ -274,15 +316,36 @@ class UpstreamServer:
             return {"accepted_per_pos": []}
         return parse_prometheus(body.decode(errors="replace"))
 
-    def complete(self, tokens: list[int], *, n_predict: int, temperature: float, top_k: int, top_p: float,
-                 min_p: float, seed: int) -> dict[str, Any]:
+    def complete(
+        self,
+        tokens: list[int],
+        *,
+        n_predict: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        min_p: float,
+        seed: int,
+    ) -> dict[str, Any]:
         before = self.metrics()
         payload = {
-            "prompt": tokens, "n_predict": n_predict, "temperature": temperature,
-            "top_k": top_k, "top_p": top_p, "min_p": min_p, "seed": seed,
-            "typical_p": 1.0, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "dry_multiplier": 0.0, "xtc_probability": 0.0, "mirostat": 0,
-            "cache_prompt": False, "return_tokens": True, "stream": False,
+            "prompt": tokens,
+            "n_predict": n_predict,
+            "temperature": temperature,
+            "top_k": top_k,
+            "top_p": top_p,
+            "min_p": min_p,
+            "seed": seed,
+            "typical_p": 1.0,
+            "repeat_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "dry_multiplier": 0.0,
+            "xtc_probability": 0.0,
+            "mirostat": 0,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "stream": False,
         }
         status, body = _http(self.base + "/completion", payload)
         if status != 200:
@@ -323,8 +386,9 @@ class UpstreamServer:
             rec["mean_accepted_length"] = 1.0
         if rec.get("pos_accepted") and rec["steps"]:
             rec["pos_reached"] = [rec["steps"]] + rec["pos_accepted"][:-1]
-            rec["per_position_acceptance"] = [a / r if r else 0.0
-                                              for a, r in zip(rec["pos_accepted"], rec["pos_reached"])]
+            rec["per_position_acceptance"] = [
+                a / r if r else 0.0 for a, r in zip(rec["pos_accepted"], rec["pos_reached"])
+            ]
         return rec
 
 
@@ -339,11 +403,31 @@ def _fresh_prefill(llm: Any, prompt: list[int]) -> None:
         pass
 
 
-def _run_ours(llm: Any, prompt: list[int], *, plain: bool, n_predict: int, temperature: float, top_k: int,
-              top_p: float, min_p: float, seed: int) -> dict[str, Any]:
+def _run_ours(
+    llm: Any,
+    prompt: list[int],
+    *,
+    plain: bool,
+    n_predict: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    seed: int,
+) -> dict[str, Any]:
     _fresh_prefill(llm, prompt)
-    out = list(llm.generate_tokens(prompt, max_tokens=n_predict, temperature=temperature, top_k=top_k, top_p=top_p,
-                                   min_p=min_p, seed=seed, plain=plain))
+    out = list(
+        llm.generate_tokens(
+            prompt,
+            max_tokens=n_predict,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            plain=plain,
+        )
+    )
     s = llm.stats
     rec: dict[str, Any] = {
         "tokens": len(out),
@@ -357,10 +441,15 @@ def _run_ours(llm: Any, prompt: list[int], *, plain: bool, n_predict: int, tempe
     if not plain:
         drafted_steps = s.steps - s.plain_steps
         rec.update(
-            steps=s.steps, plain_steps=s.plain_steps, drafted=s.drafted, accepted=s.accepted,
+            steps=s.steps,
+            plain_steps=s.plain_steps,
+            drafted=s.drafted,
+            accepted=s.accepted,
             mean_accepted_length=s.mean_accepted_length,
             per_position_acceptance=list(s.per_position_acceptance),
-            draft_ms=s.draft_ms, verify_ms=s.verify_ms, inject_ms=s.inject_ms,
+            draft_ms=s.draft_ms,
+            verify_ms=s.verify_ms,
+            inject_ms=s.inject_ms,
             draft_ms_per_step=s.draft_ms / drafted_steps if drafted_steps else 0.0,
             verify_ms_per_step=s.verify_ms / s.steps if s.steps else 0.0,
         )
@@ -403,8 +492,16 @@ def _make_llm(o: BenchOptions, n_max: NMax, threads: int) -> Any:
     from .speculative import SpeculativeLlama
 
     try:
-        return SpeculativeLlama(o.target, o.draft, n_ctx=o.n_ctx, n_gpu_layers=o.n_gpu_layers, n_threads=threads,
-                                n_max=n_max, draft_q=o.draft_q, device=o.device)  # type: ignore[arg-type]
+        return SpeculativeLlama(
+            o.target,
+            o.draft,
+            n_ctx=o.n_ctx,
+            n_gpu_layers=o.n_gpu_layers,
+            n_threads=threads,
+            n_max=n_max,
+            draft_q=o.draft_q,
+            device=o.device,
+        )  # type: ignore[arg-type]
     except (TypeError, ValueError) as e:
         if n_max == "auto":
             raise BenchError(
@@ -446,21 +543,44 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
         server_bin = find_server_binary(o.server_binary)
         if server_bin is None or not server_bin.is_file() or not os.access(server_bin, os.X_OK):
             raise BenchError(missing_server_message() + (f" (looked at {server_bin})" if server_bin else ""))
-        if ("--no-repack" not in server_extra and "-nr" not in server_extra and _cpu_has_amx()
-                and (_gguf_is_quantized(o.target) or _gguf_is_quantized(o.draft))):
+        if (
+            "--no-repack" not in server_extra
+            and "-nr" not in server_extra
+            and _cpu_has_amx()
+            and (_gguf_is_quantized(o.target) or _gguf_is_quantized(o.draft))
+        ):
             server_extra.append("--no-repack")
-            notes.append("llama-server got --no-repack: llama.cpp 0.3.36's AMX repack crashes on quantized "
-                         "weights on this CPU (docs/converting.md)")
+            notes.append(
+                "llama-server got --no-repack: llama.cpp 0.3.36's AMX repack crashes on quantized "
+                "weights on this CPU (docs/converting.md)"
+            )
 
     result: dict[str, Any] = {
         "meta": {
-            "target": o.target, "draft": o.draft, "prompts": o.prompts, "n_prompts": len(prompts),
-            "n_predict": o.n_predict, "temperature": o.temperature, "top_k": o.top_k, "top_p": o.top_p,
-            "min_p": o.min_p, "seed": o.seed, "repeat": o.repeat, "systems": systems, "threads": threads,
-            "n_ctx": o.n_ctx, "n_gpu_layers": o.n_gpu_layers, "device": o.device, "draft_q": o.draft_q,
-            "n_max": n_maxes, "server_binary": str(server_bin) if server_bin else None,
-            "server_args": server_extra, "host": platform.node(), "machine": platform.machine(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "target": o.target,
+            "draft": o.draft,
+            "prompts": o.prompts,
+            "n_prompts": len(prompts),
+            "n_predict": o.n_predict,
+            "temperature": o.temperature,
+            "top_k": o.top_k,
+            "top_p": o.top_p,
+            "min_p": o.min_p,
+            "seed": o.seed,
+            "repeat": o.repeat,
+            "systems": systems,
+            "threads": threads,
+            "n_ctx": o.n_ctx,
+            "n_gpu_layers": o.n_gpu_layers,
+            "device": o.device,
+            "draft_q": o.draft_q,
+            "n_max": n_maxes,
+            "server_binary": str(server_bin) if server_bin else None,
+            "server_args": server_extra,
+            "host": platform.node(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         },
         "notes": notes,
@@ -518,12 +638,25 @@ def _progress(total: int, enabled: bool) -> Any:
     return tqdm(total=total, unit="run", file=sys.stderr, dynamic_ncols=True, leave=False)
 
 
-def _run_config(o: BenchOptions, n_max: NMax, systems: list[str], prompts: list[dict[str, str]], threads: int,
-                server_bin: Path | None, server_extra: list[str], bar: Any) -> dict[str, Any]:
+def _run_config(
+    o: BenchOptions,
+    n_max: NMax,
+    systems: list[str],
+    prompts: list[dict[str, str]],
+    threads: int,
+    server_bin: Path | None,
+    server_extra: list[str],
+    bar: Any,
+) -> dict[str, Any]:
     llm = _make_llm(o, n_max, threads)
-    cfg: dict[str, Any] = {"n_max": n_max, "n_max_ours": llm.n_max,
-                           "block_size": int(llm._spec.draft_hparams["block_size"]),
-                           "draft_device": getattr(llm._spec, "draft_device", None), "runs": [], "notes": []}
+    cfg: dict[str, Any] = {
+        "n_max": n_max,
+        "n_max_ours": llm.n_max,
+        "block_size": int(llm._spec.draft_hparams["block_size"]),
+        "draft_device": getattr(llm._spec, "draft_device", None),
+        "runs": [],
+        "notes": [],
+    }
     up_k = _upstream_n_max(llm, n_max)
     if any(s.startswith("upstream") for s in systems):
         cfg["n_max_upstream"] = up_k
@@ -533,6 +666,7 @@ def _run_config(o: BenchOptions, n_max: NMax, systems: list[str], prompts: list[
     kw = dict(n_predict=o.n_predict, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p)
 
     with _servers(o, systems, server_bin, server_extra, up_k, threads) as servers:
+
         def one(system: str, toks: list[int], seed: int) -> dict[str, Any]:
             if system in ("ar", "ours"):
                 return _run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
@@ -564,21 +698,30 @@ def _run_config(o: BenchOptions, n_max: NMax, systems: list[str], prompts: list[
                         rec["same_as_ar"] = rec["output"][:n] == ar_rec["output"][:n]
                     cfg["runs"].append(rec)
                     bar.update(1)
-    del llm
+    llm.close()  # the model goes before the next configuration loads its own
     return cfg
 
 
 @contextmanager
-def _servers(o: BenchOptions, systems: list[str], server_bin: Path | None, extra: list[str], n_max: int,
-             threads: int) -> Iterator[dict[str, UpstreamServer]]:
+def _servers(
+    o: BenchOptions, systems: list[str], server_bin: Path | None, extra: list[str], n_max: int, threads: int
+) -> Iterator[dict[str, UpstreamServer]]:
     servers: dict[str, UpstreamServer] = {}
     try:
         for system in systems:
             if system.startswith("upstream"):
                 assert server_bin is not None
-                srv = UpstreamServer(server_bin, o.target, o.draft if system == "upstream" else None, n_max=n_max,
-                                     threads=threads, n_ctx=o.n_ctx, n_gpu_layers=o.n_gpu_layers, seed=o.seed,
-                                     extra_args=extra)
+                srv = UpstreamServer(
+                    server_bin,
+                    o.target,
+                    o.draft if system == "upstream" else None,
+                    n_max=n_max,
+                    threads=threads,
+                    n_ctx=o.n_ctx,
+                    n_gpu_layers=o.n_gpu_layers,
+                    seed=o.seed,
+                    extra_args=extra,
+                )
                 srv.__enter__()
                 servers[system] = srv
         yield servers
@@ -606,8 +749,14 @@ def _quantile(xs: Sequence[float], q: float) -> float:
 
 
 def spread(xs: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(xs), "p10": _quantile(xs, 0.1), "p90": _quantile(xs, 0.9),
-            "min": min(xs), "max": max(xs), "mean": statistics.fmean(xs)}
+    return {
+        "median": statistics.median(xs),
+        "p10": _quantile(xs, 0.1),
+        "p90": _quantile(xs, 0.9),
+        "min": min(xs),
+        "max": max(xs),
+        "mean": statistics.fmean(xs),
+    }
 
 
 def pooled_acceptance(runs: Sequence[dict[str, Any]]) -> list[float] | None:
@@ -683,7 +832,9 @@ def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
             s["plain_steps"] = sum(r["plain_steps"] for r in runs)
             if all("limit_vs_ar" in r for r in runs):
                 s["limit_vs_ar"] = spread([r["limit_vs_ar"] for r in runs])
-                s["share_of_limit"] = spread([r["speedup_vs_ar"] / r["limit_vs_ar"] for r in runs if r["limit_vs_ar"] > 0])
+                s["share_of_limit"] = spread(
+                    [r["speedup_vs_ar"] / r["limit_vs_ar"] for r in runs if r["limit_vs_ar"] > 0]
+                )
         if system == "ar":
             s["ms_per_token"] = 1e3 / s["tok_s"]["median"] if s["tok_s"]["median"] > 0 else float("nan")
         out[system] = s
@@ -705,12 +856,16 @@ def format_table(result: dict[str, Any]) -> str:
     for cfg in result["configs"]:
         up = f", upstream --spec-draft-n-max {cfg['n_max_upstream']}" if "n_max_upstream" in cfg else ""
         lines.append("")
-        lines.append(f"n_max {cfg['n_max']} (ours: {cfg['n_max_ours']}{up}; block size {cfg['block_size']}, "
-                     f"draft device {cfg.get('draft_device')})")
+        lines.append(
+            f"n_max {cfg['n_max']} (ours: {cfg['n_max_ours']}{up}; block size {cfg['block_size']}, "
+            f"draft device {cfg.get('draft_device')})"
+        )
         for note in cfg.get("notes", []):
             lines.append(f"note: {note}")
-        hdr = (f"{'system':<12}{'decode tok/s':>13}{'p10-p90':>17}{'speedup':>9}{'p10-p90':>13}"
-               f"{'acc.len':>9}{'draft ms':>10}{'verify ms':>11}{'prefill ms':>12}")
+        hdr = (
+            f"{'system':<12}{'decode tok/s':>13}{'p10-p90':>17}{'speedup':>9}{'p10-p90':>13}"
+            f"{'acc.len':>9}{'draft ms':>10}{'verify ms':>11}{'prefill ms':>12}"
+        )
         lines.append(hdr)
         lines.append("-" * len(hdr))
         for system, s in cfg["summary"].items():
@@ -722,8 +877,10 @@ def format_table(result: dict[str, Any]) -> str:
             vms = f"{s['verify_ms_per_step']['median']:.3f}" if "verify_ms_per_step" in s else "-"
             speed = "1 (base)" if system == "ar" else f"{sp['median']:.2f}x"
             sspread = "" if system == "ar" else f"{sp['p10']:.2f}-{sp['p90']:.2f}"
-            lines.append(f"{system:<12}{t['median']:>13.1f}{t['p10']:>8.1f}-{t['p90']:<8.1f}{speed:>9}"
-                         f"{sspread:>13}{acc:>9}{dms:>10}{vms:>11}{pf['median']:>12.2f}")
+            lines.append(
+                f"{system:<12}{t['median']:>13.1f}{t['p10']:>8.1f}-{t['p90']:<8.1f}{speed:>9}"
+                f"{sspread:>13}{acc:>9}{dms:>10}{vms:>11}{pf['median']:>12.2f}"
+            )
         for system in ("ours", "upstream"):
             s = cfg["summary"].get(system)
             if not s:
@@ -738,20 +895,28 @@ def format_table(result: dict[str, Any]) -> str:
             extra = ""
             if system == "ours" and s.get("plain_steps"):
                 extra = f"; {s['plain_steps']} fallback plain steps"
-            lines.append(f"{system} per-position conditional acceptance: {txt}  "
-                         f"({s['accepted']}/{s['drafted']} drafts accepted{extra})")
+            lines.append(
+                f"{system} per-position conditional acceptance: {txt}  "
+                f"({s['accepted']}/{s['drafted']} drafts accepted{extra})"
+            )
             if system == "ours" and "limit_vs_ar" in s:
-                lines.append(f"ours vs the limit of its own measured costs (draft + verify + inject, no loop "
-                             f"overhead): limit {s['limit_vs_ar']['median']:.2f}x, measured "
-                             f"{s['speedup_vs_ar']['median']:.2f}x = {s['share_of_limit']['median']:.0%} of it")
+                lines.append(
+                    f"ours vs the limit of its own measured costs (draft + verify + inject, no loop "
+                    f"overhead): limit {s['limit_vs_ar']['median']:.2f}x, measured "
+                    f"{s['speedup_vs_ar']['median']:.2f}x = {s['share_of_limit']['median']:.0%} of it"
+                )
         same = {k: v for k, v in cfg["summary"].items() if "same_as_ar" in v and k != "ar"}
         if same:
-            lines.append("greedy output identical to ar: " + ", ".join(
-                f"{k} {v['same_as_ar']}/{v['runs']}" for k, v in same.items()))
+            lines.append(
+                "greedy output identical to ar: "
+                + ", ".join(f"{k} {v['same_as_ar']}/{v['runs']}" for k, v in same.items())
+            )
     lines.append("")
-    lines.append("decode tok/s excludes prefill; speedup = median over prompts of (tok/s / ar tok/s on the same "
-                 "prompt and round); acc.len = tokens per target verify pass, bonus token included "
-                 "(~ = estimated); draft/verify ms = per step, medians over prompts")
+    lines.append(
+        "decode tok/s excludes prefill; speedup = median over prompts of (tok/s / ar tok/s on the same "
+        "prompt and round); acc.len = tokens per target verify pass, bonus token included "
+        "(~ = estimated); draft/verify ms = per step, medians over prompts"
+    )
     return "\n".join(lines)
 
 
@@ -765,6 +930,18 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
-__all__ = ["BenchError", "BenchOptions", "SYSTEMS", "UpstreamServer", "find_server_binary", "format_table",
-           "load_prompts", "parse_n_max", "parse_prometheus", "parse_systems", "run_bench", "summarize_config",
-           "write_json"]
+__all__ = [
+    "BenchError",
+    "BenchOptions",
+    "SYSTEMS",
+    "UpstreamServer",
+    "find_server_binary",
+    "format_table",
+    "load_prompts",
+    "parse_n_max",
+    "parse_prometheus",
+    "parse_systems",
+    "run_bench",
+    "summarize_config",
+    "write_json",
+]

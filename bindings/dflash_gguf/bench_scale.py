@@ -36,8 +36,9 @@ def parse_sizes(text: str) -> list[ScaleSize]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     bad = [n for n in names if n not in SIZES]
     if bad or not names:
-        raise BenchError(f"--scale-sizes: unknown size {', '.join(bad) or repr(text)} (expected a comma list of "
-                         f"{', '.join(SIZES)})")
+        raise BenchError(
+            f"--scale-sizes: unknown size {', '.join(bad) or repr(text)} (expected a comma list of {', '.join(SIZES)})"
+        )
     return [SIZES[n] for n in names]
 
 
@@ -57,15 +58,25 @@ def parse_types(text: str) -> tuple[str, ...]:
 def end_to_end_row(size: str, target_type: str, draft_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """One configuration of a run_bench result as the JSON's `end_to_end` row."""
     summary = cfg["summary"]
-    row: dict[str, Any] = {"size": size, "target_type": target_type, "draft_type": draft_type,
-                           "n_max": cfg["n_max"], "ar_tok_s": summary["ar"]["tok_s"]["median"],
-                           "implied_speedup": None, "systems": {}}
+    row: dict[str, Any] = {
+        "size": size,
+        "target_type": target_type,
+        "draft_type": draft_type,
+        "n_max": cfg["n_max"],
+        "ar_tok_s": summary["ar"]["tok_s"]["median"],
+        "implied_speedup": None,
+        "systems": {},
+    }
     for system in ("ours", "upstream"):
         s = summary.get(system)
         if s is None:
             continue
-        row["systems"][system] = {"speedup": s["speedup_vs_ar"]["median"], "acc_len": s["mean_accepted_length"],
-                                  "identical": s.get("same_as_ar"), "runs": s["runs"]}
+        row["systems"][system] = {
+            "speedup": s["speedup_vs_ar"]["median"],
+            "acc_len": s["mean_accepted_length"],
+            "identical": s.get("same_as_ar"),
+            "runs": s["runs"],
+        }
         if system == "ours" and "limit_vs_ar" in s:
             row["implied_speedup"] = s["limit_vs_ar"]["median"]
             row["systems"]["ours"]["draft_ms"] = s["draft_ms_per_step"]["median"]
@@ -73,28 +84,53 @@ def end_to_end_row(size: str, target_type: str, draft_type: str, cfg: dict[str, 
     return row
 
 
-def run_scale(sizes: list[ScaleSize], *, folder: Path | None = None, target_types: tuple[str, ...] = TARGET_TYPES,
-              n_max: str | list[NMax] = DEFAULT_N_MAX, n_predict: int = DEFAULT_N_PREDICT,
-              limit: int | None = DEFAULT_LIMIT, threads: int = 0, n_gpu_layers: int = 0, device: str = "auto",
-              systems: list[str] | None = None, progress: bool = True, source: Path = TINYCODE,
-              log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> dict[str, Any]:
+def run_scale(
+    sizes: list[ScaleSize],
+    *,
+    folder: Path | None = None,
+    target_types: tuple[str, ...] = TARGET_TYPES,
+    n_max: str | list[NMax] = DEFAULT_N_MAX,
+    n_predict: int = DEFAULT_N_PREDICT,
+    limit: int | None = DEFAULT_LIMIT,
+    threads: int = 0,
+    n_gpu_layers: int = 0,
+    device: str = "auto",
+    systems: list[str] | None = None,
+    progress: bool = True,
+    source: Path = TINYCODE,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+) -> dict[str, Any]:
     """Generate (or reuse) every size's inflated pair and run the three-way bench on each target type;
     the result is what --json writes."""
     folder = folder or default_scale_dir()
     n_maxes = parse_n_max(n_max)
     result: dict[str, Any] = {
-        "meta": {"kind": "scale", "sizes": [s.name for s in sizes], "target_types": list(target_types),
-                 "draft_type": DRAFT_TYPE, "n_max": n_maxes, "n_predict": n_predict, "limit": limit,
-                 "threads": threads, "n_gpu_layers": n_gpu_layers, "device": device, "scale_dir": str(folder),
-                 "host": platform.node(), "machine": platform.machine(), "cpu_count": os.cpu_count(),
-                 "python": platform.python_version(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+        "meta": {
+            "kind": "scale",
+            "sizes": [s.name for s in sizes],
+            "target_types": list(target_types),
+            "draft_type": DRAFT_TYPE,
+            "n_max": n_maxes,
+            "n_predict": n_predict,
+            "limit": limit,
+            "threads": threads,
+            "n_gpu_layers": n_gpu_layers,
+            "device": device,
+            "scale_dir": str(folder),
+            "host": platform.node(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
         "notes": [
             "inflated tinycode pairs: realistic shapes computing the bundled pair's function (bindings/dflash_gguf/"
             "inflate.py); greedy; speedup = median over prompts of tok/s / plain tok/s on the same prompt",
             "implied = tokens / (draft + verify + inject ms) of our run against plain decoding: the step costs "
             "measured in that run, without the loop's overhead",
         ],
-        "sizes": [], "end_to_end": [],
+        "sizes": [],
+        "end_to_end": [],
     }
     folder.mkdir(parents=True, exist_ok=True)
     for s in sizes:
@@ -103,15 +139,31 @@ def run_scale(sizes: list[ScaleSize], *, folder: Path | None = None, target_type
         if free < need and not any(folder.glob(f"{s.name}-{s.key()}-*.gguf")):
             raise BenchError(f"{folder}: {free / 1e9:.1f} GB free, the {s.name} pair needs about {need / 1e9:.1f} GB")
         pair = ensure_pair(s, folder, target_types=target_types, source=source, log=log)
-        result["sizes"].append({"size": asdict(s), "target_params": s.target_params(),
-                                "draft_params": s.draft_params(), "target_layer_ids": s.layer_ids(),
-                                "targets": {t: str(p) for t, p in pair.targets.items()}, "draft": str(pair.draft)})
+        result["sizes"].append(
+            {
+                "size": asdict(s),
+                "target_params": s.target_params(),
+                "draft_params": s.draft_params(),
+                "target_layer_ids": s.layer_ids(),
+                "targets": {t: str(p) for t, p in pair.targets.items()},
+                "draft": str(pair.draft),
+            }
+        )
         for t in target_types:
             log(f"[scale] {s.name} {t.upper()} target: ar / ours / upstream at n_max {', '.join(map(str, n_maxes))}")
-            o = BenchOptions(target=str(pair.targets[t]), draft=str(pair.draft), prompts=str(source / "prompts.jsonl"),
-                             n_predict=n_predict, n_max=n_maxes, threads=threads, n_gpu_layers=n_gpu_layers,
-                             device=device, limit=limit, progress=progress,
-                             **({"systems": systems} if systems else {}))
+            o = BenchOptions(
+                target=str(pair.targets[t]),
+                draft=str(pair.draft),
+                prompts=str(source / "prompts.jsonl"),
+                n_predict=n_predict,
+                n_max=n_maxes,
+                threads=threads,
+                n_gpu_layers=n_gpu_layers,
+                device=device,
+                limit=limit,
+                progress=progress,
+                **({"systems": systems} if systems else {}),
+            )
             bench = run_bench(o, log)
             for cfg in bench["configs"]:
                 result["end_to_end"].append(end_to_end_row(s.name, t, DRAFT_TYPE, cfg))
@@ -132,8 +184,12 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["size"], r["target_type"]), []).append(r)
-    ahead = [(k, r["n_max"], r["systems"]["ours"]["speedup"], r["systems"]["upstream"]["speedup"])
-             for k, rs in groups.items() for r in rs if "ours" in r["systems"] and "upstream" in r["systems"]]
+    ahead = [
+        (k, r["n_max"], r["systems"]["ours"]["speedup"], r["systems"]["upstream"]["speedup"])
+        for k, rs in groups.items()
+        for r in rs
+        if "ours" in r["systems"] and "upstream" in r["systems"]
+    ]
     if ahead:
         behind = [f"{k[0]} {k[1]} n_max {n}: {o:.2f}x vs {u:.2f}x" for k, n, o, u in ahead if o < u]
         add("ours ahead of upstream at every size, type and n_max", not behind, "; ".join(behind) or "all ahead")
@@ -142,45 +198,67 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if rs:
             best = max(r["systems"]["ours"]["speedup"] for r in rs if "ours" in r["systems"])
             add(f"ours >= 1.3x plain at 1.7B {t.upper()}", best >= 1.3, f"best {best:.2f}x")
-    off = [(r, r["systems"]["ours"]["speedup"] / r["implied_speedup"]) for r in rows
-           if "ours" in r["systems"] and r["implied_speedup"]]
+    off = [
+        (r, r["systems"]["ours"]["speedup"] / r["implied_speedup"])
+        for r in rows
+        if "ours" in r["systems"] and r["implied_speedup"]
+    ]
     if off:
         worst = min(off, key=lambda x: x[1])
-        add("ours within 5% of the limit its own measured costs allow", worst[1] >= 0.95,
-            f"worst {worst[1]:.0%} ({worst[0]['size']} {worst[0]['target_type']} n_max {worst[0]['n_max']})")
+        add(
+            "ours within 5% of the limit its own measured costs allow",
+            worst[1] >= 0.95,
+            f"worst {worst[1]:.0%} ({worst[0]['size']} {worst[0]['target_type']} n_max {worst[0]['n_max']})",
+        )
     for (size, t), rs in groups.items():
         auto = [r for r in rs if r["n_max"] == "auto" and "ours" in r["systems"]]
         fixed = [r for r in rs if r["n_max"] != "auto" and "ours" in r["systems"]]
         if auto and fixed:
             a, b = auto[0]["systems"]["ours"]["speedup"], max(r["systems"]["ours"]["speedup"] for r in fixed)
-            add(f"auto within 3% of the best fixed n_max ({size} {t.upper()})", a >= 0.97 * b,
-                f"auto {a:.2f}x, best fixed {b:.2f}x")
+            add(
+                f"auto within 3% of the best fixed n_max ({size} {t.upper()})",
+                a >= 0.97 * b,
+                f"auto {a:.2f}x, best fixed {b:.2f}x",
+            )
     return out
 
 
 def format_table(result: dict[str, Any]) -> str:
     m = result["meta"]
     where = f"target -ngl {m['n_gpu_layers']}" if m["n_gpu_layers"] else "target on CPU"
-    lines = [f"dflash bench --scale: inflated tinycode pairs, {m['threads']} threads, {where}, greedy, "
-             f"{m['limit'] or 'all'} prompts x {m['n_predict']} tokens, drafter {m['draft_type']}"]
+    lines = [
+        f"dflash bench --scale: inflated tinycode pairs, {m['threads']} threads, {where}, greedy, "
+        f"{m['limit'] or 'all'} prompts x {m['n_predict']} tokens, drafter {m['draft_type']}"
+    ]
     for s in result["sizes"]:
         z = s["size"]
-        lines.append(f"  {z['name']}: Qwen3 shape {format_count(s['target_params'])} params (hidden {z['hidden']}, "
-                     f"{z['n_layers']} layers, vocab {z['vocab']}) + DFlash2 drafter {format_count(s['draft_params'])} "
-                     f"({z['draft_layers']} layers, target layers {s['target_layer_ids']})")
-    head = (f"{'size':<5} {'target':<7} {'n_max':>5} {'ar tok/s':>9}  {'ours':>6} {'implied':>8} {'acc':>5} "
-            f"{'same':>5}  {'upstream':>8} {'acc':>5} {'same':>5}")
+        lines.append(
+            f"  {z['name']}: Qwen3 shape {format_count(s['target_params'])} params (hidden {z['hidden']}, "
+            f"{z['n_layers']} layers, vocab {z['vocab']}) + DFlash2 drafter {format_count(s['draft_params'])} "
+            f"({z['draft_layers']} layers, target layers {s['target_layer_ids']})"
+        )
+    head = (
+        f"{'size':<5} {'target':<7} {'n_max':>5} {'ar tok/s':>9}  {'ours':>6} {'implied':>8} {'acc':>5} "
+        f"{'same':>5}  {'upstream':>8} {'acc':>5} {'same':>5}"
+    )
     lines += ["", head, "-" * len(head)]
     for r in result["end_to_end"]:
         o, u = r["systems"].get("ours"), r["systems"].get("upstream")
-        ours = f"{o['speedup']:>5.2f}x {r['implied_speedup']:>7.2f}x {o['acc_len']:>5.2f} {o['identical']:>2}/{o['runs']:<2}" \
-            if o else f"{'-':>6} {'-':>8} {'-':>5} {'-':>5}"
+        ours = (
+            f"{o['speedup']:>5.2f}x {r['implied_speedup']:>7.2f}x {o['acc_len']:>5.2f} {o['identical']:>2}/{o['runs']:<2}"
+            if o
+            else f"{'-':>6} {'-':>8} {'-':>5} {'-':>5}"
+        )
         up = f"{u['speedup']:>7.2f}x {u['acc_len']:>5.2f} {u['identical']:>2}/{u['runs']:<2}" if u else f"{'-':>8}"
-        lines.append(f"{r['size']:<5} {r['target_type'].upper():<7} {str(r['n_max']):>5} {r['ar_tok_s']:>9.2f}  "
-                     f"{ours}  {up}")
-    lines += ["", "speedup = median over prompts of tok/s / plain (ar) tok/s on the same prompt; implied = what "
-              "ours' own measured draft + verify + inject times allow (no loop overhead); acc = mean accepted "
-              "length (bonus token included); same = greedy outputs identical to ar."]
+        lines.append(
+            f"{r['size']:<5} {r['target_type'].upper():<7} {str(r['n_max']):>5} {r['ar_tok_s']:>9.2f}  {ours}  {up}"
+        )
+    lines += [
+        "",
+        "speedup = median over prompts of tok/s / plain (ar) tok/s on the same prompt; implied = what "
+        "ours' own measured draft + verify + inject times allow (no loop overhead); acc = mean accepted "
+        "length (bonus token included); same = greedy outputs identical to ar.",
+    ]
     if result.get("goals"):
         lines += ["", "goals:"]
         lines += [f"  [{'met' if g['met'] else 'NOT met'}] {g['goal']}: {g['detail']}" for g in result["goals"]]

@@ -35,7 +35,7 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools
     if tools and CALL_OPEN in template:
         tool_format = "qwen3-coder" if "<function=" in template else "hermes"
     if thinking and prompt.rstrip().endswith(THINK_OPEN):
-        return ReplySyntax(True, True, tool_format, prompt[prompt.rindex(THINK_OPEN) + len(THINK_OPEN):])
+        return ReplySyntax(True, True, tool_format, prompt[prompt.rindex(THINK_OPEN) + len(THINK_OPEN) :])
     return ReplySyntax(thinking, False, tool_format)
 
 
@@ -86,18 +86,18 @@ class ReplyParser:
         if self.mode == "start":  # a thinking model may open with <think>
             stripped = text.lstrip()
             if stripped.startswith(THINK_OPEN):
-                self.pending, self.mode = stripped[len(THINK_OPEN):], "reasoning"
+                self.pending, self.mode = stripped[len(THINK_OPEN) :], "reasoning"
             elif final or not THINK_OPEN.startswith(stripped):
                 self.mode = "content"
             return []
         if self.mode == "reasoning":
             end = text.find(THINK_CLOSE)
             if end >= 0:
-                self.pending, self.mode, self.trim_start = text[end + len(THINK_CLOSE):], "content", True
+                self.pending, self.mode, self.trim_start = text[end + len(THINK_CLOSE) :], "content", True
                 return self._reasoning(text[:end])
             keep = 0 if final else _partial_tag(text, THINK_CLOSE)
-            self.pending = text[len(text) - keep:]
-            return self._reasoning(text[:len(text) - keep])
+            self.pending = text[len(text) - keep :]
+            return self._reasoning(text[: len(text) - keep])
         if self.mode == "content":
             if self.trim_start:
                 text = self.pending = text.lstrip()
@@ -110,19 +110,19 @@ class ReplyParser:
             start = text.find(CALL_OPEN)
             if start >= 0:  # the whitespace before a call belongs to no part of the message
                 before = text[:start].rstrip()
-                self.pending, self.mode, self.gap = text[start:], "call", text[len(before):start]
+                self.pending, self.mode, self.gap = text[start:], "call", text[len(before) : start]
                 return self._content(before)
             if final:  # the reply's own end is left as it is, unless calls came before it
                 self.pending = ""
                 return self._content(text.rstrip() if self.calls else text)
-            settled = text[:len(text) - _partial_tag(text, CALL_OPEN)].rstrip()
-            self.pending = text[len(settled):]
+            settled = text[: len(text) - _partial_tag(text, CALL_OPEN)].rstrip()
+            self.pending = text[len(settled) :]
             return self._content(settled)
         # mode "call": a tool call's block, whole before it is parsed
         end = text.find(CALL_CLOSE)
         if end < 0 and not final:
             return []
-        block = text[len(CALL_OPEN):end] if end >= 0 else text[len(CALL_OPEN):]
+        block = text[len(CALL_OPEN) : end] if end >= 0 else text[len(CALL_OPEN) :]
         whole = len(text) if end < 0 else end + len(CALL_CLOSE)
         self.mode = "content"
         call = self._parse_call(block)
@@ -150,7 +150,10 @@ class ReplyParser:
         if not isinstance(call, dict) or not isinstance(call.get("name"), str):
             return None
         args = call.get("arguments", call.get("parameters", {}))
-        return {"name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)}
+        return {
+            "name": call["name"],
+            "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+        }
 
     def _parse_xml_call(self, block: str) -> dict[str, str] | None:
         m = re.fullmatch(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", block, flags=re.DOTALL)
@@ -180,8 +183,7 @@ def _partial_tag(text: str, tag: str) -> int:
 
 def reply_message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     """The non-streamed message of a reply's deltas, in llama-server's shape."""
-    message: dict[str, Any] = {"role": "assistant",
-                               "content": "".join(d.get("content", "") for d in deltas)}
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(d.get("content", "") for d in deltas)}
     reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
     if reasoning:
         message["reasoning_content"] = reasoning

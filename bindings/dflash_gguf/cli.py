@@ -54,27 +54,60 @@ def info(path: str, as_json: bool) -> None:
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
     click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF."),
-    click.option("--n-max", default="auto", show_default=True,
-                 help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
-                      "(0 = block size - 1)."),
-    click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
-                 help="Which exact q the draft tokens are sampled from at temperature > 0."),
-    click.option("--sampler", type=click.Choice(["gumbel", "rejection"]), default="gumbel", show_default=True,
-                 help="At temperature > 0: gumbel = every draw keyed by (seed, position), so a seed fixes the text "
-                      "whatever the draft lengths; rejection = exact rejection sampling with q (a few percent more "
-                      "accepted, the text depends on the drafts)."),
+    click.option(
+        "--n-max",
+        default="auto",
+        show_default=True,
+        help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
+        "(0 = block size - 1).",
+    ),
+    click.option(
+        "--draft-q",
+        type=click.Choice(["logits", "selector"]),
+        default="logits",
+        show_default=True,
+        help="Which exact q the draft tokens are sampled from at temperature > 0.",
+    ),
+    click.option(
+        "--sampler",
+        type=click.Choice(["gumbel", "rejection"]),
+        default="gumbel",
+        show_default=True,
+        help="At temperature > 0: gumbel = every draw keyed by (seed, position), so a seed fixes the text "
+        "whatever the draft lengths; rejection = exact rejection sampling with q (a few percent more "
+        "accepted, the text depends on the drafts).",
+    ),
     click.option("--ctx-size", "-c", default=4096, show_default=True, help="Context size."),
-    click.option("--batch-size", "-b", default=512, show_default=True,
-                 help="Prompt tokens per decode; also where /infill cuts the prefix and suffix, as llama-server "
-                      "(whose default is 2048)."),
+    click.option(
+        "--batch-size",
+        "-b",
+        default=512,
+        show_default=True,
+        help="Prompt tokens per decode; also where /infill cuts the prefix and suffix, as llama-server "
+        "(whose default is 2048).",
+    ),
     click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU."),
-    click.option("--threads", "-t", default=0, show_default=True, help="CPU threads (0 = the physical cores this process may run on)."),
-    click.option("--device", default="auto", show_default=True, help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ..."),
-    click.option("--no-repack", is_flag=True,
-                 help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
-                      "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
-                      "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
-                      "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX)."),
+    click.option(
+        "--threads",
+        "-t",
+        default=0,
+        show_default=True,
+        help="CPU threads (0 = the physical cores this process may run on).",
+    ),
+    click.option(
+        "--device",
+        default="auto",
+        show_default=True,
+        help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ...",
+    ),
+    click.option(
+        "--no-repack",
+        is_flag=True,
+        help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
+        "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
+        "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
+        "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).",
+    ),
     click.option("--verbose", is_flag=True, help="Show libllama's log."),
 ]
 
@@ -85,59 +118,134 @@ def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
-def _open_model(target: str, draft: str, n_max: str, draft_q: str, sampler: str, ctx_size: int, batch_size: int,
-                n_gpu_layers: int, threads: int, device: str, no_repack: bool, verbose: bool,
-                **kw: Any) -> SpeculativeLlama:
+def _open_model(
+    target: str,
+    draft: str,
+    n_max: str,
+    draft_q: str,
+    sampler: str,
+    ctx_size: int,
+    batch_size: int,
+    n_gpu_layers: int,
+    threads: int,
+    device: str,
+    no_repack: bool,
+    verbose: bool,
+    **kw: Any,
+) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
 
-    return SpeculativeLlama(target, draft, n_ctx=ctx_size, n_batch=batch_size, n_gpu_layers=n_gpu_layers, n_threads=threads,
-                            n_max=int(n_max) if n_max.isdigit() else n_max, draft_q=draft_q, sampler=sampler,
-                            device=device,
-                            repack=False if no_repack else None, verbose=verbose, **kw)
+    return SpeculativeLlama(
+        target,
+        draft,
+        n_ctx=ctx_size,
+        n_batch=batch_size,
+        n_gpu_layers=n_gpu_layers,
+        n_threads=threads,
+        n_max=int(n_max) if n_max.isdigit() else n_max,
+        draft_q=draft_q,
+        sampler=sampler,
+        device=device,
+        repack=False if no_repack else None,
+        verbose=verbose,
+        **kw,
+    )
 
 
 @main.command()
 @_model_options
 @click.option("--prompt", "-p", help="Prompt text (raw, no chat template).")
-@click.option("--file", "-f", "prompt_file", type=click.Path(exists=True, dir_okay=False),
-              help="Read the prompt from this UTF-8 file, byte for byte (a shell's $(...) drops trailing newlines).")
+@click.option(
+    "--file",
+    "-f",
+    "prompt_file",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Read the prompt from this UTF-8 file, byte for byte (a shell's $(...) drops trailing newlines).",
+)
 @click.option("-n", "--n-predict", default=128, show_default=True, help="Tokens to generate.")
 @click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy, lossless).")
 @click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off).")
 @click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off).")
 @click.option("--typical", "typical_p", default=1.0, show_default=True, help="Locally typical sampling, p (1 = off).")
-@click.option("--mirostat", "mirostat_mode", type=click.IntRange(0, 2), default=0, show_default=True,
-              help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.")
+@click.option(
+    "--mirostat",
+    "mirostat_mode",
+    type=click.IntRange(0, 2),
+    default=0,
+    show_default=True,
+    help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.",
+)
 @click.option("--mirostat-lr", "mirostat_eta", default=0.1, show_default=True, help="Mirostat learning rate, eta.")
 @click.option("--mirostat-ent", "mirostat_tau", default=5.0, show_default=True, help="Mirostat target entropy, tau.")
-@click.option("--repeat-penalty", default=1.0, show_default=True,
-              help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).")
+@click.option(
+    "--repeat-penalty",
+    default=1.0,
+    show_default=True,
+    help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).",
+)
 @click.option("--repeat-last-n", default=64, show_default=True, help="Generated tokens the penalties look at.")
 @click.option("--presence-penalty", default=0.0, show_default=True, help="Presence penalty (0 = off).")
 @click.option("--frequency-penalty", default=0.0, show_default=True, help="Frequency penalty (0 = off).")
 @click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
 @click.option("--grammar", help="GBNF grammar the output must follow (llama.cpp's --grammar).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="Read the GBNF grammar from this file.")
-@click.option("--json-schema", "-j", help="A JSON schema the output must follow (llama.cpp's --json-schema; {} = any "
-                                          "JSON value).")
+@click.option(
+    "--json-schema", "-j", help="A JSON schema the output must follow (llama.cpp's --json-schema; {} = any JSON value)."
+)
 @click.option("--json-schema-file", type=click.Path(dir_okay=False), help="Read the JSON schema from this file.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
-def generate(target: str, draft: str, prompt: str | None, prompt_file: str | None, n_predict: int, temp: float, top_k: int, top_p: float,
-             min_p: float, typical_p: float, mirostat_mode: int, mirostat_eta: float, mirostat_tau: float,
-             repeat_penalty: float, repeat_last_n: int, presence_penalty: float,
-             frequency_penalty: float, seed: int, n_max: str, draft_q: str, sampler: str, ctx_size: int, batch_size: int,
-             n_gpu_layers: int, threads: int, device: str, no_repack: bool, grammar: str | None, grammar_file: str | None,
-             json_schema: str | None, json_schema_file: str | None, no_stream: bool, verbose: bool) -> None:
+def generate(
+    target: str,
+    draft: str,
+    prompt: str | None,
+    prompt_file: str | None,
+    n_predict: int,
+    temp: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    typical_p: float,
+    mirostat_mode: int,
+    mirostat_eta: float,
+    mirostat_tau: float,
+    repeat_penalty: float,
+    repeat_last_n: int,
+    presence_penalty: float,
+    frequency_penalty: float,
+    seed: int,
+    n_max: str,
+    draft_q: str,
+    sampler: str,
+    ctx_size: int,
+    batch_size: int,
+    n_gpu_layers: int,
+    threads: int,
+    device: str,
+    no_repack: bool,
+    grammar: str | None,
+    grammar_file: str | None,
+    json_schema: str | None,
+    json_schema_file: str | None,
+    no_stream: bool,
+    verbose: bool,
+) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     if (prompt is None) == (prompt_file is None):
         _fail(ValueError("give the prompt with exactly one of --prompt / -p and --file / -f"))
     if prompt_file is not None:
         prompt = _read_text(prompt_file, "the prompt")
     assert prompt is not None  # for the type checker: one of the two was given
-    constraints = [name for name, v in (("--grammar", grammar), ("--grammar-file", grammar_file),
-                                        ("--json-schema", json_schema), ("--json-schema-file", json_schema_file))
-                   if v is not None]
+    constraints = [
+        name
+        for name, v in (
+            ("--grammar", grammar),
+            ("--grammar-file", grammar_file),
+            ("--json-schema", json_schema),
+            ("--json-schema-file", json_schema_file),
+        )
+        if v is not None
+    ]
     if len(constraints) > 1:
         _fail(ValueError(f"give at most one of {', '.join(constraints)}"))
     if grammar_file is not None:
@@ -156,12 +264,37 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
             _fail(e)
 
     try:
-        llm = _open_model(target, draft, n_max, draft_q, sampler, ctx_size, batch_size, n_gpu_layers, threads, device,
-                          no_repack, verbose, last_n_tokens_size=repeat_last_n)
-        kw = dict(max_tokens=n_predict, temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, typical_p=typical_p,
-                  mirostat_mode=mirostat_mode, mirostat_eta=mirostat_eta, mirostat_tau=mirostat_tau,
-                  repeat_penalty=repeat_penalty, presence_penalty=presence_penalty,
-                  frequency_penalty=frequency_penalty, seed=None if seed < 0 else seed, grammar=grammar)
+        llm = _open_model(
+            target,
+            draft,
+            n_max,
+            draft_q,
+            sampler,
+            ctx_size,
+            batch_size,
+            n_gpu_layers,
+            threads,
+            device,
+            no_repack,
+            verbose,
+            last_n_tokens_size=repeat_last_n,
+        )
+        kw = dict(
+            max_tokens=n_predict,
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            typical_p=typical_p,
+            mirostat_mode=mirostat_mode,
+            mirostat_eta=mirostat_eta,
+            mirostat_tau=mirostat_tau,
+            repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            seed=None if seed < 0 else seed,
+            grammar=grammar,
+        )
         if no_stream:
             click.echo(prompt + llm.create_completion(prompt, **kw)["choices"][0]["text"])
         else:
@@ -181,16 +314,30 @@ def generate(target: str, draft: str, prompt: str | None, prompt_file: str | Non
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, help="Port (0 = any free one; the address is printed).")
 @click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")
-@click.option("--api-key", envvar="DFLASH_API_KEY",
-              help="Require `Authorization: Bearer KEY` on /v1/ requests (or set DFLASH_API_KEY).")
-@click.option("--cache-ram", type=click.IntRange(min=0), default=0, show_default=True,
-              help="MiB of saved contexts kept in RAM (llama_cpp.LlamaRAMCache): a conversation that comes back "
-                   "is not prefilled again. 0 = off.")
-@click.option("--reasoning-format", type=click.Choice(["none", "auto", "deepseek"]), default="deepseek",
-              show_default=True, help="Chats' default, as llama-server's: deepseek/auto = a reasoning model's "
-                                      "<think> text in message.reasoning_content; none = left in the content.")
-def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ram: int, reasoning_format: str,
-          **model: Any) -> None:
+@click.option(
+    "--api-key",
+    envvar="DFLASH_API_KEY",
+    help="Require `Authorization: Bearer KEY` on /v1/ requests (or set DFLASH_API_KEY).",
+)
+@click.option(
+    "--cache-ram",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="MiB of saved contexts kept in RAM (llama_cpp.LlamaRAMCache): a conversation that comes back "
+    "is not prefilled again. 0 = off.",
+)
+@click.option(
+    "--reasoning-format",
+    type=click.Choice(["none", "auto", "deepseek"]),
+    default="deepseek",
+    show_default=True,
+    help="Chats' default, as llama-server's: deepseek/auto = a reasoning model's "
+    "<think> text in message.reasoning_content; none = left in the content.",
+)
+def serve(
+    host: str, port: int, alias: str | None, api_key: str | None, cache_ram: int, reasoning_format: str, **model: Any
+) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
     from .server import make_server
 
@@ -204,8 +351,11 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ra
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]
-    click.echo(f"[dflash] serving {Path(model['target']).name} + {Path(model['draft']).name} on http://{h}:{p}/v1 "
-               f"(Ctrl-C stops)", err=True)
+    click.echo(
+        f"[dflash] serving {Path(model['target']).name} + {Path(model['draft']).name} on http://{h}:{p}/v1 "
+        f"(Ctrl-C stops)",
+        err=True,
+    )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
@@ -218,45 +368,110 @@ def serve(host: str, port: int, alias: str | None, api_key: str | None, cache_ra
 @main.command()
 @click.option("--target", "-m", type=click.Path(dir_okay=False), help="Target model GGUF (not with --scale).")
 @click.option("--draft", "-d", type=click.Path(dir_okay=False), help="DFlash drafter GGUF (not with --scale).")
-@click.option("--prompts", type=click.Path(dir_okay=False),
-              help="JSONL, one {\"id\": ..., \"text\": ...} per line (raw text, no chat template; not with --scale).")
-@click.option("--scale", is_flag=True,
-              help="Instead: ar / ours / upstream end to end on the bundled pair inflated to Qwen3-0.6B ... 8B "
-                   "shapes (generated and cached; docs/bench.md).")
-@click.option("--scale-sizes", default="0.6B,1.7B", show_default=True, help="--scale: comma list of 0.6B, 1.7B, 4B, 8B.")
+@click.option(
+    "--prompts",
+    type=click.Path(dir_okay=False),
+    help='JSONL, one {"id": ..., "text": ...} per line (raw text, no chat template; not with --scale).',
+)
+@click.option(
+    "--scale",
+    is_flag=True,
+    help="Instead: ar / ours / upstream end to end on the bundled pair inflated to Qwen3-0.6B ... 8B "
+    "shapes (generated and cached; docs/bench.md).",
+)
+@click.option(
+    "--scale-sizes", default="0.6B,1.7B", show_default=True, help="--scale: comma list of 0.6B, 1.7B, 4B, 8B."
+)
 @click.option("--scale-types", default="f16,q8_0,q4_k_m", show_default=True, help="--scale: target types.")
-@click.option("--scale-dir", type=click.Path(file_okay=False),
-              help="--scale: where the generated GGUFs are kept and reused [default: ~/.cache/dflash-gguf/scale].")
-@click.option("-n", "--n-predict", type=int, default=None, help="Tokens to generate per prompt [default: 128; --scale: 32].")
+@click.option(
+    "--scale-dir",
+    type=click.Path(file_okay=False),
+    help="--scale: where the generated GGUFs are kept and reused [default: ~/.cache/dflash-gguf/scale].",
+)
+@click.option(
+    "-n", "--n-predict", type=int, default=None, help="Tokens to generate per prompt [default: 128; --scale: 32]."
+)
 @click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy).")
 @click.option("--top-k", default=0, show_default=True, help="Top-k for every system (0 = off).")
 @click.option("--top-p", default=1.0, show_default=True, help="Top-p for every system (1 = off).")
 @click.option("--min-p", default=0.0, show_default=True, help="Min-p for every system (0 = off).")
-@click.option("--n-max", default=None,
-              help="Drafted tokens per step: an int (0 = block size - 1), a comma list (one configuration "
-                   "each), or 'auto' [default: 0; --scale: 2,3,auto].")
+@click.option(
+    "--n-max",
+    default=None,
+    help="Drafted tokens per step: an int (0 = block size - 1), a comma list (one configuration "
+    "each), or 'auto' [default: 0; --scale: 2,3,auto].",
+)
 @click.option("--repeat", default=1, show_default=True, help="Rounds over the prompts.")
-@click.option("--systems", default="ar,ours,upstream", show_default=True,
-              help="Comma list of ar, ours, upstream, upstream-ar (ar always runs: it is the baseline).")
-@click.option("--limit", type=int, default=None, help="Use only the first N prompts (0 = all) [default: all; --scale: 3].")
+@click.option(
+    "--systems",
+    default="ar,ours,upstream",
+    show_default=True,
+    help="Comma list of ar, ours, upstream, upstream-ar (ar always runs: it is the baseline).",
+)
+@click.option(
+    "--limit", type=int, default=None, help="Use only the first N prompts (0 = all) [default: all; --scale: 3]."
+)
 @click.option("--json", "json_out", type=click.Path(dir_okay=False), help="Write all raw per-prompt figures here.")
 @click.option("--plot", "plot_out", type=click.Path(dir_okay=False), help="Write a PNG (acceptance, tok/s) here.")
-@click.option("--threads", "-t", default=0, show_default=True, help="CPU threads for every system (0 = the physical cores this process may run on).")
+@click.option(
+    "--threads",
+    "-t",
+    default=0,
+    show_default=True,
+    help="CPU threads for every system (0 = the physical cores this process may run on).",
+)
 @click.option("--seed", default=0, show_default=True, help="Base RNG seed (per prompt: seed + index + 1000*round).")
 @click.option("--ctx-size", "-c", default=2048, show_default=True, help="Context size for every system.")
 @click.option("--n-gpu-layers", "-ngl", default=0, show_default=True, help="Target layers on the GPU.")
-@click.option("--device", default="auto", show_default=True, help="ggml device for our drafter (auto: where the target's layers are).")
-@click.option("--draft-q", type=click.Choice(["logits", "selector"]), default="logits", show_default=True,
-              help="Which exact q our draft tokens are sampled from at temperature > 0.")
-@click.option("--server-binary", type=click.Path(dir_okay=False),
-              help="llama-server to use (default: $DFLASH_LLAMA_SERVER, the build script's cache, PATH).")
+@click.option(
+    "--device",
+    default="auto",
+    show_default=True,
+    help="ggml device for our drafter (auto: where the target's layers are).",
+)
+@click.option(
+    "--draft-q",
+    type=click.Choice(["logits", "selector"]),
+    default="logits",
+    show_default=True,
+    help="Which exact q our draft tokens are sampled from at temperature > 0.",
+)
+@click.option(
+    "--server-binary",
+    type=click.Path(dir_okay=False),
+    help="llama-server to use (default: $DFLASH_LLAMA_SERVER, the build script's cache, PATH).",
+)
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-def bench(target: str | None, draft: str | None, prompts: str | None, scale: bool, scale_sizes: str, scale_types: str,
-          scale_dir: str | None, n_predict: int | None, temp: float, top_k: int, top_p: float, min_p: float,
-          n_max: str | None, repeat: int, systems: str, limit: int | None, json_out: str | None,
-          plot_out: str | None, threads: int, seed: int, ctx_size: int, n_gpu_layers: int, device: str,
-          draft_q: str, server_binary: str | None, server_args: tuple[str, ...], no_progress: bool) -> None:
+def bench(
+    target: str | None,
+    draft: str | None,
+    prompts: str | None,
+    scale: bool,
+    scale_sizes: str,
+    scale_types: str,
+    scale_dir: str | None,
+    n_predict: int | None,
+    temp: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    n_max: str | None,
+    repeat: int,
+    systems: str,
+    limit: int | None,
+    json_out: str | None,
+    plot_out: str | None,
+    threads: int,
+    seed: int,
+    ctx_size: int,
+    n_gpu_layers: int,
+    device: str,
+    draft_q: str,
+    server_binary: str | None,
+    server_args: tuple[str, ...],
+    no_progress: bool,
+) -> None:
     """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved.
 
     With --scale: the same, end to end, on the bundled pair inflated to realistic sizes (no --target/--draft/
@@ -264,12 +479,27 @@ def bench(target: str | None, draft: str | None, prompts: str | None, scale: boo
     from .bench import BenchError, BenchOptions, format_table, parse_n_max, parse_systems, run_bench, write_json
 
     if scale:
-        given = [name for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts),
-                                      ("--plot", plot_out)) if v]
+        given = [
+            name
+            for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts), ("--plot", plot_out))
+            if v
+        ]
         if given:
             raise click.UsageError(f"--scale generates its own models and prompts; drop {', '.join(given)}")
-        _bench_scale(scale_sizes, scale_types, scale_dir, n_predict, n_max, limit, systems, threads, n_gpu_layers,
-                     device, json_out, not no_progress)
+        _bench_scale(
+            scale_sizes,
+            scale_types,
+            scale_dir,
+            n_predict,
+            n_max,
+            limit,
+            systems,
+            threads,
+            n_gpu_layers,
+            device,
+            json_out,
+            not no_progress,
+        )
         return
     missing = [name for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts)) if not v]
     if missing:
@@ -277,11 +507,27 @@ def bench(target: str | None, draft: str | None, prompts: str | None, scale: boo
     assert target and draft and prompts
     try:
         opts = BenchOptions(
-            target=target, draft=draft, prompts=prompts, n_predict=128 if n_predict is None else n_predict,
-            temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, n_max=parse_n_max(n_max or "0"),
-            repeat=repeat, systems=parse_systems(systems), threads=threads, seed=seed, n_ctx=ctx_size,
-            n_gpu_layers=n_gpu_layers, device=device, draft_q=draft_q, limit=limit or None,
-            server_binary=server_binary, server_args=list(server_args), progress=not no_progress,
+            target=target,
+            draft=draft,
+            prompts=prompts,
+            n_predict=128 if n_predict is None else n_predict,
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            n_max=parse_n_max(n_max or "0"),
+            repeat=repeat,
+            systems=parse_systems(systems),
+            threads=threads,
+            seed=seed,
+            n_ctx=ctx_size,
+            n_gpu_layers=n_gpu_layers,
+            device=device,
+            draft_q=draft_q,
+            limit=limit or None,
+            server_binary=server_binary,
+            server_args=list(server_args),
+            progress=not no_progress,
         )
         result = run_bench(opts)
     except (BenchError, DFlashError, ValueError, RuntimeError) as e:
@@ -297,9 +543,20 @@ def bench(target: str | None, draft: str | None, prompts: str | None, scale: boo
         click.echo(f"wrote {plot_out}", err=True)
 
 
-def _bench_scale(sizes: str, types: str, folder: str | None, n_predict: int | None, n_max: str | None,
-                 limit: int | None, systems: str, threads: int, n_gpu_layers: int, device: str,
-                 json_out: str | None, progress: bool) -> None:
+def _bench_scale(
+    sizes: str,
+    types: str,
+    folder: str | None,
+    n_predict: int | None,
+    n_max: str | None,
+    limit: int | None,
+    systems: str,
+    threads: int,
+    n_gpu_layers: int,
+    device: str,
+    json_out: str | None,
+    progress: bool,
+) -> None:
     from pathlib import Path
 
     from dflash_convert.errors import ConversionError
@@ -309,10 +566,18 @@ def _bench_scale(sizes: str, types: str, folder: str | None, n_predict: int | No
 
     try:
         result = bs.run_scale(
-            bs.parse_sizes(sizes), folder=Path(folder) if folder else None, target_types=bs.parse_types(types),
-            n_max=n_max or bs.DEFAULT_N_MAX, n_predict=bs.DEFAULT_N_PREDICT if n_predict is None else n_predict,
-            limit=bs.DEFAULT_LIMIT if limit is None else (limit or None), systems=parse_systems(systems),
-            threads=threads, n_gpu_layers=n_gpu_layers, device=device, progress=progress)
+            bs.parse_sizes(sizes),
+            folder=Path(folder) if folder else None,
+            target_types=bs.parse_types(types),
+            n_max=n_max or bs.DEFAULT_N_MAX,
+            n_predict=bs.DEFAULT_N_PREDICT if n_predict is None else n_predict,
+            limit=bs.DEFAULT_LIMIT if limit is None else (limit or None),
+            systems=parse_systems(systems),
+            threads=threads,
+            n_gpu_layers=n_gpu_layers,
+            device=device,
+            progress=progress,
+        )
     except (BenchError, ConversionError, DFlashError, OSError, ValueError, RuntimeError) as e:
         _fail(e)
     click.echo(bs.format_table(result))

@@ -25,8 +25,9 @@ def require_fim(fim: dict[str, int], target: str) -> None:
     missing = [k for k in ("pre", "suf", "mid") if fim.get(k, -1) < 0]
     if missing:
         keys = ", ".join(f"tokenizer.ggml.fim_{k}_token_id" for k in missing)
-        raise ValueError(f"fill-in-the-middle (a suffix) needs a target whose vocabulary has FIM tokens; {target} "
-                         f"has no {keys}")
+        raise ValueError(
+            f"fill-in-the-middle (a suffix) needs a target whose vocabulary has FIM tokens; {target} has no {keys}"
+        )
 
 
 def fim_prompt(fim: dict[str, int], bos: list[int], prefix: Sequence[int], suffix: Sequence[int]) -> list[int]:
@@ -34,11 +35,21 @@ def fim_prompt(fim: dict[str, int], bos: list[int], prefix: Sequence[int], suffi
     return [*bos, fim["pre"], *prefix, fim["suf"], *suffix, fim["mid"]]
 
 
-def server_infill_prompt(fim: dict[str, int], bos: list[int], tokenize: Tokenize, input_prefix: str,
-                         input_suffix: str, prompt: str = "", input_extra: Sequence[dict[str, Any]] = (),
-                         n_batch: int = 2048, n_ctx: int = 4096, n_predict: int = -1) -> list[int]:
+def server_infill_prompt(
+    fim: dict[str, int],
+    bos: list[int],
+    tokenize: Tokenize,
+    input_prefix: str,
+    input_suffix: str,
+    prompt: str = "",
+    input_extra: Sequence[dict[str, Any]] = (),
+    n_batch: int = 2048,
+    n_ctx: int = 4096,
+    n_predict: int = -1,
+) -> list[int]:
     """llama-server's /infill prompt; n_batch, n_ctx and n_predict are the server's settings (which
     bound how much prefix, suffix and extra context it keeps)."""
+
     def text(s: str) -> list[int]:
         return tokenize(s, False)
 
@@ -57,5 +68,5 @@ def server_infill_prompt(fim: dict[str, int], bos: list[int], tokenize: Tokenize
     n_prefix = min(len(prefix), 3 * (n_batch // 4))
     n_suffix = min(len(suffix), max(0, n_batch // 4 - (2 + len(middle))))
     n_extra = min(max(0, n_ctx - n_batch - 2 * n_predict), len(extra))
-    body = fim_prompt(fim, bos, prefix[len(prefix) - n_prefix:] + middle, suffix[:n_suffix])
-    return extra[len(extra) - n_extra:] + body
+    body = fim_prompt(fim, bos, prefix[len(prefix) - n_prefix :] + middle, suffix[:n_suffix])
+    return extra[len(extra) - n_extra :] + body

@@ -56,7 +56,7 @@ DRAFT_TYPE = "q4_0"  # the fastest drafter type on a CPU (README)
 # the spare dimension's constant and weights (module docstring): M = A * C * sum(h^2) with sum(h^2) ~ H
 PAD_LOGIT_WEIGHT = -32768.0  # L, exact in F16 and every quantized type's scale
 SPARE_NORM_WEIGHT = 1e4  # G, in an F32 norm
-SPARE_TARGET = 2.0 ** -10  # M
+SPARE_TARGET = 2.0**-10  # M
 
 
 @dataclass(frozen=True)
@@ -138,14 +138,17 @@ class Source:
 
 
 def load_source(folder: Path = TINYCODE) -> Source:
-    from dflash_convert.source import open_source
     from gguf import GGUFReader
+
+    from dflash_convert.source import open_source
 
     path = folder / "target-f16.gguf"
     r = GGUFReader(path)
     fields = {name: f.contents() for name, f in r.fields.items() if not name.startswith("GGUF.")}
-    target = {t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
-              for t in r.tensors}
+    target = {
+        t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
+        for t in r.tensors
+    }
     cfg = json.loads((folder / "drafter-dflash2" / "config.json").read_text())
     src = open_source(folder / "drafter-dflash2")
     draft = {}
@@ -154,13 +157,20 @@ def load_source(folder: Path = TINYCODE) -> Source:
         draft[key] = ref.rows(0, rows).reshape(ref.shape)
     a = fields["general.architecture"]
     return Source(
-        target=target, draft=draft, draft_config=cfg,
+        target=target,
+        draft=draft,
+        draft_config=cfg,
         tokenizer={k: v for k, v in fields.items() if k.startswith("tokenizer.ggml.")},
-        hidden=int(fields[f"{a}.embedding_length"]), n_layers=int(fields[f"{a}.block_count"]),
-        n_heads=int(fields[f"{a}.attention.head_count"]), n_kv_heads=int(fields[f"{a}.attention.head_count_kv"]),
-        head_dim=int(fields[f"{a}.attention.key_length"]), ff=int(fields[f"{a}.feed_forward_length"]),
-        vocab=target["token_embd.weight"].shape[0], eps=float(fields[f"{a}.attention.layer_norm_rms_epsilon"]),
-        rope_theta=float(fields[f"{a}.rope.freq_base"]), context_length=int(fields[f"{a}.context_length"]),
+        hidden=int(fields[f"{a}.embedding_length"]),
+        n_layers=int(fields[f"{a}.block_count"]),
+        n_heads=int(fields[f"{a}.attention.head_count"]),
+        n_kv_heads=int(fields[f"{a}.attention.head_count_kv"]),
+        head_dim=int(fields[f"{a}.attention.key_length"]),
+        ff=int(fields[f"{a}.feed_forward_length"]),
+        vocab=target["token_embd.weight"].shape[0],
+        eps=float(fields[f"{a}.attention.layer_norm_rms_epsilon"]),
+        rope_theta=float(fields[f"{a}.rope.freq_base"]),
+        context_length=int(fields[f"{a}.context_length"]),
     )
 
 
@@ -187,8 +197,10 @@ class Inflation:
             problems.append(f"vocab {s.vocab} must be >= {src.vocab}")
         self.real_layers = self._place_layers()
         if self.real_layers is None:
-            problems.append(f"{s.n_layers} layers cannot hold the {src.n_layers} real ones around the feature "
-                            f"layers {s.layer_ids()}")
+            problems.append(
+                f"{s.n_layers} layers cannot hold the {src.n_layers} real ones around the feature "
+                f"layers {s.layer_ids()}"
+            )
         if problems:
             raise ValueError(f"size {s.name}: " + "; ".join(problems))
         self.spare = H - 1
@@ -275,8 +287,9 @@ class Inflation:
             names["v"]: self._place((kv, H), r.get("v"), self.kv_rows, self.hid),
             names["o"]: self._place((H, q), r.get("o"), self.hid, self.q_rows),
             names["q_norm"]: self._place((s.head_dim,), r.get("q_norm"), self.head_dims),
-            names["k_norm"]: self._place((s.head_dim,), None if not real else r["k_norm"] / math.sqrt(self.head_scale),
-                                         self.head_dims),
+            names["k_norm"]: self._place(
+                (s.head_dim,), None if not real else r["k_norm"] / math.sqrt(self.head_scale), self.head_dims
+            ),
             names["ffn_norm"]: self.hidden_norm(r["ffn_norm"]) if real else np.zeros(H, np.float32),
             names["gate"]: self._place((s.ff, H), r.get("gate"), self.ffr, self.hid),
             names["up"]: self._place((s.ff, H), r.get("up"), self.ffr, self.hid),
@@ -293,9 +306,19 @@ class Inflation:
         embd = self._place((s.vocab, s.hidden), t["token_embd.weight"], self.tok, self.hid)
         yield "token_embd.weight", embd.astype(np.float16)
         del embd
-        roles = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
-                 "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "ffn_norm": "ffn_norm", "gate": "ffn_gate",
-                 "up": "ffn_up", "down": "ffn_down"}
+        roles = {
+            "attn_norm": "attn_norm",
+            "q": "attn_q",
+            "k": "attn_k",
+            "v": "attn_v",
+            "o": "attn_output",
+            "q_norm": "attn_q_norm",
+            "k_norm": "attn_k_norm",
+            "ffn_norm": "ffn_norm",
+            "gate": "ffn_gate",
+            "up": "ffn_up",
+            "down": "ffn_down",
+        }
         for i in range(s.n_layers):
             names = {role: f"blk.{i}.{name}.weight" for role, name in roles.items()}
             real = None
@@ -309,7 +332,7 @@ class Inflation:
 
     def lm_head(self, w: np.ndarray) -> np.ndarray:
         out = self._place((self.s.vocab, self.s.hidden), w, self.tok, self.hid)
-        out[self.src.vocab:, self.spare] = PAD_LOGIT_WEIGHT
+        out[self.src.vocab :, self.spare] = PAD_LOGIT_WEIGHT
         return out
 
     # the drafter (HF keys)
@@ -318,10 +341,19 @@ class Inflation:
         s, c = self.s, dict(self.src.draft_config)
         dc = dict(c["dflash_config"])
         dc["target_layer_ids"] = s.layer_ids()
-        c.update(hidden_size=s.hidden, num_hidden_layers=s.draft_layers, num_attention_heads=s.n_heads,
-                 num_key_value_heads=s.n_kv_heads, head_dim=s.head_dim, intermediate_size=s.ff,
-                 rms_norm_eps=self.eps, vocab_size=s.vocab, num_target_layers=s.n_layers, dflash_config=dc,
-                 torch_dtype="float16")
+        c.update(
+            hidden_size=s.hidden,
+            num_hidden_layers=s.draft_layers,
+            num_attention_heads=s.n_heads,
+            num_key_value_heads=s.n_kv_heads,
+            head_dim=s.head_dim,
+            intermediate_size=s.ff,
+            rms_norm_eps=self.eps,
+            vocab_size=s.vocab,
+            num_target_layers=s.n_layers,
+            dflash_config=dc,
+            torch_dtype="float16",
+        )
         return c
 
     def draft_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -330,14 +362,23 @@ class Inflation:
         n_feat = len(s.layer_ids())
         fc = np.zeros((H, n_feat * H), np.float32)
         for k, slot in enumerate(self.feature_slots() or []):
-            fc[np.ix_(self.hid, slot * H + self.hid)] = d["fc.weight"][:, k * h:(k + 1) * h]
+            fc[np.ix_(self.hid, slot * H + self.hid)] = d["fc.weight"][:, k * h : (k + 1) * h]
         yield "fc.weight", fc
         yield "hidden_norm.weight", self.hidden_norm(d["hidden_norm.weight"])
         yield "norm.weight", self.hidden_norm(d["norm.weight"], SPARE_NORM_WEIGHT)
-        roles = {"attn_norm": "input_layernorm", "q": "self_attn.q_proj", "k": "self_attn.k_proj",
-                 "v": "self_attn.v_proj", "o": "self_attn.o_proj", "q_norm": "self_attn.q_norm",
-                 "k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "gate": "mlp.gate_proj",
-                 "up": "mlp.up_proj", "down": "mlp.down_proj"}
+        roles = {
+            "attn_norm": "input_layernorm",
+            "q": "self_attn.q_proj",
+            "k": "self_attn.k_proj",
+            "v": "self_attn.v_proj",
+            "o": "self_attn.o_proj",
+            "q_norm": "self_attn.q_norm",
+            "k_norm": "self_attn.k_norm",
+            "ffn_norm": "post_attention_layernorm",
+            "gate": "mlp.gate_proj",
+            "up": "mlp.up_proj",
+            "down": "mlp.down_proj",
+        }
         n_src = src.draft_config["num_hidden_layers"]
         for i in range(s.draft_layers):
             names = {role: f"layers.{i}.{name}.weight" for role, name in roles.items()}
@@ -345,14 +386,19 @@ class Inflation:
             yield from self._layer(names, real, last=i == s.draft_layers - 1).items()
             for conv in ("attention_conv", "mlp_conv"):
                 p = f"layers.{i}.{conv}."
-                yield from self._conv(p, d.get(p + "base_kernel") if i < n_src else None,
-                                      d.get(p + "kernel_projection.weight") if i < n_src else None)
+                yield from self._conv(
+                    p,
+                    d.get(p + "base_kernel") if i < n_src else None,
+                    d.get(p + "kernel_projection.weight") if i < n_src else None,
+                )
         for book in ("predecessor_codebook", "successor_codebook"):
             w = d[f"candidate_selector.{book}"]
             yield f"candidate_selector.{book}", self._place((s.vocab, w.shape[1]), w, self.tok, np.arange(w.shape[1]))
         w = d["candidate_selector.hidden_projection.weight"]
-        yield ("candidate_selector.hidden_projection.weight",
-               self._place((w.shape[0], H), w, np.arange(w.shape[0]), self.hid))
+        yield (
+            "candidate_selector.hidden_projection.weight",
+            self._place((w.shape[0], H), w, np.arange(w.shape[0]), self.hid),
+        )
 
     def _conv(self, prefix: str, base: np.ndarray | None, proj: np.ndarray | None) -> Iterator[tuple[str, np.ndarray]]:
         """Added channels (and added layers) get the identity kernel and no dynamic part."""
@@ -368,8 +414,9 @@ class Inflation:
         if proj is not None:
             for side in range(2):
                 for tap in range(K):
-                    p[side * K * G + tap * G: side * K * G + tap * G + G_src, : self.src.hidden] = \
-                        proj[side * K * G_src + tap * G_src: (side * K + tap + 1) * G_src]
+                    p[side * K * G + tap * G : side * K * G + tap * G + G_src, : self.src.hidden] = proj[
+                        side * K * G_src + tap * G_src : (side * K + tap + 1) * G_src
+                    ]
         yield prefix + "kernel_projection.weight", p
 
 
@@ -382,14 +429,21 @@ def target_shapes(s: ScaleSize) -> dict[str, tuple[int, ...]]:
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (s.vocab, s.hidden)}
     for i in range(s.n_layers):
         p = f"blk.{i}."
-        shapes.update({
-            p + "attn_norm.weight": (s.hidden,), p + "attn_q.weight": (q, s.hidden),
-            p + "attn_k.weight": (kv, s.hidden), p + "attn_v.weight": (kv, s.hidden),
-            p + "attn_output.weight": (s.hidden, q), p + "attn_q_norm.weight": (s.head_dim,),
-            p + "attn_k_norm.weight": (s.head_dim,), p + "ffn_norm.weight": (s.hidden,),
-            p + "ffn_gate.weight": (s.ff, s.hidden), p + "ffn_up.weight": (s.ff, s.hidden),
-            p + "ffn_down.weight": (s.hidden, s.ff),
-        })
+        shapes.update(
+            {
+                p + "attn_norm.weight": (s.hidden,),
+                p + "attn_q.weight": (q, s.hidden),
+                p + "attn_k.weight": (kv, s.hidden),
+                p + "attn_v.weight": (kv, s.hidden),
+                p + "attn_output.weight": (s.hidden, q),
+                p + "attn_q_norm.weight": (s.head_dim,),
+                p + "attn_k_norm.weight": (s.head_dim,),
+                p + "ffn_norm.weight": (s.hidden,),
+                p + "ffn_gate.weight": (s.ff, s.hidden),
+                p + "ffn_up.weight": (s.ff, s.hidden),
+                p + "ffn_down.weight": (s.hidden, s.ff),
+            }
+        )
     shapes["output_norm.weight"] = (s.hidden,)
     shapes["output.weight"] = (s.vocab, s.hidden)
     return shapes
@@ -399,10 +453,19 @@ def _add_tokenizer(w: Any, tok: dict[str, Any], vocab: int) -> None:
     """The source's tokenizer, its token list padded with UNUSED tokens (never produced by tokenizing)."""
     unused = 5  # llama_token_type
     tokens = list(tok["tokenizer.ggml.tokens"])
-    known = {"tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
-             "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-             "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
-             "tokenizer.ggml.mask_token_id"}
+    known = {
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.pre",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.token_type",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.padding_token_id",
+        "tokenizer.ggml.add_bos_token",
+        "tokenizer.ggml.add_eos_token",
+        "tokenizer.ggml.mask_token_id",
+    }
     extra = sorted(set(tok) - known)
     if extra:
         raise ValueError(f"the source target's tokenizer has keys the inflation does not carry over: {extra}")
@@ -447,7 +510,9 @@ def write_target_gguf(path: Path, infl: Inflation) -> None:
     F16, F32 = GGMLQuantizationType.F16, GGMLQuantizationType.F32
     for name, shape in shapes.items():
         dtype = np.dtype(np.float32 if len(shape) == 1 else np.float16)
-        w.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=F32 if len(shape) == 1 else F16)
+        w.add_tensor_info(
+            name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=F32 if len(shape) == 1 else F16
+        )
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()
@@ -465,8 +530,9 @@ def write_draft_checkpoint(folder: Path, infl: Inflation) -> None:
     from safetensors.numpy import save_file
 
     (folder / "config.json").write_text(json.dumps(infl.draft_config(), indent=1))
-    tensors = {k: v if v.ndim == 1 or k.endswith("base_kernel") else v.astype(np.float16)
-               for k, v in infl.draft_tensors()}
+    tensors = {
+        k: v if v.ndim == 1 or k.endswith("base_kernel") else v.astype(np.float16) for k, v in infl.draft_tensors()
+    }
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
@@ -488,9 +554,15 @@ class Pair:
     draft: Path
 
 
-def ensure_pair(s: ScaleSize, folder: Path, *, target_types: tuple[str, ...] = TARGET_TYPES,
-                draft_type: str = DRAFT_TYPE, source: Path = TINYCODE,
-                log: Callable[[str], None] = lambda m: None) -> Pair:
+def ensure_pair(
+    s: ScaleSize,
+    folder: Path,
+    *,
+    target_types: tuple[str, ...] = TARGET_TYPES,
+    draft_type: str = DRAFT_TYPE,
+    source: Path = TINYCODE,
+    log: Callable[[str], None] = lambda m: None,
+) -> Pair:
     """The inflated pair of size `s` in `folder` (generated unless files of the same key are there): the F16
     target quantized to each of `target_types` by libllama's quantizer, the drafter converted by
     dflash-convert against the F16 target."""
@@ -515,7 +587,7 @@ def ensure_pair(s: ScaleSize, folder: Path, *, target_types: tuple[str, ...] = T
         if not path.is_file():
             log(f"[scale] quantizing {path.name} with libllama ...")
             t0 = time.perf_counter()
-            _atomic(path, lambda tmp: llama_quantize(f16, tmp, parse_outtype(t)))
+            _atomic(path, lambda tmp, t=t: llama_quantize(f16, tmp, parse_outtype(t)))
             log(f"[scale] ... {time.perf_counter() - t0:.0f} s")
     if not draft.is_file():
         log(f"[scale] writing {draft.name} ({format_count(s.draft_params())} params + the target's head) ...")
@@ -523,11 +595,31 @@ def ensure_pair(s: ScaleSize, folder: Path, *, target_types: tuple[str, ...] = T
         with tempfile.TemporaryDirectory(prefix=".ckpt-", dir=folder) as tmp:
             write_draft_checkpoint(Path(tmp), infl)
             # the head in the drafter's type: at a real vocabulary the F16 head is most of a draft step on a CPU
-            convert(Options(draft_dir=Path(tmp), target=f16, outfile=draft, outtype=draft_type, force=True,
-                            progress=False, embed_target_head=True))  # writes atomically itself
+            convert(
+                Options(
+                    draft_dir=Path(tmp),
+                    target=f16,
+                    outfile=draft,
+                    outtype=draft_type,
+                    force=True,
+                    progress=False,
+                    embed_target_head=True,
+                )
+            )  # writes atomically itself
         log(f"[scale] ... {time.perf_counter() - t0:.0f} s")
     return Pair(targets, draft)
 
 
-__all__ = ["DRAFT_TYPE", "Inflation", "Pair", "SIZES", "ScaleSize", "TARGET_TYPES", "default_scale_dir",
-           "ensure_pair", "format_count", "load_source", "target_shapes"]
+__all__ = [
+    "DRAFT_TYPE",
+    "Inflation",
+    "Pair",
+    "SIZES",
+    "ScaleSize",
+    "TARGET_TYPES",
+    "default_scale_dir",
+    "ensure_pair",
+    "format_count",
+    "load_source",
+    "target_shapes",
+]

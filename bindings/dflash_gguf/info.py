@@ -77,8 +77,10 @@ def format_text(s: dict[str, Any]) -> str:
         lines.append(f"selector        rank {s['selector']['rank']}  top-k {s['selector']['top_k']}")
     if "scales" in s:
         lines.append("scales          " + "  ".join(f"{k} {v:g}" for k, v in s["scales"].items()))
-    lines.append(f"target head     {'embedded in the drafter' if s['embeds_target_head'] else 'shared from the target GGUF'}"
-                 + ("  (token_embd: the target's with its own mask row)" if s["mask_embedding"] else ""))
+    lines.append(
+        f"target head     {'embedded in the drafter' if s['embeds_target_head'] else 'shared from the target GGUF'}"
+        + ("  (token_embd: the target's with its own mask row)" if s["mask_embedding"] else "")
+    )
     types = "  ".join(f"{t}: {n} ({_mib(s['bytes_by_type'][t])})" for t, n in s["tensors_by_type"].items())
     lines.append(f"tensors         {s['tensor_count']}  ({types})")
     lines.append(f"total size      {_mib(s['tensor_bytes'])} of tensor data")

@@ -49,8 +49,14 @@ class LogprobCursor:
     their special text (an echoed text prompt's <|im_start|>). The tokens' texts join to the text
     exactly, multi-byte characters split over byte tokens included; see `top_keys` for the others."""
 
-    def __init__(self, tokens: list[int], logprobs: list[TokenLogprob | None], piece: Callable[[int, bool], bytes],
-                 text_offset: int, n_special: int = 0) -> None:
+    def __init__(
+        self,
+        tokens: list[int],
+        logprobs: list[TokenLogprob | None],
+        piece: Callable[[int, bool], bytes],
+        text_offset: int,
+        n_special: int = 0,
+    ) -> None:
         self._tokens, self._logprobs, self._piece = tokens, logprobs, piece
         self._base, self._next, self._chars, self._n_special = text_offset, 0, 0, n_special
         self._decoder = utf8_decoder()  # TextStream's decoding, so the texts add up to the text
@@ -75,8 +81,9 @@ class LogprobCursor:
             out[-1] = self._entry(tok, last.token + tail, last.piece, pending, self._logprobs[self._next - 1])
             self._chars += len(tail)
         if end is not None and self._next == len(self._tokens) < len(self._logprobs):
-            out.append(self._entry(end, "", self._piece(end, False), self._decoder.getstate()[0],
-                                   self._logprobs[self._next]))
+            out.append(
+                self._entry(end, "", self._piece(end, False), self._decoder.getstate()[0], self._logprobs[self._next])
+            )
             self._next += 1
         return out
 
@@ -88,8 +95,15 @@ class LogprobCursor:
         return LogprobEntry(text, piece, offset, lp, top_keys(tok, text, piece, lp, best, pending, self._piece))
 
 
-def top_keys(tok: int, text: str, piece: bytes, logprob: float, best: list[tuple[int, float]], pending: bytes,
-             piece_of: Callable[[int, bool], bytes]) -> list[tuple[str, bytes, float]]:
+def top_keys(
+    tok: int,
+    text: str,
+    piece: bytes,
+    logprob: float,
+    best: list[tuple[int, float]],
+    pending: bytes,
+    piece_of: Callable[[int, bool], bytes],
+) -> list[tuple[str, bytes, float]]:
     """The most likely tokens at one place as (key, bytes, logprob), the chosen one (`tok`, keyed by its
     text) in its rank or last. Keys are distinct: another token is keyed by the text it would complete
     there (after the `pending` bytes of an unfinished character) or else its own text, when whole; a special
@@ -124,24 +138,37 @@ def top_keys(tok: int, text: str, piece: bytes, logprob: float, best: list[tuple
 
 def completion_logprobs(entries: list[LogprobEntry]) -> dict[str, list[Any]]:
     """A completion's logprobs in llama_cpp.Llama's (OpenAI's) shape."""
-    return {"tokens": [e.token for e in entries], "text_offset": [e.offset for e in entries],
-            "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [None if e.top is None else {k: v for k, _, v in e.top} for e in entries]}
+    return {
+        "tokens": [e.token for e in entries],
+        "text_offset": [e.offset for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [None if e.top is None else {k: v for k, _, v in e.top} for e in entries],
+    }
 
 
 def chat_logprobs(entries: list[LogprobEntry]) -> dict[str, Any]:
     """A chat reply's logprobs in OpenAI's chat shape: each token's `bytes` are its own (a character split
     over several tokens: their bytes joined)."""
-    return {"content": [{"token": e.token, "logprob": e.logprob, "bytes": list(e.piece),
-                         "top_logprobs": [{"token": k, "logprob": v, "bytes": list(b)} for k, b, v in e.top or []]}
-                        for e in entries],
-            "refusal": None}
+    return {
+        "content": [
+            {
+                "token": e.token,
+                "logprob": e.logprob,
+                "bytes": list(e.piece),
+                "top_logprobs": [{"token": k, "logprob": v, "bytes": list(b)} for k, b, v in e.top or []],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
 
 
 def sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
     """The usage of several completions answered as one (a list of prompts)."""
-    return {k: sum_usage([u[k] for u in usages]) if isinstance(v, dict) else sum(u[k] for u in usages)
-            for k, v in usages[0].items()}
+    return {
+        k: sum_usage([u[k] for u in usages]) if isinstance(v, dict) else sum(u[k] for u in usages)
+        for k, v in usages[0].items()
+    }
 
 
 def system_fingerprint(version: str, target: str, draft: str, sampler: str) -> str:
@@ -182,8 +209,9 @@ def response_format_grammar(response_format: Any) -> Any:
             raise ValueError('response_format {"type": "json_schema"} needs "json_schema": {"schema": {...}}')
         schema = spec["schema"]
     else:
-        raise ValueError("response_format must be {'type': 'text' | 'json_object' | 'json_schema', ...}, "
-                         f"got {response_format!r}")
+        raise ValueError(
+            f"response_format must be {{'type': 'text' | 'json_object' | 'json_schema', ...}}, got {response_format!r}"
+        )
     if schema is None:
         return llama_grammar.LlamaGrammar.from_string(llama_grammar.JSON_GBNF, verbose=False)
     return schema_grammar(schema, "response_format")
@@ -212,15 +240,27 @@ def tool_functions(tools: Any, functions: Any) -> dict[str, dict[str, Any]]:
     try:
         return {t["function"]["name"]: t["function"] for t in tools or []}
     except (TypeError, KeyError) as e:
-        raise ValueError(f"tools must be [{{'type': 'function', 'function': {{'name': ...}}}}, ...], got {tools!r}") from e
+        raise ValueError(
+            f"tools must be [{{'type': 'function', 'function': {{'name': ...}}}}, ...], got {tools!r}"
+        ) from e
 
 
 def any_tool_grammar(functions: dict[str, dict[str, Any]]) -> Any:
     """The llama_cpp.LlamaGrammar of one call to any of the tools: {"name": ..., "arguments": {...}}, the
     arguments following that tool's parameter schema."""
-    return schema_grammar({"oneOf": [
-        {"type": "object", "properties": {"name": {"const": n}, "arguments": f.get("parameters", {})},
-         "required": ["name", "arguments"]} for n, f in functions.items()]}, "the tools' parameters")
+    return schema_grammar(
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": n}, "arguments": f.get("parameters", {})},
+                    "required": ["name", "arguments"],
+                }
+                for n, f in functions.items()
+            ]
+        },
+        "the tools' parameters",
+    )
 
 
 def forced_tool(named: dict[str, dict[str, Any]], tool_choice: Any, function_call: Any) -> ToolCall | None:
@@ -243,8 +283,10 @@ def forced_tool(named: dict[str, dict[str, Any]], tool_choice: Any, function_cal
     try:
         name = tool_choice["function"]["name"]
     except (TypeError, KeyError) as e:
-        raise ValueError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
-                         f"{{'name': ...}}}}, got {tool_choice!r}") from e
+        raise ValueError(
+            "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+            f"{{'name': ...}}}}, got {tool_choice!r}"
+        ) from e
     if name not in named:
         raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
     return ToolCall(named, name)
@@ -278,8 +320,12 @@ class ToolCall:
         call = self.call(text)
         if call is None:
             return {"role": "assistant", "content": text}
-        return {"role": "assistant", "content": None, "function_call": call,
-                "tool_calls": [{"id": self.id, "type": "function", "function": call}]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "function_call": call,
+            "tool_calls": [{"id": self.id, "type": "function", "function": call}],
+        }
 
     def delta(self, text: str) -> dict[str, Any]:
         """A streamed chunk of the call: as OpenAI streams them, the first names it (id, type, name) and
@@ -289,8 +335,16 @@ class ToolCall:
             return {"content": text}
         if self._named_in_stream:
             more = {"arguments": call["arguments"]}
-            return {"role": None, "content": None, "function_call": more,
-                    "tool_calls": [{"index": 0, "function": more}]}
+            return {
+                "role": None,
+                "content": None,
+                "function_call": more,
+                "tool_calls": [{"index": 0, "function": more}],
+            }
         self._named_in_stream = True
-        return {"role": None, "content": None, "function_call": call,
-                "tool_calls": [{"index": 0, "id": self.id, "type": "function", "function": call}]}
+        return {
+            "role": None,
+            "content": None,
+            "function_call": call,
+            "tool_calls": [{"index": 0, "id": self.id, "type": "function", "function": call}],
+        }

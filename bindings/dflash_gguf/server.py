@@ -29,15 +29,45 @@ from .speculative import GenerationStats, SpeculativeLlama
 
 # request fields passed on (anything else an OpenAI client sends, e.g. "user" or "stream_options", is
 # ignored, as llama-server does)
-_COMMON = {"max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "stream", "repeat_penalty",
-           "frequency_penalty", "presence_penalty", "logit_bias", "logprobs", "grammar", "typical_p", "tfs_z",
-           "mirostat_mode", "mirostat_tau", "mirostat_eta"}
+_COMMON = {
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "stop",
+    "seed",
+    "stream",
+    "repeat_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "grammar",
+    "typical_p",
+    "tfs_z",
+    "mirostat_mode",
+    "mirostat_tau",
+    "mirostat_eta",
+}
 _FIELDS = {
     "/v1/completions": ("create_completion", "prompt", _COMMON | {"echo", "suffix"}),
     "/apply-template": ("apply_chat_template", "messages", {"tools", "chat_template_kwargs"}),
-    "/v1/chat/completions": ("create_chat_completion", "messages",
-                             _COMMON | {"top_logprobs", "response_format", "tools", "tool_choice", "functions",
-                                        "function_call", "reasoning_format", "chat_template_kwargs"}),
+    "/v1/chat/completions": (
+        "create_chat_completion",
+        "messages",
+        _COMMON
+        | {
+            "top_logprobs",
+            "response_format",
+            "tools",
+            "tool_choice",
+            "functions",
+            "function_call",
+            "reasoning_format",
+            "chat_template_kwargs",
+        },
+    ),
 }
 
 
@@ -87,15 +117,31 @@ def template_tool(tool: Any) -> Any:
     f = tool["function"]
     if not isinstance(f.get("name"), str):
         raise BadRequest(f"a tool's function needs a 'name', got {f!r:.80}")
-    return {"type": "function", "function": {"name": f["name"], "description": f.get("description", ""),
-                                             "parameters": f.get("parameters", {})}}
+    return {
+        "type": "function",
+        "function": {"name": f["name"], "description": f.get("description", ""), "parameters": f.get("parameters", {})},
+    }
 
 
 # llama-server's native routes (/completion, /infill: the format editor plugins such as llama.vim and
 # llama.vscode speak): its field names for the sampling options create_completion takes
-_NATIVE_FIELDS = {"temperature", "top_k", "top_p", "min_p", "typical_p", "seed", "stop", "repeat_penalty",
-                  "frequency_penalty", "presence_penalty", "mirostat", "mirostat_tau", "mirostat_eta", "grammar",
-                  "stream"}
+_NATIVE_FIELDS = {
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "typical_p",
+    "seed",
+    "stop",
+    "repeat_penalty",
+    "frequency_penalty",
+    "presence_penalty",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
+    "grammar",
+    "stream",
+}
 
 
 def native_kwargs(body: Any, required: tuple[str, ...]) -> dict[str, Any]:
@@ -156,8 +202,11 @@ def tokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
     not UTF-8 as its byte values)."""
     if not isinstance(body, dict) or not isinstance(body.get("content", ""), str):
         raise BadRequest('"content" must be a string')
-    tokens = llm.tokenize(body.get("content", "").encode(), add_bos=bool(body.get("add_special", False)),
-                          special=bool(body.get("parse_special", True)))
+    tokens = llm.tokenize(
+        body.get("content", "").encode(),
+        add_bos=bool(body.get("add_special", False)),
+        special=bool(body.get("parse_special", True)),
+    )
     if not body.get("with_pieces", False):
         return {"tokens": tokens}
     out = []
@@ -184,9 +233,14 @@ def native_response(text: str, model: str, last: tuple[str, GenerationStats] | N
     out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
     if last is not None:
         prompt, s = last
-        out.update(prompt=prompt, tokens_predicted=s.generated_tokens, tokens_evaluated=s.prompt_tokens,
-                   tokens_cached=s.prompt_tokens + max(s.generated_tokens - 1, 0),  # what the context holds
-                   truncated=False, timings=timings(s))
+        out.update(
+            prompt=prompt,
+            tokens_predicted=s.generated_tokens,
+            tokens_evaluated=s.prompt_tokens,
+            tokens_cached=s.prompt_tokens + max(s.generated_tokens - 1, 0),  # what the context holds
+            truncated=False,
+            timings=timings(s),
+        )
     return out
 
 
@@ -194,10 +248,17 @@ def timings(s: GenerationStats) -> dict[str, Any]:
     """llama-server's `timings` of a response (its names), from the generation's statistics: cache_n prompt
     tokens came from the context already (or a saved state), prompt_n were decoded; draft_n tokens drafted,
     draft_n_accepted of them accepted."""
-    return {"cache_n": s.reused_prompt_tokens, "prompt_n": s.prompt_tokens - s.reused_prompt_tokens,
-            "prompt_ms": s.prefill_ms, "predicted_n": s.generated_tokens, "predicted_ms": s.decode_ms,
-            "predicted_per_second": s.tokens_per_second, "draft_n": s.drafted, "draft_n_accepted": s.accepted,
-            "mean_accepted_length": s.mean_accepted_length}
+    return {
+        "cache_n": s.reused_prompt_tokens,
+        "prompt_n": s.prompt_tokens - s.reused_prompt_tokens,
+        "prompt_ms": s.prefill_ms,
+        "predicted_n": s.generated_tokens,
+        "predicted_ms": s.decode_ms,
+        "predicted_per_second": s.tokens_per_second,
+        "draft_n": s.drafted,
+        "draft_n_accepted": s.accepted,
+        "mean_accepted_length": s.mean_accepted_length,
+    }
 
 
 def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -205,8 +266,13 @@ def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: dict[str
     usage chunk with `usage`."""
     events = [{**held, "timings": timings(s)}]
     if usage is not None:
-        events.append({**{k: held[k] for k in ("id", "object", "created", "model", "system_fingerprint")},
-                       "choices": [], "usage": usage})
+        events.append(
+            {
+                **{k: held[k] for k in ("id", "object", "created", "model", "system_fingerprint")},
+                "choices": [],
+                "usage": usage,
+            }
+        )
     return events
 
 
@@ -215,8 +281,14 @@ def _error(status: HTTPStatus, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080, model_name: str = "dflash",
-                api_key: str | None = None, reasoning_format: str = "deepseek") -> ThreadingHTTPServer:
+def make_server(
+    llm: SpeculativeLlama,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    model_name: str = "dflash",
+    api_key: str | None = None,
+    reasoning_format: str = "deepseek",
+) -> ThreadingHTTPServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
     `reasoning_format`: chats' default (llama-server's --reasoning-format; "deepseek": a reasoning model's
@@ -254,11 +326,16 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
 
         def _authorized(self) -> bool:
             given = self.headers.get("Authorization", "")
-            if api_key is None or self.path == "/health" or \
-                    hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            if (
+                api_key is None
+                or self.path == "/health"
+                or hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+            ):
                 return True
-            self._send_json(HTTPStatus.UNAUTHORIZED, _error(HTTPStatus.UNAUTHORIZED, "invalid or missing API key "
-                                                            "(Authorization: Bearer ...)"))
+            self._send_json(
+                HTTPStatus.UNAUTHORIZED,
+                _error(HTTPStatus.UNAUTHORIZED, "invalid or missing API key (Authorization: Bearer ...)"),
+            )
             return False
 
         def do_GET(self) -> None:
@@ -267,8 +344,13 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
             if self.path == "/health":
                 self._send_json(HTTPStatus.OK, {"status": "ok"})
             elif self.path == "/v1/models":
-                self._send_json(HTTPStatus.OK, {"object": "list", "data": [
-                    {"id": model_name, "object": "model", "created": created, "owned_by": "dflash-gguf"}]})
+                self._send_json(
+                    HTTPStatus.OK,
+                    {
+                        "object": "list",
+                        "data": [{"id": model_name, "object": "model", "created": created, "owned_by": "dflash-gguf"}],
+                    },
+                )
             else:
                 self._send_json(HTTPStatus.NOT_FOUND, _error(HTTPStatus.NOT_FOUND, f"no route GET {self.path}"))
 
@@ -302,10 +384,14 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 method = getattr(llm, _FIELDS[self.path][0])
                 # a chat stream's first chunk (the role) comes before the prefill, a completion's after it
                 n_before_prefill = 2 if self.path == "/v1/chat/completions" else 1
-                self._generate(lambda: method(**kw, model=model_name), bool(kw.get("stream")), n_before_prefill,
-                               lambda out: {**out, "timings": timings(llm.stats)},
-                               lambda held: openai_last_events(held, llm.stats, llm.last_usage if usage else None),
-                               done=True)
+                self._generate(
+                    lambda: method(**kw, model=model_name),
+                    bool(kw.get("stream")),
+                    n_before_prefill,
+                    lambda out: {**out, "timings": timings(llm.stats)},
+                    lambda held: openai_last_events(held, llm.stats, llm.last_usage if usage else None),
+                    done=True,
+                )
 
         def _native(self, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
             """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""
@@ -325,14 +411,24 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 finally:
                     chunks.close()  # type: ignore[attr-defined]
 
-            self._generate(start, stream, 1,
-                           lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
-                           lambda held: [native_response(held["content"], model_name, (prompt[0], llm.stats))],
-                           done=False)
+            self._generate(
+                start,
+                stream,
+                1,
+                lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
+                lambda held: [native_response(held["content"], model_name, (prompt[0], llm.stats))],
+                done=False,
+            )
 
-        def _generate(self, start: Callable[[], Any], stream: bool, n_before_prefill: int,
-                      reply: Callable[[dict[str, Any]], dict[str, Any]],
-                      last: Callable[[dict[str, Any]], list[dict[str, Any]]], done: bool) -> None:
+        def _generate(
+            self,
+            start: Callable[[], Any],
+            stream: bool,
+            n_before_prefill: int,
+            reply: Callable[[dict[str, Any]], dict[str, Any]],
+            last: Callable[[dict[str, Any]], list[dict[str, Any]]],
+            done: bool,
+        ) -> None:
             """start() -> a result, or a stream of chunks of which `last` makes the final events; `reply`
             makes the response of a result; `done`: a stream ends with OpenAI's [DONE]."""
             try:
@@ -344,16 +440,23 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
                 self._send_json(HTTPStatus.BAD_REQUEST, _error(HTTPStatus.BAD_REQUEST, str(e)))
                 return
             except Exception as e:  # noqa: BLE001 (the server outlives the request)
-                self._send_json(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
+                self._send_json(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    _error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"),
+                )
                 return
             if not stream:
                 self._send_json(HTTPStatus.OK, reply(result))
                 return
             self._send_events(first, result, last, done)
 
-        def _send_events(self, first: list[dict[str, Any]], rest: Iterator[dict[str, Any]],
-                         last: Callable[[dict[str, Any]], list[dict[str, Any]]], done: bool) -> None:
+        def _send_events(
+            self,
+            first: list[dict[str, Any]],
+            rest: Iterator[dict[str, Any]],
+            last: Callable[[dict[str, Any]], list[dict[str, Any]]],
+            done: bool,
+        ) -> None:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
@@ -393,8 +496,14 @@ def make_server(llm: SpeculativeLlama, host: str = "127.0.0.1", port: int = 8080
 
 
 @contextlib.contextmanager
-def serving(llm: SpeculativeLlama, model_name: str = "dflash", api_key: str | None = None,
-            host: str = "127.0.0.1", port: int = 0, reasoning_format: str = "deepseek") -> Iterator[int]:
+def serving(
+    llm: SpeculativeLlama,
+    model_name: str = "dflash",
+    api_key: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    reasoning_format: str = "deepseek",
+) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
     server = make_server(llm, host, port, model_name, api_key, reasoning_format)

@@ -54,22 +54,22 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     reused_prompt_tokens: int = 0
-    completion_tokens: int = 0     # the text's tokens
-    end_of_text: bool = False      # it ended at an end-of-generation token the target sampled (not in the text)
-    steps: int = 0                 # target verify passes
-    plain_steps: int = 0           # of which without drafting (fallback)
+    completion_tokens: int = 0  # the text's tokens
+    end_of_text: bool = False  # it ended at an end-of-generation token the target sampled (not in the text)
+    steps: int = 0  # target verify passes
+    plain_steps: int = 0  # of which without drafting (fallback)
     drafted: int = 0
     accepted: int = 0
-    mean_accepted_length: float = 0.0   # tokens per target pass, bonus token included
+    mean_accepted_length: float = 0.0  # tokens per target pass, bonus token included
     per_position_acceptance: list[float] = field(default_factory=list)
     prefill_ms: float = 0.0
-    calibration_ms: float = 0.0        # n_max="auto": timing each draft length, once, before the first prefill
+    calibration_ms: float = 0.0  # n_max="auto": timing each draft length, once, before the first prefill
     decode_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     inject_ms: float = 0.0
-    rollback_ms: float = 0.0           # a recurrent target's state checkpoints and restores
-    tokens_per_second: float = 0.0     # completion tokens / decode time (prefill excluded)
+    rollback_ms: float = 0.0  # a recurrent target's state checkpoints and restores
+    tokens_per_second: float = 0.0  # completion tokens / decode time (prefill excluded)
 
     def line(self) -> str:
         return (
@@ -89,8 +89,12 @@ class GenerationStats:
         """OpenAI's `usage` of the call, as llama-server gives it: prompt_tokens_details.cached_tokens are
         the prompt's tokens reused from what the context held (or a saved state), not decoded again."""
         n = self.generated_tokens
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": n, "total_tokens": self.prompt_tokens + n,
-                "prompt_tokens_details": {"cached_tokens": self.reused_prompt_tokens}}
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": n,
+            "total_tokens": self.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": self.reused_prompt_tokens},
+        }
 
 
 def draft_device_for(device: str, n_gpu_layers: int) -> str:
@@ -226,9 +230,19 @@ class SpeculativeLlama:
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
             cap, adaptive = _parse_n_max(n_max)
             _core = Speculator(
-                target, draft, n_ctx=n_ctx, n_batch=n_batch, n_gpu_layers=n_gpu_layers, n_threads=n_threads,
-                device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive, draft_q=draft_q,
-                fallback=fallback, repack=repack, sampler=sampler,
+                target,
+                draft,
+                n_ctx=n_ctx,
+                n_batch=n_batch,
+                n_gpu_layers=n_gpu_layers,
+                n_threads=n_threads,
+                device=draft_device_for(device, n_gpu_layers),
+                n_max=cap,
+                adaptive=adaptive,
+                draft_q=draft_q,
+                fallback=fallback,
+                repack=repack,
+                sampler=sampler,
             )
         self._spec = _core
         self.sampler = sampler
@@ -254,8 +268,17 @@ class SpeculativeLlama:
             warnings.warn(f"n_max {n_max} clamped to block_size - 1 = {block - 1}", stacklevel=2)
 
     @classmethod
-    def from_llama(cls, llm: Any, draft: str, *, n_max: int | str = "auto", draft_q: str = "logits",
-                   device: str = "auto", fallback: bool = True, sampler: str = "gumbel") -> SpeculativeLlama:
+    def from_llama(
+        cls,
+        llm: Any,
+        draft: str,
+        *,
+        n_max: int | str = "auto",
+        draft_q: str = "logits",
+        device: str = "auto",
+        fallback: bool = True,
+        sampler: str = "gumbel",
+    ) -> SpeculativeLlama:
         """Adopt an existing llama_cpp.Llama as the target (its model and context are reused)."""
         try:
             model, ctx, path = llm._model.model, llm._ctx.ctx, llm.model_path
@@ -266,9 +289,19 @@ class SpeculativeLlama:
         model_ptr, ctx_ptr = int(model), int(ctx)
         cap, adaptive = _parse_n_max(n_max)
         n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
-        core = Speculator.adopt(model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0),
-                                device=draft_device_for(device, n_gpu_layers), n_max=cap, adaptive=adaptive,
-                                draft_q=draft_q, fallback=fallback, sampler=sampler)
+        core = Speculator.adopt(
+            model_ptr,
+            ctx_ptr,
+            path,
+            draft,
+            n_threads=int(llm.n_threads or 0),
+            device=draft_device_for(device, n_gpu_layers),
+            n_max=cap,
+            adaptive=adaptive,
+            draft_q=draft_q,
+            fallback=fallback,
+            sampler=sampler,
+        )
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, sampler=sampler, _core=core)
         obj.n_batch = int(getattr(llm, "n_batch", obj.n_batch))
@@ -300,18 +333,27 @@ class SpeculativeLlama:
 
     # --- tokens and text -------------------------------------------------
 
-    def tokenize(self, text: str | bytes, add_bos: bool = True, special: bool = False, *,
-                 add_special: bool | None = None, parse_special: bool | None = None) -> list[int]:
+    def tokenize(
+        self,
+        text: str | bytes,
+        add_bos: bool = True,
+        special: bool = False,
+        *,
+        add_special: bool | None = None,
+        parse_special: bool | None = None,
+    ) -> list[int]:
         """llama_cpp.Llama.tokenize: `add_bos` adds the model's BOS (where its vocabulary asks for one),
         `special` reads special-token text such as <|im_start|> as those tokens (completions and chats
         tokenize their prompts so). `add_special` / `parse_special`: the same by libllama's names."""
         if isinstance(text, str):
             text = text.encode("utf-8")
-        return self._spec.tokenize(text, add_bos if add_special is None else add_special,
-                                   special if parse_special is None else parse_special)
+        return self._spec.tokenize(
+            text, add_bos if add_special is None else add_special, special if parse_special is None else parse_special
+        )
 
-    def detokenize(self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None,
-                   special: bool = False) -> bytes:
+    def detokenize(
+        self, tokens: Sequence[int], prev_tokens: Sequence[int] | None = None, special: bool = False
+    ) -> bytes:
         """llama_cpp.Llama.detokenize (which ignores prev_tokens too): `special` renders special tokens'
         text; a leading space after a BOS is dropped."""
         out = b"".join(self._spec.token_to_piece(t, special) for t in tokens)
@@ -340,16 +382,25 @@ class SpeculativeLlama:
     def token_bos(self) -> int:
         return self._spec.token_bos
 
-    def infill_tokens(self, input_prefix: str, input_suffix: str, prompt: str = "",
-                      input_extra: Sequence[dict[str, Any]] = (), n_predict: int = -1) -> list[int]:
+    def infill_tokens(
+        self,
+        input_prefix: str,
+        input_suffix: str,
+        prompt: str = "",
+        input_extra: Sequence[dict[str, Any]] = (),
+        n_predict: int = -1,
+    ) -> list[int]:
         """The prompt llama-server's /infill makes of these fields (its names) with this object's n_batch
         and n_ctx: pass it to create_completion. `input_extra`: [{"filename": ..., "text": ...}], other
         files of the project, kept as far as the context allows after n_predict tokens. ValueError when
         the target has no fill-in-the-middle tokens."""
         fim = self._fim()
         for chunk in input_extra:
-            if not isinstance(chunk, dict) or not isinstance(chunk.get("text"), str) or \
-                    not isinstance(chunk.get("filename", ""), str):
+            if (
+                not isinstance(chunk, dict)
+                or not isinstance(chunk.get("text"), str)
+                or not isinstance(chunk.get("filename", ""), str)
+            ):
                 msg = f'input_extra chunks must be {{"filename": string, "text": string}}, got {chunk!r:.80}'
                 raise ValueError(msg)
         for name, value in (("input_prefix", input_prefix), ("input_suffix", input_suffix), ("prompt", prompt)):
@@ -359,8 +410,18 @@ class SpeculativeLlama:
         def tokenize(text: str, special: bool) -> list[int]:
             return self.tokenize(text.encode(), add_bos=False, special=special)
 
-        return server_infill_prompt(fim, self._bos(), tokenize, input_prefix, input_suffix, prompt, input_extra,
-                                    self.n_batch, self.n_ctx(), n_predict)
+        return server_infill_prompt(
+            fim,
+            self._bos(),
+            tokenize,
+            input_prefix,
+            input_suffix,
+            prompt,
+            input_extra,
+            self.n_batch,
+            self.n_ctx(),
+            n_predict,
+        )
 
     def _fim(self) -> dict[str, int]:
         fim = self._spec.fim_tokens
@@ -471,37 +532,100 @@ class SpeculativeLlama:
         stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
         context ("length"). With `grammar_triggers` the grammar is lazy (llama-server's grammar_lazy):
         it waits for one of these words in the output and constrains the text from that word on."""
-        sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
-                                  mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta,
-                                  grammar_triggers=grammar_triggers)
-        return self._generate(list(prompt_tokens), zero_is_no_limit(max_tokens), sampling, seed, plain,
-                              stopping_criteria=stopping_criteria)
+        sampling = self._sampling(
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            grammar,
+            logits_processor,
+            typical_p=typical_p,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            grammar_triggers=grammar_triggers,
+        )
+        return self._generate(
+            list(prompt_tokens),
+            zero_is_no_limit(max_tokens),
+            sampling,
+            seed,
+            plain,
+            stopping_criteria=stopping_criteria,
+        )
 
-    def _sampling(self, max_tokens: int | None, temperature: float, top_p: float, top_k: int, min_p: float,
-                  repeat_penalty: float, frequency_penalty: float, presence_penalty: float,
-                  logit_bias: dict[int, float] | None, grammar: Any = None,
-                  logits_processor: Callable[[Any, Any], Any] | None = None, **more: Any) -> Sampling:
+    def _sampling(
+        self,
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        min_p: float,
+        repeat_penalty: float,
+        frequency_penalty: float,
+        presence_penalty: float,
+        logit_bias: dict[int, float] | None,
+        grammar: Any = None,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
+        **more: Any,
+    ) -> Sampling:
         """`more`: typical_p and the mirostat_* options."""
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
         # a llama_cpp.LlamaGrammar (its GBNF text and root rule) or GBNF text
         text, root = (grammar._grammar, grammar._root) if hasattr(grammar, "_grammar") else (grammar or "", "root")
-        return Sampling(temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty, presence_penalty,
-                        self.last_n_tokens_size, logit_bias, text, root, logits_processor, **more)
+        return Sampling(
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            self.last_n_tokens_size,
+            logit_bias,
+            text,
+            root,
+            logits_processor,
+            **more,
+        )
 
-    def _generate(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                  plain: bool, logprobs: int | None = None, stopping_criteria: StoppingCriteria | None = None,
-                  prompt_logprobs: bool = False) -> Iterator[int]:
+    def _generate(
+        self,
+        prompt: list[int],
+        max_tokens: int | None,
+        sampling: Sampling,
+        seed: int | None,
+        plain: bool,
+        logprobs: int | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        prompt_logprobs: bool = False,
+    ) -> Iterator[int]:
         if stopping_criteria is not None and not callable(stopping_criteria):
-            raise ValueError(f"stopping_criteria must be callable (input_ids, logits) -> bool, got {stopping_criteria!r}")
+            raise ValueError(
+                f"stopping_criteria must be callable (input_ids, logits) -> bool, got {stopping_criteria!r}"
+            )
         with self._idle():
-            yield from self._generate_locked(prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria,
-                                             prompt_logprobs)
+            yield from self._generate_locked(
+                prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria, prompt_logprobs
+            )
 
-    def _generate_locked(self, prompt: list[int], max_tokens: int | None, sampling: Sampling, seed: int | None,
-                         plain: bool, logprobs: int | None, stopping_criteria: StoppingCriteria | None,
-                         prompt_logprobs: bool) -> Iterator[int]:
+    def _generate_locked(
+        self,
+        prompt: list[int],
+        max_tokens: int | None,
+        sampling: Sampling,
+        seed: int | None,
+        plain: bool,
+        logprobs: int | None,
+        stopping_criteria: StoppingCriteria | None,
+        prompt_logprobs: bool,
+    ) -> Iterator[int]:
         room = self.n_ctx() - len(prompt)  # as llama_cpp.Llama: the completion fits the context with its prompt
         # below 0 no limit (the public calls turn llama_cpp.Llama's 0 into None); 0 scores the prompt alone
         limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
@@ -514,9 +638,14 @@ class SpeculativeLlama:
         try:
             if self.cache is not None and not prompt_logprobs:
                 self._load_cached(prompt)
-            first = self._spec.start(prompt, seed=seed, logprobs=-1 if logprobs is None else logprobs,
-                                     keep_logits=stopping_criteria is not None, prompt_logprobs=prompt_logprobs,
-                                     **sampling.start_kwargs())
+            first = self._spec.start(
+                prompt,
+                seed=seed,
+                logprobs=-1 if logprobs is None else logprobs,
+                keep_logits=stopping_criteria is not None,
+                prompt_logprobs=prompt_logprobs,
+                **sampling.start_kwargs(),
+            )
         except BaseException:
             self._give_context_to_llama()
             raise
@@ -558,8 +687,10 @@ class SpeculativeLlama:
                         self.finish_reason = "length"
                         return
                 if self._llama is not None and self._llama.n_tokens:
-                    raise RuntimeError("the adopted llama_cpp.Llama decoded in the shared context while this "
-                                       "generation was streaming; its K/V is gone (finish or close a stream first)")
+                    raise RuntimeError(
+                        "the adopted llama_cpp.Llama decoded in the shared context while this "
+                        "generation was streaming; its K/V is gone (finish or close a stream first)"
+                    )
                 pending, full = step()
                 if logprobs is not None:
                     self._token_logprobs.extend(self._spec.last_logprobs)
@@ -634,10 +765,17 @@ class SpeculativeLlama:
         """llama_cpp.Llama lists an echoed prompt's logprobs without its leading BOS"""
         return 1 if prompt and prompt[0] == self._spec.token_bos else 0
 
-    def _completion_chunks(self, prompt: str | Sequence[int], max_tokens: int | None, sampling: Sampling,
-                           stop: str | list[str] | None, seed: int | None, logprobs: int | None = None,
-                           stopping_criteria: StoppingCriteria | None = None, prompt_logprobs: bool = False,
-                           ) -> Iterator[tuple[str, str | None]]:
+    def _completion_chunks(
+        self,
+        prompt: str | Sequence[int],
+        max_tokens: int | None,
+        sampling: Sampling,
+        stop: str | list[str] | None,
+        seed: int | None,
+        logprobs: int | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        prompt_logprobs: bool = False,
+    ) -> Iterator[tuple[str, str | None]]:
         """(text delta, finish_reason or None); the tokens go to self._completion_tokens as they come
         (after the prompt's, with prompt_logprobs); self.stats are the call's when the last one comes."""
         if isinstance(prompt, str):
@@ -651,9 +789,17 @@ class SpeculativeLlama:
         stream = TextStream(stops)
         self._completion_tokens.clear()
         if prompt_logprobs:
-            self._completion_tokens.extend(tokens[self._bos_skip(tokens):])
-        generation = self._generate(tokens, max_tokens, sampling, seed, plain=False, logprobs=logprobs,
-                                    stopping_criteria=stopping_criteria, prompt_logprobs=prompt_logprobs)
+            self._completion_tokens.extend(tokens[self._bos_skip(tokens) :])
+        generation = self._generate(
+            tokens,
+            max_tokens,
+            sampling,
+            seed,
+            plain=False,
+            logprobs=logprobs,
+            stopping_criteria=stopping_criteria,
+            prompt_logprobs=prompt_logprobs,
+        )
         try:
             for tok in generation:
                 self._completion_tokens.append(tok)
@@ -730,13 +876,35 @@ class SpeculativeLlama:
         if echo_logprobs and isinstance(tokens, str):  # its special tokens are in its text: listed with it
             tokens = self.tokenize(tokens, special=True)
             n_special = len(tokens) - self._bos_skip(tokens)
-        sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammar, logits_processor, typical_p=typical_p,
-                                  mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau, mirostat_eta=mirostat_eta)
+        sampling = self._sampling(
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            grammar,
+            logits_processor,
+            typical_p=typical_p,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+        )
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         # with echo, max_tokens 0 scores the prompt alone (what OpenAI clients ask for, lm-eval's loglikelihoods)
-        chunks = self._completion_chunks(tokens, max_tokens if echo else zero_is_no_limit(max_tokens), sampling, stop,
-                                         seed, logprobs, stopping_criteria, echo_logprobs)
+        chunks = self._completion_chunks(
+            tokens,
+            max_tokens if echo else zero_is_no_limit(max_tokens),
+            sampling,
+            stop,
+            seed,
+            logprobs,
+            stopping_criteria,
+            echo_logprobs,
+        )
         model_name = model if model is not None else self.model_path
         prompt_text = ""
         if echo or logprobs is not None:  # the echoed text, or where the logprobs' text offsets start
@@ -744,8 +912,13 @@ class SpeculativeLlama:
         head = prompt_text if echo else ""
         cursor = None
         if logprobs is not None:
-            cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece,
-                                   0 if echo else len(prompt_text), n_special)
+            cursor = LogprobCursor(
+                self._completion_tokens,
+                self._token_logprobs,
+                self._spec.token_to_piece,
+                0 if echo else len(prompt_text),
+                n_special,
+            )
         fingerprint = self.system_fingerprint
 
         def shape(text: str, reason: str | None, upto: int | None = None) -> dict[str, Any]:
@@ -754,11 +927,17 @@ class SpeculativeLlama:
             lp = None
             if cursor is not None and upto is not None:
                 lp = completion_logprobs(cursor.take(upto, self._end_token if reason else None))
-            return {"id": cid, "object": "text_completion", "created": created, "model": model_name,
-                    "system_fingerprint": fingerprint,
-                    "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": reason}]}
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": model_name,
+                "system_fingerprint": fingerprint,
+                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": reason}],
+            }
 
         if stream:
+
             def gen() -> Iterator[dict[str, Any]]:
                 if head and not echo_logprobs:
                     yield shape(head, None)
@@ -769,6 +948,7 @@ class SpeculativeLlama:
                     released += len(text)
                     if text or reason:
                         yield shape(text, reason, released if text or self._end_token is not None else None)
+
             return gen()
         parts, reason = [head], None
         for text, reason in chunks:
@@ -780,14 +960,18 @@ class SpeculativeLlama:
 
     def _completions_of(self, prompts: Sequence[Any], kw: dict[str, Any]) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """create_completion over several prompts: choice i is prompt i's, under the first one's id."""
-        if not prompts or not all(isinstance(p, str) or (isinstance(p, (list, tuple)) and p and all(
-                isinstance(t, int) and not isinstance(t, bool) for t in p)) for p in prompts):
+        if not prompts or not all(
+            isinstance(p, str)
+            or (isinstance(p, (list, tuple)) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p))
+            for p in prompts
+        ):
             raise ValueError("prompt must be a string or a sequence of token ids, or a non-empty list of those")
 
         def indexed(out: dict[str, Any], i: int, cid: str) -> dict[str, Any]:
             return {**out, "id": cid, "choices": [{**c, "index": i} for c in out["choices"]]}
 
         if kw["stream"]:
+
             def gen() -> Iterator[dict[str, Any]]:
                 cid, usages = None, []
                 for i, p in enumerate(prompts):
@@ -796,6 +980,7 @@ class SpeculativeLlama:
                         yield indexed(chunk, i, cid)
                     usages.append(self.last_usage)
                 self.last_usage = sum_usage(usages)
+
             return gen()
         outs = [self.create_completion(p, **kw) for p in prompts]
         usage = self.last_usage = sum_usage([o["usage"] for o in outs])
@@ -860,12 +1045,16 @@ class SpeculativeLlama:
         call = forced_tool(named, tool_choice, function_call)
         may_call = call is None and bool(named) and "none" not in (tool_choice, function_call)
         model_name = model if model is not None else self.model_path
-        prompt, template_stops = self._format_chat(messages, template_arguments(
-            tools, tool_choice, functions, function_call, chat_template_kwargs))
+        prompt, template_stops = self._format_chat(
+            messages, template_arguments(tools, tool_choice, functions, function_call, chat_template_kwargs)
+        )
         syntax = reply_syntax(self._spec.chat_template, prompt, reasoning_format, may_call)
         lazy = tool_call_grammar(named, syntax)
-        grammars = {"grammar": grammar, "response_format": response_format_grammar(response_format),
-                    "tool_choice": call.grammar if call is not None else None}
+        grammars = {
+            "grammar": grammar,
+            "response_format": response_format_grammar(response_format),
+            "tool_choice": call.grammar if call is not None else None,
+        }
         given = [k for k, g in grammars.items() if g is not None]
         if len(given) > 1:
             raise ValueError(f"{' and '.join(given)} each constrain the reply with a grammar: give one of them")
@@ -874,10 +1063,24 @@ class SpeculativeLlama:
             grammars["tools"], triggers = lazy
             given = ["tools"]
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
-        sampling = self._sampling(max_tokens, temperature, top_p, top_k, min_p, repeat_penalty, frequency_penalty,
-                                  presence_penalty, logit_bias, grammars[given[0]] if given else None, logits_processor,
-                                  typical_p=typical_p, mirostat_mode=mirostat_mode, mirostat_tau=mirostat_tau,
-                                  mirostat_eta=mirostat_eta, grammar_triggers=triggers)
+        sampling = self._sampling(
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            grammars[given[0]] if given else None,
+            logits_processor,
+            typical_p=typical_p,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            grammar_triggers=triggers,
+        )
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, zero_is_no_limit(max_tokens), sampling, stops, seed, n_logprobs)
         cursor = None
@@ -904,11 +1107,17 @@ class SpeculativeLlama:
             return [call.delta(text) if call else {"content": text}]
 
         if stream:
+
             def gen() -> Iterator[dict[str, Any]]:
                 def chunk(delta: dict[str, Any], lp: dict[str, Any] | None, reason: str | None) -> dict[str, Any]:
-                    return {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model_name,
-                            "system_fingerprint": fingerprint,
-                            "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}]}
+                    return {
+                        "id": cid,
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model_name,
+                        "system_fingerprint": fingerprint,
+                        "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}],
+                    }
 
                 yield chunk({"role": "assistant"}, None, None)
                 content = ""
@@ -919,6 +1128,7 @@ class SpeculativeLlama:
                         yield chunk(delta, lp, None)
                     if reason:
                         yield chunk({}, None, finish(reason, content))
+
             return gen()
         parts, reason = [], None
         for text, reason in chunks:
@@ -929,19 +1139,30 @@ class SpeculativeLlama:
             message = reply_message(parser.feed(content) + parser.finish())
         else:
             message = call.message(content) if call else {"role": "assistant", "content": content}
-        return {"id": cid, "object": "chat.completion", "created": created, "model": model_name,
-                "system_fingerprint": fingerprint,
-                "choices": [{"index": 0, "message": message, "logprobs": reply_logprobs,
-                             "finish_reason": finish(reason, content)}],
-                "usage": self.stats.usage()}
+        return {
+            "id": cid,
+            "object": "chat.completion",
+            "created": created,
+            "model": model_name,
+            "system_fingerprint": fingerprint,
+            "choices": [
+                {"index": 0, "message": message, "logprobs": reply_logprobs, "finish_reason": finish(reason, content)}
+            ],
+            "usage": self.stats.usage(),
+        }
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            chat_template_kwargs: dict[str, Any] | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """The prompt text create_chat_completion makes of these messages (llama-server's /apply-template)."""
         return self._format_chat(messages, template_arguments(tools, None, None, None, chat_template_kwargs))[0]
 
-    def _format_chat(self, messages: list[dict[str, Any]],
-                     template_args: dict[str, Any] | None = None) -> tuple[str, list[str]]:
+    def _format_chat(
+        self, messages: list[dict[str, Any]], template_args: dict[str, Any] | None = None
+    ) -> tuple[str, list[str]]:
         import jinja2
         from llama_cpp import llama_chat_format
 
@@ -951,28 +1172,38 @@ class SpeculativeLlama:
         messages = [replayed_call(as_template_message(m), "arguments|items" in (template or "")) for m in messages]
         try:
             if template:
-                eos, bos = (self._spec.token_to_piece(t, True).decode("utf-8", "replace") if t >= 0 else ""
-                            for t in (self._spec.token_eos, self._spec.token_bos))
+                eos, bos = (
+                    self._spec.token_to_piece(t, True).decode("utf-8", "replace") if t >= 0 else ""
+                    for t in (self._spec.token_eos, self._spec.token_bos)
+                )
                 fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
                 resp = fmt(messages=messages, **(template_args or {}))
                 if bos and self._spec.add_bos and resp.prompt.startswith(bos):  # tokenizing adds it back
-                    resp.prompt = resp.prompt[len(bos):]
+                    resp.prompt = resp.prompt[len(bos) :]
             else:
                 resp = chatml(messages)
         except (KeyError, TypeError, AttributeError, jinja2.TemplateError) as e:  # a message the template rejects
-            raise ValueError(f"the messages do not fit the chat template ({type(e).__name__}: {e}); each "
-                             "needs a 'role' and a 'content'") from e
+            raise ValueError(
+                f"the messages do not fit the chat template ({type(e).__name__}: {e}); each "
+                "needs a 'role' and a 'content'"
+            ) from e
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
 
 
-def template_arguments(tools: Any, tool_choice: Any, functions: Any, function_call: Any,
-                       chat_template_kwargs: Any) -> dict[str, Any]:
+def template_arguments(
+    tools: Any, tool_choice: Any, functions: Any, function_call: Any, chat_template_kwargs: Any
+) -> dict[str, Any]:
     """What a chat template is rendered with besides the messages."""
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
-    return {"tools": tools, "tool_choice": tool_choice, "functions": functions, "function_call": function_call,
-            **(chat_template_kwargs or {})}
+    return {
+        "tools": tools,
+        "tool_choice": tool_choice,
+        "functions": functions,
+        "function_call": function_call,
+        **(chat_template_kwargs or {}),
+    }
 
 
 def zero_is_no_limit(max_tokens: int | None) -> int | None:
@@ -992,8 +1223,10 @@ def as_template_message(message: dict[str, Any]) -> dict[str, Any]:
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise ValueError(f"message content parts must be {{'type': 'text', 'text': ...}} (text only), "
-                                 f"got a part of type {kind!r}")
+                raise ValueError(
+                    f"message content parts must be {{'type': 'text', 'text': ...}} (text only), "
+                    f"got a part of type {kind!r}"
+                )
             texts.append(part["text"])
         out["content"] = "\n".join(texts)
     return out

@@ -19,8 +19,8 @@ import numpy as np
 @dataclass(frozen=True)
 class SpeculativeState:
     input_ids: np.ndarray  # the tokens whose K/V the state holds (positions 0..n-1)
-    target: bytes          # libllama's serialised sequence (llama_state_seq_get_data)
-    draft: bytes           # the drafter's context cache: K/V of the same rows
+    target: bytes  # libllama's serialised sequence (llama_state_seq_get_data)
+    draft: bytes  # the drafter's context cache: K/V of the same rows
 
     @property
     def n_tokens(self) -> int:
@@ -40,7 +40,9 @@ def cached_state_for(cache: Any, prompt: list[int], held: Sequence[int]) -> Spec
     except KeyError:
         return None
     if not isinstance(state, SpeculativeState):
-        raise TypeError(f"the cache holds a {type(state).__name__}, not a SpeculativeState (a cache shared with "
-                        "a llama_cpp.Llama?); give each its own")
+        raise TypeError(
+            f"the cache holds a {type(state).__name__}, not a SpeculativeState (a cache shared with "
+            "a llama_cpp.Llama?); give each its own"
+        )
     shared = llama_cpp.Llama.longest_token_prefix  # the measure llama_cpp's caches use
     return state if shared(state.input_ids.tolist(), prompt) > shared(held, prompt) else None

@@ -40,8 +40,21 @@ def add_tokenizer(w: Any, n_vocab: int) -> None:
     w.add_add_bos_token(False)
 
 
-def add_qwen3_header(w: Any, *, name: str, hidden: int, n_layers: int, ff: int, heads: int, kv_heads: int,
-                     head_dim: int, rope_theta: float, vocab: int, context_length: int, file_type: int) -> None:
+def add_qwen3_header(
+    w: Any,
+    *,
+    name: str,
+    hidden: int,
+    n_layers: int,
+    ff: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    rope_theta: float,
+    vocab: int,
+    context_length: int,
+    file_type: int,
+) -> None:
     """Every key but the tensors that libllama needs to load a qwen3 target (a gguf.GGUFWriter)."""
     w.add_type("model")
     w.add_name(name)

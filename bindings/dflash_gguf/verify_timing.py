@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,6 +42,7 @@ def load_model(path: str | Path, n_gpu_layers: int = 0, quiet: bool = True) -> t
     from llama_cpp import llama_cpp as llc
 
     if quiet and _quiet_callback is None:
+
         @llc.llama_log_callback
         def _quiet(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
             pass
@@ -68,8 +70,16 @@ class Verifier:
     asks for the drafter's features (dflash.target_layers); left off if this libllama lacks the function.
     """
 
-    def __init__(self, llc: Any, model: Any, context: int, max_block: int, n_threads: int, flash_attn: int,
-                 feature_layers: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        llc: Any,
+        model: Any,
+        context: int,
+        max_block: int,
+        n_threads: int,
+        flash_attn: int,
+        feature_layers: Sequence[int] = (),
+    ) -> None:
         self.llc, self.model = llc, model
         self.n_ctx = (context + max_block + 255) // 256 * 256
         self.n_threads, self.flash_attn, self.feature_layers = n_threads, flash_attn, tuple(feature_layers)

@@ -36,19 +36,45 @@ def _fail(message: str) -> NoReturn:
     ),
 )
 @click.argument("draft_dir", type=click.Path(path_type=Path))
-@click.option("--target", "target", required=True, type=click.Path(path_type=Path),
-              help="The target model's GGUF (its tokenizer, vocabulary and sizes are used).")
-@click.option("--outfile", type=click.Path(path_type=Path), default=None,
-              help="Output GGUF; '{ftype}' is replaced by the output type. Default: ./<DRAFT_DIR name>-<type>.gguf")
-@click.option("--outtype", default="f16", show_default=True, metavar="TYPE",
-              help=f"One of {', '.join(OUT_TYPES)} (case-insensitive).")
-@click.option("--dry-run", is_flag=True, help="Validate and print the plan (HF name -> GGUF name, shape, type, bytes); write nothing.")
+@click.option(
+    "--target",
+    "target",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="The target model's GGUF (its tokenizer, vocabulary and sizes are used).",
+)
+@click.option(
+    "--outfile",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Output GGUF; '{ftype}' is replaced by the output type. Default: ./<DRAFT_DIR name>-<type>.gguf",
+)
+@click.option(
+    "--outtype",
+    default="f16",
+    show_default=True,
+    metavar="TYPE",
+    help=f"One of {', '.join(OUT_TYPES)} (case-insensitive).",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Validate and print the plan (HF name -> GGUF name, shape, type, bytes); write nothing.",
+)
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
-@click.option("--embed-target-head", is_flag=True,
-              help="Copy the target's token embedding and LM head into the drafter, so it runs without the target's tensors.")
-@click.option("--allow-extra", is_flag=True, help="Skip checkpoint tensors the mapping table does not know instead of failing.")
-@click.option("--allow-pickle", is_flag=True,
-              help="Accept .bin/.pt/.pth checkpoints (loaded with torch.load(weights_only=True) only).")
+@click.option(
+    "--embed-target-head",
+    is_flag=True,
+    help="Copy the target's token embedding and LM head into the drafter, so it runs without the target's tensors.",
+)
+@click.option(
+    "--allow-extra", is_flag=True, help="Skip checkpoint tensors the mapping table does not know instead of failing."
+)
+@click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Accept .bin/.pt/.pth checkpoints (loaded with torch.load(weights_only=True) only).",
+)
 @click.option("--no-verify", is_flag=True, hidden=True, help="Skip the read-back check (debugging only).")
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
 @click.version_option(__version__, prog_name="dflash-convert")
@@ -90,12 +116,15 @@ def main(
             total = plan.total_bytes
             click.echo(f"{len(plan.tensors)} tensors, {total:,} bytes of tensor data -> {plan.outfile}")
             if out.kquant:
-                click.echo(f"* {out.name.upper()}: the final type of these tensors is chosen by libllama's quantizer "
-                           "(bytes shown are the F32 intermediate)")
+                click.echo(
+                    f"* {out.name.upper()}: the final type of these tensors is chosen by libllama's quantizer "
+                    "(bytes shown are the F32 intermediate)"
+                )
             click.echo("dry run: nothing written")
             return
-        result = execute(plan, force=force, verify=not no_verify, progress=not no_progress,
-                         log=lambda s: click.echo(s, err=True))
+        result = execute(
+            plan, force=force, verify=not no_verify, progress=not no_progress, log=lambda s: click.echo(s, err=True)
+        )
     except ConversionError as exc:
         _fail(exc.message)
     except KeyboardInterrupt:

@@ -130,8 +130,10 @@ class _Fields:
                 return default
             raise ConversionError(f"{self.where}: missing required key '{self._name(key)}' (an integer)")
         value = self.data[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and not value.is_integer())
         ):
             raise ConversionError(f"{self.where}: '{self._name(key)}' must be an integer, found {value!r}")
         value = int(value)
@@ -195,14 +197,11 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     # -- architecture ---------------------------------------------------------
     archs = raw.get("architectures")
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) for a in archs):
-        raise ConversionError(
-            f"{where}: 'architectures' must be a non-empty list of strings, found {archs!r}"
-        )
+        raise ConversionError(f"{where}: 'architectures' must be a non-empty list of strings, found {archs!r}")
     arch = archs[0]
     if arch not in ARCHITECTURES:
         raise ConversionError(
-            f"{where}: unknown architecture '{arch}' in 'architectures' "
-            f"(expected one of {', '.join(ARCHITECTURES)})"
+            f"{where}: unknown architecture '{arch}' in 'architectures' (expected one of {', '.join(ARCHITECTURES)})"
         )
     version = ARCHITECTURES[arch]
 
@@ -275,8 +274,10 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
         ids = default_target_layer_ids(num_target_layers, n_layers)
         derived = True
     else:
-        if not isinstance(ids_raw, list) or not ids_raw or not all(
-            isinstance(i, int) and not isinstance(i, bool) for i in ids_raw
+        if (
+            not isinstance(ids_raw, list)
+            or not ids_raw
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids_raw)
         ):
             raise ConversionError(
                 f"{where}: 'dflash_config.target_layer_ids' must be a non-empty list of integers, found {ids_raw!r}"
@@ -311,9 +312,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
                 f"(the selector lattice is returned in hidden-size rows), found hidden_size {hidden}"
             )
         if sel_top_k > vocab:
-            raise ConversionError(
-                f"{where}: 'dflash_config.selector_top_k' {sel_top_k} exceeds vocab_size {vocab}"
-            )
+            raise ConversionError(f"{where}: 'dflash_config.selector_top_k' {sel_top_k} exceeds vocab_size {vocab}")
 
     # -- optional scales --------------------------------------------------------
     def opt_scale(key: str) -> float | None:

@@ -7,9 +7,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, TextIO
+from typing import TextIO
 
 from gguf import GGMLQuantizationType
 
@@ -202,7 +203,7 @@ def _sweep_orphan_temps(final: Path) -> None:
     """Removes temp files of earlier conversions to `final` whose process is gone (killed with SIGKILL)."""
     prefix = f".{final.name}."
     for p in final.parent.glob(f"{glob.escape(prefix)}*.tmp"):
-        pid = p.name[len(prefix):].split(".", 1)[0]
+        pid = p.name[len(prefix) :].split(".", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
         try:

@@ -21,13 +21,30 @@ from .errors import ConversionError
 T = GGUFValueType
 
 _SCALAR: dict[GGUFValueType, tuple[str, int]] = {
-    T.UINT8: ("<B", 1), T.INT8: ("<b", 1), T.UINT16: ("<H", 2), T.INT16: ("<h", 2),
-    T.UINT32: ("<I", 4), T.INT32: ("<i", 4), T.FLOAT32: ("<f", 4), T.BOOL: ("<?", 1),
-    T.UINT64: ("<Q", 8), T.INT64: ("<q", 8), T.FLOAT64: ("<d", 8),
+    T.UINT8: ("<B", 1),
+    T.INT8: ("<b", 1),
+    T.UINT16: ("<H", 2),
+    T.INT16: ("<h", 2),
+    T.UINT32: ("<I", 4),
+    T.INT32: ("<i", 4),
+    T.FLOAT32: ("<f", 4),
+    T.BOOL: ("<?", 1),
+    T.UINT64: ("<Q", 8),
+    T.INT64: ("<q", 8),
+    T.FLOAT64: ("<d", 8),
 }
 _NP: dict[GGUFValueType, str] = {
-    T.UINT8: "<u1", T.INT8: "<i1", T.UINT16: "<u2", T.INT16: "<i2", T.UINT32: "<u4", T.INT32: "<i4",
-    T.FLOAT32: "<f4", T.BOOL: "<u1", T.UINT64: "<u8", T.INT64: "<i8", T.FLOAT64: "<f8",
+    T.UINT8: "<u1",
+    T.INT8: "<i1",
+    T.UINT16: "<u2",
+    T.INT16: "<i2",
+    T.UINT32: "<u4",
+    T.INT32: "<i4",
+    T.FLOAT32: "<f4",
+    T.BOOL: "<u1",
+    T.UINT64: "<u8",
+    T.INT64: "<i8",
+    T.FLOAT64: "<f8",
 }
 MAX_STRING = 1 << 30
 MAX_ITEMS = 1 << 32

@@ -61,9 +61,7 @@ def parse_outtype(name: str) -> OutType:
     key = name.strip().lower().replace("-", "_")
     key = _ALIASES.get(key, key)
     if key not in OUT_TYPES:
-        raise ConversionError(
-            f"--outtype: unknown type '{name}' (expected one of {', '.join(OUT_TYPES)})"
-        )
+        raise ConversionError(f"--outtype: unknown type '{name}' (expected one of {', '.join(OUT_TYPES)})")
     return OUT_TYPES[key]
 
 
@@ -190,7 +188,11 @@ def exact_mismatch(raw: np.ndarray, src: np.ndarray, qtype: Q) -> str | None:
         return None
     sub = src.reshape(-1)[idx].reshape(1, -1)
     with np.errstate(over="ignore", invalid="ignore"):
-        want = encode_rows(sub, qtype).view(np.uint16).reshape(-1) if qtype == Q.BF16 else sub.astype(np.float16).view(np.uint16).reshape(-1)
+        want = (
+            encode_rows(sub, qtype).view(np.uint16).reshape(-1)
+            if qtype == Q.BF16
+            else sub.astype(np.float16).view(np.uint16).reshape(-1)
+        )
     have = bits.reshape(-1)[idx]
     bad = np.flatnonzero(have != want)
     if bad.size == 0:
@@ -299,7 +301,9 @@ def _interrupts_held() -> Iterator[None]:
         yield
         return
     caught: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:
@@ -337,9 +341,7 @@ def llama_quantize(src: Path, dst: Path, out: OutType, *, nthread: int | None = 
         _restore_llama_log(llama_cpp)
     if rc != 0:
         tail = "".join(messages[-5:]).strip().replace("\n", " | ")
-        raise ConversionError(
-            f"{dst}: libllama's llama_model_quantize to {out.name.upper()} failed (rc={rc}): {tail}"
-        )
+        raise ConversionError(f"{dst}: libllama's llama_model_quantize to {out.name.upper()} failed (rc={rc}): {tail}")
 
 
 def _restore_llama_log(llama_cpp: object) -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -145,9 +146,7 @@ class SafetensorsFile:
         spans: list[tuple[int, int, str]] = []
         for key, info in header.items():
             if key == "__metadata__":
-                if info is not None and not (
-                    isinstance(info, dict) and all(isinstance(v, str) for v in info.values())
-                ):
+                if info is not None and not (isinstance(info, dict) and all(isinstance(v, str) for v in info.values())):
                     raise self._fail("'__metadata__' must map strings to strings")
                 self.metadata = dict(info or {})
                 continue
@@ -178,8 +177,7 @@ class SafetensorsFile:
                 )
             if dtype not in SAFETENSORS_DTYPES:
                 raise ConversionError(
-                    f"{self.path}: tensor '{key}' has dtype {dtype}, expected one of "
-                    f"{', '.join(SAFETENSORS_DTYPES)}"
+                    f"{self.path}: tensor '{key}' has dtype {dtype}, expected one of {', '.join(SAFETENSORS_DTYPES)}"
                 )
             itemsize = SAFETENSORS_DTYPES[dtype].itemsize
             n_el = 1
@@ -227,9 +225,7 @@ class SafetensorsFile:
                 f.seek(e.begin + start * row_bytes)
                 buf = np.fromfile(f, dtype=np.uint8, count=count)
             if buf.size != count:
-                raise ConversionError(
-                    f"{path}: tensor '{key}' is truncated (read {buf.size} of {count} bytes)"
-                )
+                raise ConversionError(f"{path}: tensor '{key}' is truncated (read {buf.size} of {count} bytes)")
             return buf.reshape(stop - start, row_bytes)
 
         def read_rows(start: int, stop: int) -> np.ndarray:
@@ -282,8 +278,7 @@ def open_source(draft_dir: Path, *, allow_pickle: bool = False) -> TensorSource:
             )
         return _from_pickles(pickles)
     raise ConversionError(
-        f"{draft_dir}: no weights found (expected model.safetensors, "
-        "model.safetensors.index.json or *.safetensors)"
+        f"{draft_dir}: no weights found (expected model.safetensors, model.safetensors.index.json or *.safetensors)"
     )
 
 
@@ -306,8 +301,10 @@ def _from_index(index: Path) -> TensorSource:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConversionError(f"{index}: not valid JSON ({exc})") from None
     wmap = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(wmap, dict) or not wmap or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in wmap.items()
+    if (
+        not isinstance(wmap, dict)
+        or not wmap
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in wmap.items())
     ):
         raise ConversionError(f"{index}: 'weight_map' must be a non-empty object of tensor name -> file name")
     shard_names = sorted(set(wmap.values()))
@@ -328,9 +325,7 @@ def _from_index(index: Path) -> TensorSource:
     for name, st in shards.items():
         for key in st.keys():
             if wmap.get(key) != name:
-                raise ConversionError(
-                    f"{st.path}: tensor '{key}' is not listed for this shard in {index.name}"
-                )
+                raise ConversionError(f"{st.path}: tensor '{key}' is not listed for this shard in {index.name}")
     return TensorSource(refs, [index] + [s.path for s in shards.values()], "safetensors")
 
 
@@ -339,9 +334,7 @@ def _from_pickles(paths: list[Path]) -> TensorSource:
     try:
         import torch
     except ImportError:
-        raise ConversionError(
-            f"{paths[0]}: --allow-pickle needs torch installed (pip install torch)"
-        ) from None
+        raise ConversionError(f"{paths[0]}: --allow-pickle needs torch installed (pip install torch)") from None
     refs: dict[str, TensorRef] = {}
     for p in paths:
         try:
@@ -379,4 +372,3 @@ def _torch_ref(key: str, path: Path, dtype: str, t: Any) -> TensorRef:
         return flat[start:stop].float().numpy().astype(np.float32, copy=True)
 
     return TensorRef(key, path, dtype, shape, read_rows, None)
-

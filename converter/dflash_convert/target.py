@@ -68,9 +68,7 @@ def load_target(path: Path, *, want_head: bool = False) -> TargetInfo:
     vocab = len(tokens.value)
 
     kvs = [
-        KV(key, f.value, f.vtype, f.sub_type)
-        for key, f in header.fields.items()
-        if key.startswith(TOKENIZER_PREFIX)
+        KV(key, f.value, f.vtype, f.sub_type) for key, f in header.fields.items() if key.startswith(TOKENIZER_PREFIX)
     ]
 
     info = TargetInfo(path, arch, n_layer, hidden, vocab, kvs)

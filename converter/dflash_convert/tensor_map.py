@@ -9,9 +9,9 @@ reshaping (shared/GGUF-DFLASH.md section 2).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
 
 from .config import DraftConfig
 
@@ -42,7 +42,7 @@ class Dims:
     rank: int  # selector rank R (DFlash2)
 
     @staticmethod
-    def of(cfg: DraftConfig, target_hidden: int) -> "Dims":
+    def of(cfg: DraftConfig, target_hidden: int) -> Dims:
         k = cfg.conv_kernel_size or 0
         g = cfg.conv_groups if cfg.is_dflash2 else 0
         return Dims(
@@ -184,9 +184,7 @@ def expected_tensors(cfg: DraftConfig, target_hidden: int) -> list[TensorSpec]:
         for e in TABLE:
             if cfg.version not in e.versions or not e.per_layer:
                 continue
-            out.append(
-                TensorSpec(e.hf.format(i=i), e.gguf.format(i=i), e.shape(dims), e.kind, e.required, i)
-            )
+            out.append(TensorSpec(e.hf.format(i=i), e.gguf.format(i=i), e.shape(dims), e.kind, e.required, i))
     return out
 
 
@@ -195,7 +193,7 @@ _LAYER_RE = re.compile(r"^layers\.(\d+)\.")
 
 def strip_prefix(key: str) -> str:
     """HF keys may or may not carry a ``model.`` prefix."""
-    return key[len(PREFIX):] if key.startswith(PREFIX) else key
+    return key[len(PREFIX) :] if key.startswith(PREFIX) else key
 
 
 def describe_unknown(key: str, cfg: DraftConfig) -> str:

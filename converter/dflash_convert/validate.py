@@ -122,9 +122,5 @@ def _shape_hint(spec: TensorSpec, cfg: DraftConfig) -> str:
     return (
         f"hidden {cfg.hidden_size}, heads {cfg.num_heads}, kv_heads {cfg.num_kv_heads}, "
         f"head_dim {cfg.head_dim}, ff {cfg.intermediate_size}, vocab {cfg.vocab_size}"
-        + (
-            f", K {cfg.conv_kernel_size}, G {cfg.conv_groups}, rank {cfg.selector_rank}"
-            if cfg.is_dflash2
-            else ""
-        )
+        + (f", K {cfg.conv_kernel_size}, G {cfg.conv_groups}, rank {cfg.selector_rank}" if cfg.is_dflash2 else "")
     )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
@@ -13,7 +13,16 @@ from .errors import ConversionError
 from .gguf_file import read_header
 from .metadata import ARCH
 from .parallel import ordered_map
-from .quantize import RangeError, bf16_bits_to_f16_bits, check_close, decode_rows, encode_rows, exact_mismatch, keeps_f32, nbytes
+from .quantize import (
+    RangeError,
+    bf16_bits_to_f16_bits,
+    check_close,
+    decode_rows,
+    encode_rows,
+    exact_mismatch,
+    keeps_f32,
+    nbytes,
+)
 from .source import DEFAULT_CHUNK_ELEMS, TensorRef, row_split, rows_per_chunk
 from .target import KV
 from .tensor_map import Kind
@@ -62,6 +71,7 @@ def write_gguf(
         w.add_key_value(kv.key, kv.value, kv.vtype, kv.sub_type)
     for t in tensors:
         w.add_tensor_info(t.gguf, t.shape, np.dtype(np.float32), t.nbytes, raw_dtype=t.qtype)
+
     def jobs() -> Iterator[tuple[int, int, int]]:
         for i, t in enumerate(tensors):
             nrows, ncols = row_split(t.shape)
@@ -125,6 +135,7 @@ def write_gguf(
 # read-back verification
 # ----------------------------------------------------------------------------
 
+
 def _same_value(a: object, b: object, vtype: GGUFValueType, sub: GGUFValueType | None) -> bool:
     if vtype == GGUFValueType.FLOAT32:
         return np.float32(a) == np.float32(b)  # type: ignore[arg-type]
@@ -160,6 +171,7 @@ def verify_gguf(
     tensors and conv bases must still be F32. Returns the stored type of
     every tensor.
     """
+
     def fail(msg: str) -> ConversionError:
         return ConversionError(f"{display_path or path}: read-back check failed: {msg}")
 

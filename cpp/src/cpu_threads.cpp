@@ -19,7 +19,7 @@
 namespace dflash {
 
 int default_cpu_threads() {
-    const int logical = (int) std::max(1u, std::thread::hardware_concurrency());
+    const int logical = (int)std::max(1u, std::thread::hardware_concurrency());
 #if defined(__linux__)
     cpu_set_t mask;
     if (sched_getaffinity(0, sizeof(mask), &mask) != 0) return logical;
@@ -32,7 +32,7 @@ int default_cpu_threads() {
         std::string siblings;
         cores.insert(std::getline(f, siblings) ? siblings : "cpu" + std::to_string(cpu));
     }
-    return std::max(1, std::min(allowed, (int) cores.size()));
+    return std::max(1, std::min(allowed, (int)cores.size()));
 #elif defined(__APPLE__)
     int physical = 0;
     size_t size = sizeof(physical);
@@ -49,7 +49,7 @@ bool release_openmp_threads() {
 #else
     using PauseAll = int (*)(int);
     constexpr int kPauseSoft = 1;  // omp_pause_soft: threads go, settings stay
-    static const auto pause_all = (PauseAll) dlsym(RTLD_DEFAULT, "omp_pause_resource_all");
+    static const auto pause_all = (PauseAll)dlsym(RTLD_DEFAULT, "omp_pause_resource_all");
     return pause_all && pause_all(kPauseSoft) == 0;
 #endif
 }

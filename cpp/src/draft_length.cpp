@@ -95,11 +95,19 @@ void DraftLengthController::Cost::observe(double x) {
     ms = sorted[q];
 }
 
-DraftLengthController::DraftLengthController(uint32_t cap)
-    : cap_(cap), n_max_(cap), reached_(cap, kPriorDrafts), accepted_(cap, kPriorDrafts * kPriorAccept),
-      accept_(cap, kPriorAccept), run_reached_(cap, 0.0), run_accepted_(cap, 0.0),
-      t_draft_(cap + 1), t_verify_(cap + 1), t_plain_(kPlainWindow), probe_every_(kProbeFirst),
-      plain_check_every_(kPlainCheckFirst) {}
+DraftLengthController::DraftLengthController(uint32_t cap) :
+    cap_(cap),
+    n_max_(cap),
+    reached_(cap, kPriorDrafts),
+    accepted_(cap, kPriorDrafts * kPriorAccept),
+    accept_(cap, kPriorAccept),
+    run_reached_(cap, 0.0),
+    run_accepted_(cap, 0.0),
+    t_draft_(cap + 1),
+    t_verify_(cap + 1),
+    t_plain_(kPlainWindow),
+    probe_every_(kProbeFirst),
+    plain_check_every_(kPlainCheckFirst) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
@@ -138,7 +146,7 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
     // tried; a draft of k tokens costs more with k (the LM head runs for its rows), a verify too
     auto nearest_below = [](const std::vector<Cost> & t, uint32_t kk, double otherwise) {
         for (int64_t j = kk; j >= 1; --j) {
-            if (t[(size_t) j].ms >= 0.0) return t[(size_t) j].ms;
+            if (t[(size_t)j].ms >= 0.0) return t[(size_t)j].ms;
         }
         return otherwise;
     };
@@ -237,7 +245,7 @@ uint32_t DraftLengthController::choose() {
         // spacing probes by time, not by steps, keeps their share of the time bounded (probing every 16
         // steps with 7 tokens would cost a 2-core CPU a large share of its plain speed)
         const double c0 = expected_cost_ms(0), ck = expected_cost_ms(probe_with);
-        if (c0 > 0.0 && ck > c0) probe_wait = (uint32_t) std::lround(probe_every_ * ck / c0);
+        if (c0 > 0.0 && ck > c0) probe_wait = (uint32_t)std::lround(probe_every_ * ck / c0);
     }
     if (best != 0) {
         // drafting on its merits: probe sooner again once it stops paying, but not at once after one
@@ -259,7 +267,8 @@ uint32_t DraftLengthController::choose() {
     return 0;
 }
 
-void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady) {
+void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms,
+                                          bool steady) {
     plain_streak_ = 0;
     seen_draft_ = true;
     for (uint32_t i = 0; i < cap_; ++i) {

@@ -35,7 +35,9 @@ constexpr int64_t kMaxBlock = kMaxBlockSize;
 constexpr int64_t kMaxTargetLayer = 4096;
 
 struct FileCloser {
-    void operator()(FILE * f) const { if (f) fclose(f); }
+    void operator()(FILE * f) const {
+        if (f) fclose(f);
+    }
 };
 using file_ptr = std::unique_ptr<FILE, FileCloser>;
 
@@ -53,10 +55,21 @@ enum class TypeRule { F32Only, Matrix };
 bool type_allowed(ggml_type t, TypeRule rule) {
     if (rule == TypeRule::F32Only) return t == GGML_TYPE_F32;
     switch (t) {
-        case GGML_TYPE_F32: case GGML_TYPE_F16: case GGML_TYPE_BF16:
-        case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_0: case GGML_TYPE_Q5_1:
-        case GGML_TYPE_Q2_K: case GGML_TYPE_Q3_K: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K:
-        case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ4_XS:
+        case GGML_TYPE_F32:
+        case GGML_TYPE_F16:
+        case GGML_TYPE_BF16:
+        case GGML_TYPE_Q8_0:
+        case GGML_TYPE_Q4_0:
+        case GGML_TYPE_Q4_1:
+        case GGML_TYPE_Q5_0:
+        case GGML_TYPE_Q5_1:
+        case GGML_TYPE_Q2_K:
+        case GGML_TYPE_Q3_K:
+        case GGML_TYPE_Q4_K:
+        case GGML_TYPE_Q5_K:
+        case GGML_TYPE_Q6_K:
+        case GGML_TYPE_IQ4_NL:
+        case GGML_TYPE_IQ4_XS:
             return true;
         default:
             return false;
@@ -75,8 +88,8 @@ constexpr int64_t kAnyVocab = -1;
 std::map<std::string, Expected> expected_tensors(const DraftHparams & hp) {
     std::map<std::string, Expected> e;
     const int64_t E = hp.n_embd;
-    const int64_t V = hp.n_vocab ? (int64_t) hp.n_vocab : kAnyVocab;
-    e["fc.weight"] = {{(int64_t) hp.n_target_features(), E}, TypeRule::Matrix, true};
+    const int64_t V = hp.n_vocab ? (int64_t)hp.n_vocab : kAnyVocab;
+    e["fc.weight"] = {{(int64_t)hp.n_target_features(), E}, TypeRule::Matrix, true};
     e["enc.output_norm.weight"] = {{E}, TypeRule::F32Only, true};
     e["output_norm.weight"] = {{E}, TypeRule::F32Only, true};
     e["token_embd.weight"] = {{E, V}, TypeRule::Matrix, false};
@@ -95,7 +108,7 @@ std::map<std::string, Expected> expected_tensors(const DraftHparams & hp) {
         e[p + "ffn_up.weight"] = {{E, hp.n_ff}, TypeRule::Matrix, true};
         e[p + "ffn_down.weight"] = {{hp.n_ff, E}, TypeRule::Matrix, true};
         if (hp.version == 2) {
-            const int64_t proj = 2 * (int64_t) hp.conv_kernel * hp.n_conv_groups();
+            const int64_t proj = 2 * (int64_t)hp.conv_kernel * hp.n_conv_groups();
             e[p + "attn_conv_base"] = {{E, hp.conv_kernel, 2}, TypeRule::F32Only, true};
             e[p + "attn_conv_proj.weight"] = {{E, proj}, TypeRule::Matrix, true};
             e[p + "ffn_conv_base"] = {{E, hp.conv_kernel, 2}, TypeRule::F32Only, true};
@@ -129,7 +142,7 @@ void check_magic(const std::string & path, size_t & file_size) {
     if (size < 0) {
         throw Error(path + ": cannot determine the file size");
     }
-    file_size = (size_t) size;
+    file_size = (size_t)size;
     char magic[4] = {0, 0, 0, 0};
     fseek(f.get(), 0, SEEK_SET);
     const size_t n = fread(magic, 1, 4, f.get());
@@ -147,17 +160,17 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
         throw Error(keys.where("general.architecture") + ": expected \"dflash\", found \"" + arch + "\"");
     }
     const std::string p = "dflash.";
-    hp.n_ctx_train = (uint32_t) keys.get_int(p + "context_length", 1, INT32_MAX);
-    hp.n_embd = (uint32_t) keys.get_int(p + "embedding_length", 1, kMaxEmbd);
-    hp.n_layer = (uint32_t) keys.get_int(p + "block_count", 1, kMaxLayers);
-    hp.n_ff = (uint32_t) keys.get_int(p + "feed_forward_length", 1, kMaxFF);
-    hp.n_head = (uint32_t) keys.get_int(p + "attention.head_count", 1, kMaxHeads);
-    hp.n_head_kv = (uint32_t) keys.get_int(p + "attention.head_count_kv", 1, kMaxHeads);
+    hp.n_ctx_train = (uint32_t)keys.get_int(p + "context_length", 1, INT32_MAX);
+    hp.n_embd = (uint32_t)keys.get_int(p + "embedding_length", 1, kMaxEmbd);
+    hp.n_layer = (uint32_t)keys.get_int(p + "block_count", 1, kMaxLayers);
+    hp.n_ff = (uint32_t)keys.get_int(p + "feed_forward_length", 1, kMaxFF);
+    hp.n_head = (uint32_t)keys.get_int(p + "attention.head_count", 1, kMaxHeads);
+    hp.n_head_kv = (uint32_t)keys.get_int(p + "attention.head_count_kv", 1, kMaxHeads);
     if (hp.n_head % hp.n_head_kv != 0) {
         throw Error(keys.where(p + "attention.head_count_kv") + ": " + std::to_string(hp.n_head_kv) +
                     " must divide attention.head_count = " + std::to_string(hp.n_head));
     }
-    hp.head_dim = (uint32_t) keys.find_int(p + "attention.key_length", 2, kMaxHeadDim).value_or(hp.n_embd / hp.n_head);
+    hp.head_dim = (uint32_t)keys.find_int(p + "attention.key_length", 2, kMaxHeadDim).value_or(hp.n_embd / hp.n_head);
     const int64_t v_len = keys.find_int(p + "attention.value_length", 2, kMaxHeadDim).value_or(hp.head_dim);
     if (v_len != hp.head_dim) {
         throw Error(keys.where(p + "attention.value_length") + ": expected " + std::to_string(hp.head_dim) +
@@ -171,7 +184,7 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
         throw Error(keys.where(p + "attention.key_length") + ": head dim must be even for RoPE, found " +
                     std::to_string(hp.head_dim));
     }
-    hp.n_rot = (uint32_t) keys.find_int(p + "rope.dimension_count", 2, hp.head_dim).value_or(hp.head_dim);
+    hp.n_rot = (uint32_t)keys.find_int(p + "rope.dimension_count", 2, hp.head_dim).value_or(hp.head_dim);
     hp.rms_eps = keys.get_float(p + "attention.layer_norm_rms_epsilon");
     if (!(hp.rms_eps > 0.0f && hp.rms_eps < 1.0f)) {
         throw Error(keys.where(p + "attention.layer_norm_rms_epsilon") + ": expected a value in (0, 1), found " +
@@ -199,7 +212,7 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
                         *type + "\"");
         }
     }
-    hp.block_size = (uint32_t) keys.get_int(p + "block_size", kMinBlock, kMaxBlock);
+    hp.block_size = (uint32_t)keys.get_int(p + "block_size", kMinBlock, kMaxBlock);
 
     const auto tl = keys.get_int_array(p + "target_layers", 1, kMaxTargetLayer);
     if (tl.empty() || tl.size() > 64) {
@@ -235,22 +248,22 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
     const bool has_conv_keys = keys.has(p + "conv_kernel_size") || keys.has(p + "selector_top_k");
     hp.version = (has_selector || has_conv_keys) ? 2 : 1;
     if (hp.version == 2) {
-        hp.conv_kernel = (uint32_t) keys.get_int(p + "conv_kernel_size", 1, 8);
-        hp.conv_group = (uint32_t) keys.get_int(p + "conv_group_size", 1, hp.n_embd);
-        hp.selector_rank = (uint32_t) keys.get_int(p + "selector_rank", 1, 65536);
-        hp.selector_top_k = (uint32_t) keys.get_int(p + "selector_top_k", 1, 256);
+        hp.conv_kernel = (uint32_t)keys.get_int(p + "conv_kernel_size", 1, 8);
+        hp.conv_group = (uint32_t)keys.get_int(p + "conv_group_size", 1, hp.n_embd);
+        hp.selector_rank = (uint32_t)keys.get_int(p + "selector_rank", 1, 65536);
+        hp.selector_top_k = (uint32_t)keys.get_int(p + "selector_top_k", 1, 256);
         if (hp.n_embd % hp.conv_group != 0) {
             throw Error(keys.where(p + "conv_group_size") + ": " + std::to_string(hp.conv_group) +
                         " must divide embedding_length = " + std::to_string(hp.n_embd));
         }
-        const uint64_t need = (uint64_t) hp.selector_top_k * (hp.selector_top_k + 1);
+        const uint64_t need = (uint64_t)hp.selector_top_k * (hp.selector_top_k + 1);
         if (hp.n_embd < need) {
             throw Error(keys.where(p + "selector_top_k") + ": DFlash2 needs embedding_length >= top_k*(top_k+1) = " +
                         std::to_string(need) + ", found embedding_length " + std::to_string(hp.n_embd));
         }
     }
 
-    hp.mask_token_id = (int32_t) keys.get_int("tokenizer.ggml.mask_token_id", 0, kMaxVocab - 1);
+    hp.mask_token_id = (int32_t)keys.get_int("tokenizer.ggml.mask_token_id", 0, kMaxVocab - 1);
     return hp;
 }
 
@@ -262,8 +275,8 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
     check_magic(path, info.file_size);
 
     ggml_context_ptr meta;
-    gguf_ptr g = open_gguf(path, meta, "malformed or truncated GGUF header/metadata (" + std::to_string(info.file_size) +
-                                           " bytes)");
+    gguf_ptr g = open_gguf(
+        path, meta, "malformed or truncated GGUF header/metadata (" + std::to_string(info.file_size) + " bytes)");
     info.gguf_version = gguf_get_version(g.get());
     const GgufKeys keys(g.get(), path);
     DraftHparams & hp = info.hparams;
@@ -278,7 +291,7 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
     const int64_t n_tensors = gguf_get_n_tensors(g.get());
     const size_t data_offset = gguf_get_data_offset(g.get());
     std::map<std::string, const TensorInfo *> by_name;
-    info.tensors.reserve((size_t) n_tensors);
+    info.tensors.reserve((size_t)n_tensors);
     for (int64_t i = 0; i < n_tensors; ++i) {
         const char * name = gguf_get_tensor_name(g.get(), i);
         ggml_tensor * t = ggml_get_tensor(meta.get(), name);
@@ -304,22 +317,23 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
         throw Error(path + ": tensor 'fc.weight' is missing (required)");
     }
     const int64_t fc_in = fc->second->ne.empty() ? 0 : fc->second->ne[0];
-    if (fc_in <= 0 || fc_in % (int64_t) hp.target_layers.size() != 0) {
+    if (fc_in <= 0 || fc_in % (int64_t)hp.target_layers.size() != 0) {
         throw Error(path + ": tensor 'fc.weight': input width " + std::to_string(fc_in) +
-                    " is not a multiple of the number of target layers (" + std::to_string(hp.target_layers.size()) + ")");
+                    " is not a multiple of the number of target layers (" + std::to_string(hp.target_layers.size()) +
+                    ")");
     }
-    hp.target_hidden = (uint32_t) (fc_in / (int64_t) hp.target_layers.size());
+    hp.target_hidden = (uint32_t)(fc_in / (int64_t)hp.target_layers.size());
 
     if (auto n_tok = keys.find_array_size("tokenizer.ggml.tokens")) {
-        hp.n_vocab = (uint32_t) *n_tok;
+        hp.n_vocab = (uint32_t)*n_tok;
     }
     for (const char * vname : {"selector_predecessor.weight", "token_embd.weight", "output.weight"}) {
         auto it = by_name.find(vname);
         if (hp.n_vocab == 0 && it != by_name.end() && it->second->ne.size() == 2) {
-            hp.n_vocab = (uint32_t) it->second->ne[1];
+            hp.n_vocab = (uint32_t)it->second->ne[1];
         }
     }
-    if (hp.n_vocab > 0 && (int64_t) hp.mask_token_id >= (int64_t) hp.n_vocab) {
+    if (hp.n_vocab > 0 && (int64_t)hp.mask_token_id >= (int64_t)hp.n_vocab) {
         throw Error(keys.where("tokenizer.ggml.mask_token_id") + ": " + std::to_string(hp.mask_token_id) +
                     " is outside the vocabulary (" + std::to_string(hp.n_vocab) + " tokens)");
     }
@@ -343,8 +357,8 @@ DraftFileInfo inspect_draft_file(const std::string & path) {
             shape_ok = want == kAnyVocab || ti.ne4[d] == want;
         }
         if (!shape_ok) {
-            throw Error(path + ": tensor '" + ti.name + "': expected shape (ggml ne) " + shape_str(ex.ne) +
-                        ", found " + shape_str(ti.ne));
+            throw Error(path + ": tensor '" + ti.name + "': expected shape (ggml ne) " + shape_str(ex.ne) + ", found " +
+                        shape_str(ti.ne));
         }
         if (!type_allowed(ti.type, ex.rule)) {
             throw Error(path + ": tensor '" + ti.name + "': type " + ggml_type_name(ti.type) + " is not allowed" +
@@ -381,10 +395,12 @@ bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
 
 // Weights only ever used as a matmul's first operand go to the first extra CPU buffer type that
 // takes them (ggml repacks them there into the layout of a faster kernel); the rest stays put.
-void place_matmul_weights(DraftModel & m, const std::string & path, const std::vector<ggml_backend_buffer_type_t> & bufts) {
+void place_matmul_weights(DraftModel & m, const std::string & path,
+                          const std::vector<ggml_backend_buffer_type_t> & bufts) {
     std::vector<ggml_tensor *> matmul_only = {m.fc, m.output};
     for (const DraftLayer & l : m.layers) {
-        for (ggml_tensor * t : {l.wq, l.wk, l.wv, l.wo, l.ffn_gate, l.ffn_up, l.ffn_down, l.attn_conv_proj, l.ffn_conv_proj}) {
+        for (ggml_tensor * t :
+             {l.wq, l.wk, l.wv, l.wo, l.ffn_gate, l.ffn_up, l.ffn_down, l.attn_conv_proj, l.ffn_conv_proj}) {
             matmul_only.push_back(t);
         }
     }
@@ -398,7 +414,9 @@ void place_matmul_weights(DraftModel & m, const std::string & path, const std::v
         }
         if (picked.empty()) continue;
         ggml_backend_buffer_ptr buf(ggml_backend_buft_alloc_buffer(buft, size));
-        if (!buf) throw Error(path + ": cannot allocate " + std::to_string(size) + " bytes on " + ggml_backend_buft_name(buft));
+        if (!buf)
+            throw Error(path + ": cannot allocate " + std::to_string(size) + " bytes on " +
+                        ggml_backend_buft_name(buft));
         ggml_backend_buffer_set_usage(buf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         ggml_tallocr alloc = ggml_tallocr_new(buf.get());
         for (ggml_tensor * t : picked) ggml_tallocr_alloc(&alloc, t);
@@ -459,7 +477,8 @@ DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t
     for (const auto & ti : m.info.tensors) {
         ggml_tensor * t = ggml_get_tensor(m.ctx.get(), ti.name.c_str());
         staging.resize(ti.nbytes);
-        if (fseek(f.get(), (long) ti.offset, SEEK_SET) != 0 || fread(staging.data(), 1, ti.nbytes, f.get()) != ti.nbytes) {
+        if (fseek(f.get(), (long)ti.offset, SEEK_SET) != 0 ||
+            fread(staging.data(), 1, ti.nbytes, f.get()) != ti.nbytes) {
             throw Error(path + ": tensor '" + ti.name + "': short read (file truncated while loading?)");
         }
         ggml_backend_tensor_set(t, staging.data(), 0, ti.nbytes);

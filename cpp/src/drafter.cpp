@@ -47,7 +47,8 @@ size_t max_block_shapes(uint32_t block_size) {
 // kernel drafts no faster than the plain one (0.545 vs 0.550 ms, tinycode k = 3).
 std::vector<ggml_backend_buffer_type_t> repacking_bufts(ggml_backend_dev_t cpu) {
     using ExtraBufts = ggml_backend_buffer_type_t * (*)(ggml_backend_dev_t);
-    auto get = (ExtraBufts) ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu), "ggml_backend_dev_get_extra_bufts");
+    auto get = (ExtraBufts)ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu),
+                                                             "ggml_backend_dev_get_extra_bufts");
     std::vector<ggml_backend_buffer_type_t> out;
     for (ggml_backend_buffer_type_t * b = get ? get(cpu) : nullptr; b && *b; ++b) {
         if (std::string(ggml_backend_buft_name(*b)) != "AMX") out.push_back(*b);
@@ -74,12 +75,12 @@ ggml_backend_dev_t pick_device(const std::string & want) {
 // the CPU backend's thread setter, looked up once; set() touches the backend only when the count changes
 // (the draft step and the injections may want different counts)
 class CpuThreads {
-  public:
+public:
     void bind(ggml_backend_t backend) {
         backend_ = backend;
         ggml_backend_dev_t dev = ggml_backend_get_device(backend);
         ggml_backend_reg_t reg = dev ? ggml_backend_dev_backend_reg(dev) : nullptr;
-        fn_ = reg ? (ggml_backend_set_n_threads_t) ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")
+        fn_ = reg ? (ggml_backend_set_n_threads_t)ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")
                   : nullptr;
         now_ = 0;
     }
@@ -88,7 +89,7 @@ class CpuThreads {
         now_ = n;
     }
 
-  private:
+private:
     ggml_backend_t backend_ = nullptr;
     ggml_backend_set_n_threads_t fn_ = nullptr;
     int now_ = 0;
@@ -128,16 +129,16 @@ struct Drafter::Impl {
     // one built block graph and its input/output tensors
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
-        uint32_t window = 0;  // attended cache rows; 0 = not built
+        uint32_t window = 0;     // attended cache rows; 0 = not built
         ggml_tensor * ctx_feat;  // pending context rows, padded to the block's rows (scratch row)
         // per K/V row, the block's rows then the pending context rows: position, cache row, V elements.
         // Block first so that pos, the block's part of kv_pos, starts at offset 0: ggml-vulkan's ROPE reads
         // positions from a view's start aligned down to the device's storage alignment (a view 8 bytes in
         // rotated the block by the pending rows' positions)
-        ggml_tensor * kv_pos, * kv_idx, * kv_vidx;
-        ggml_tensor * tokens, * pos, * mask, * anchor;
-        ggml_tensor * logits, * argmax;
-        ggml_tensor * cand, * unary, * scores;  // DFlash2
+        ggml_tensor *kv_pos, *kv_idx, *kv_vidx;
+        ggml_tensor *tokens, *pos, *mask, *anchor;
+        ggml_tensor *logits, *argmax;
+        ggml_tensor *cand, *unary, *scores;  // DFlash2
     };
     // One block graph shape (block rows, head rows) with its own scheduler, metadata arena and transfer
     // buffers: built and allocated once per attention window, so a draft step is set inputs, compute,
@@ -148,7 +149,7 @@ struct Drafter::Impl {
         std::vector<uint8_t> meta;
         ggml_context_ptr ctx;
         BlockGraph bg;
-        Packed in, out;  // the inputs and the small outputs, each moved in one transfer
+        Packed in, out;                  // the inputs and the small outputs, each moved in one transfer
         ThreadPick * threads = nullptr;  // its shape's entry in thread_picks
         uint64_t last_use = 0;
     };
@@ -159,11 +160,13 @@ struct Drafter::Impl {
     std::map<uint32_t, ThreadPick> thread_picks;
     uint64_t shape_uses = 0;  // the clock of BlockVariant::last_use
     // metadata arena of one graph (tensors + graph), for the inject graph and each block graph
-    static size_t meta_bytes() { return ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false); }
+    static size_t meta_bytes() {
+        return ggml_tensor_overhead() * kGraphSize + ggml_graph_overhead_custom(kGraphSize, false);
+    }
     std::vector<uint8_t> inject_meta = std::vector<uint8_t>(meta_bytes());
     DrafterCounters counters;
     size_t inject_reserved = 0;
-    int n_threads = 1;  // CPU threads of injections; block graphs pick theirs (BlockVariant::threads)
+    int n_threads = 1;       // CPU threads of injections; block graphs pick theirs (BlockVariant::threads)
     CpuThreads cpu_threads;  // the CPU backend's: the device when it is the CPU, else the fallback
     bool on_cpu() const { return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU; }
 
@@ -186,15 +189,15 @@ struct Drafter::Impl {
     }
 
     ggml_tensor * rope(ggml_context * ctx, ggml_tensor * x, ggml_tensor * pos) const {
-        return ggml_rope_ext(ctx, x, pos, nullptr, (int) hp().n_rot, GGML_ROPE_TYPE_NEOX, (int) hp().n_ctx_train,
+        return ggml_rope_ext(ctx, x, pos, nullptr, (int)hp().n_rot, GGML_ROPE_TYPE_NEOX, (int)hp().n_ctx_train,
                              hp().rope_freq_base, hp().rope_freq_scale, 0.0f, 1.0f, 0.0f, 0.0f);
     }
 
     // per layer K = rope(k_norm(W_k h)) and V = W_v h of n rows, written to cache rows idx[0..n);
     // V is stored transposed (token-fastest) so that attention multiplies by it directly: its elements go
     // one by one to vidx (element e of row r to e * (n_ctx + 1) + idx[r]), computed on the host
-    void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, ggml_tensor * h, ggml_tensor * pos, ggml_tensor * idx,
-                  ggml_tensor * vidx) {
+    void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, ggml_tensor * h, ggml_tensor * pos,
+                  ggml_tensor * idx, ggml_tensor * vidx) {
         const DraftLayer & l = model.layers[il];
         const int64_t n = h->ne[1], width = kv_width();
         ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, h), hp().head_dim, hp().n_head_kv, n);
@@ -206,7 +209,7 @@ struct Drafter::Impl {
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, vc, ggml_reshape_2d(ctx, v, 1, width * n), vidx));
     }
 
-    int64_t kv_width() const { return (int64_t) hp().head_dim * hp().n_head_kv; }
+    int64_t kv_width() const { return (int64_t)hp().head_dim * hp().n_head_kv; }
 
     // store_kv's inputs for n rows going to cache rows rows[0..n): idx = rows, vidx[r][e] = e * (n_ctx + 1) + rows[r]
     void fill_rows(int64_t * idx, int64_t * vidx, const int64_t * rows, size_t n) const {
@@ -224,7 +227,7 @@ struct Drafter::Impl {
 
     struct InjectGraph {
         ggml_cgraph * gf;
-        ggml_tensor * feat, * pos, * idx, * vidx;
+        ggml_tensor *feat, *pos, *idx, *vidx;
     };
 
     InjectGraph build_inject(ggml_context * ctx, uint32_t n) {
@@ -263,11 +266,13 @@ struct Drafter::Impl {
     // y'[t] = sum_tap coef[:, tap, side, t] * y[t - tap], block-local (rows before 0 are zero)
     ggml_tensor * conv(ggml_context * ctx, ggml_tensor * y, const ConvCoef & cc, int side) const {
         static const int kSide[2] = {0, 1};  // cpu_dynamic_conv's argument, alive for every graph
-        if (!cc.coef) return ggml_map_custom3(ctx, y, cc.c, cc.base, cpu_dynamic_conv, GGML_N_TASKS_MAX, (void *) &kSide[side]);
+        if (!cc.coef)
+            return ggml_map_custom3(ctx, y, cc.c, cc.base, cpu_dynamic_conv, GGML_N_TASKS_MAX, (void *)&kSide[side]);
         ggml_tensor * coef = cc.coef;
         const int64_t E = hp().n_embd, B = y->ne[1], K = hp().conv_kernel;
         auto coef_rows = [&](int64_t tap, int64_t t0) {
-            return ggml_view_2d(ctx, coef, E, B - t0, coef->nb[3], side * coef->nb[2] + tap * coef->nb[1] + t0 * coef->nb[3]);
+            return ggml_view_2d(ctx, coef, E, B - t0, coef->nb[3],
+                                side * coef->nb[2] + tap * coef->nb[1] + t0 * coef->nb[3]);
         };
         ggml_tensor * out = ggml_mul(ctx, y, coef_rows(0, 0));
         for (int64_t tap = 1; tap < std::min<int64_t>(K, B); ++tap) {
@@ -300,7 +305,7 @@ struct Drafter::Impl {
         bg.pos = ggml_view_1d(ctx, bg.kv_pos, B, 0);
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
         bg.mask = input(ctx, GGML_TYPE_F16, window, B, "inp_mask");
-        const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float) h.head_dim);
+        const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float)h.head_dim);
 
         ggml_tensor * ctx_rows = context_rows(ctx, bg.ctx_feat);
 
@@ -323,14 +328,17 @@ struct Drafter::Impl {
 
             ggml_tensor * kc = cache_k[il];
             ggml_tensor * vc = cache_v[il];
-            ggml_tensor * k_win = ggml_view_3d(ctx, kc, h.head_dim, window, h.n_head_kv, kc->nb[2], kc->nb[1], 0);  // [hd, W, nkv]
-            ggml_tensor * v_win = ggml_view_3d(ctx, vc, window, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2], 0);  // [W, hd, nkv]
-            ggml_tensor * kq = ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
+            ggml_tensor * k_win =
+                ggml_view_3d(ctx, kc, h.head_dim, window, h.n_head_kv, kc->nb[2], kc->nb[1], 0);  // [hd, W, nkv]
+            ggml_tensor * v_win =
+                ggml_view_3d(ctx, vc, window, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2], 0);  // [W, hd, nkv]
+            ggml_tensor * kq =
+                ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
             ggml_prec_set_acc(kq, GGML_PREC_F32);
             kq = ggml_soft_max_ext(ctx, kq, bg.mask, kq_scale, 0.0f);
-            ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, kq);                                                        // [hd, B, nh]
-            ggml_tensor * att = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);            // [hd*nh, B]
-            ggml_tensor * o = ggml_mul_mat(ctx, l.wo, att);  // [E, B]
+            ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, kq);                                            // [hd, B, nh]
+            ggml_tensor * att = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);  // [hd*nh, B]
+            ggml_tensor * o = ggml_mul_mat(ctx, l.wo, att);                                              // [E, B]
             if (h.attn_value_scale != 0.0f) o = ggml_scale(ctx, o, h.attn_value_scale);
             if (h.version == 2) o = conv(ctx, o, c_attn, 1);
             x = ggml_add(ctx, x, o);
@@ -341,7 +349,8 @@ struct Drafter::Impl {
                 c_ffn = conv_coef(ctx, hcur, l.ffn_conv_proj, l.ffn_conv_base);
                 hcur = conv(ctx, hcur, c_ffn, 0);
             }
-            ggml_tensor * m = ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, l.ffn_gate, hcur)), ggml_mul_mat(ctx, l.ffn_up, hcur));
+            ggml_tensor * m =
+                ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, l.ffn_gate, hcur)), ggml_mul_mat(ctx, l.ffn_up, hcur));
             m = ggml_mul_mat(ctx, l.ffn_down, m);
             if (h.version == 2) m = conv(ctx, m, c_ffn, 1);
             x = ggml_add(ctx, x, m);
@@ -349,8 +358,9 @@ struct Drafter::Impl {
 
         // the LM head (the costliest matmul at a real vocabulary) only for the rows asked for
         ggml_tensor * h_final = rms_norm(ctx, x, model.output_norm);  // [E, B]
-        ggml_tensor * h_head = ggml_view_2d(ctx, h_final, h.n_embd, head_rows, h_final->nb[1], head_first * h_final->nb[1]);
-        ggml_tensor * logits = ggml_mul_mat(ctx, output, h_head);      // [V, head_rows]
+        ggml_tensor * h_head =
+            ggml_view_2d(ctx, h_final, h.n_embd, head_rows, h_final->nb[1], head_first * h_final->nb[1]);
+        ggml_tensor * logits = ggml_mul_mat(ctx, output, h_head);  // [V, head_rows]
         if (h.logit_scale != 0.0f) logits = ggml_scale(ctx, logits, h.logit_scale);
         if (h.logit_softcap > 0.0f) {
             logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / h.logit_softcap)), h.logit_softcap);
@@ -366,21 +376,23 @@ struct Drafter::Impl {
         if (h.version == 2 && rows >= 1) {
             const int64_t V = logits->ne[0], k = h.selector_top_k, R = h.selector_rank;
             ggml_tensor * lg = ggml_view_2d(ctx, logits, V, rows, logits->nb[1], (1 - head_first) * logits->nb[1]);
-            ggml_tensor * cand = ggml_top_k(ctx, lg, (int) k);                                      // [k, rows] i32
+            ggml_tensor * cand = ggml_top_k(ctx, lg, (int)k);                                           // [k, rows] i32
             ggml_tensor * unary_rows = ggml_get_rows(ctx, ggml_reshape_3d(ctx, lg, 1, V, rows), cand);  // [1, k, rows]
             ggml_tensor * unary = ggml_reshape_3d(ctx, unary_rows, k, 1, rows);
             ggml_tensor * hf = ggml_view_2d(ctx, h_final, h.n_embd, rows, h_final->nb[1], h_final->nb[1]);
             ggml_tensor * gate = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, model.sel_hidden, hf), R, 1, rows);
-            ggml_tensor * succ = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model.sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
+            ggml_tensor * succ = ggml_reshape_3d(
+                ctx, ggml_get_rows(ctx, model.sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
             bg.anchor = input(ctx, GGML_TYPE_I32, 1, 0, "inp_anchor");
-            ggml_tensor * pred = ggml_repeat_4d(ctx, ggml_get_rows(ctx, model.sel_prev, bg.anchor), R, k, 1, 1);  // row 1
+            ggml_tensor * pred =
+                ggml_repeat_4d(ctx, ggml_get_rows(ctx, model.sel_prev, bg.anchor), R, k, 1, 1);  // row 1
             if (rows > 1) {
                 ggml_tensor * prev_ids = ggml_view_1d(ctx, cand, k * (rows - 1), 0);  // candidates of rows 1..rows-1
                 ggml_tensor * p = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model.sel_prev, prev_ids), R, k, rows - 1);
                 pred = ggml_concat(ctx, pred, p, 2);  // [R, k, rows]
             }
-            ggml_tensor * cond = ggml_mul(ctx, pred, gate);         // [R, k pred, rows]
-            ggml_tensor * scores = ggml_mul_mat(ctx, succ, cond);    // [k succ, k pred, rows]
+            ggml_tensor * cond = ggml_mul(ctx, pred, gate);        // [R, k pred, rows]
+            ggml_tensor * scores = ggml_mul_mat(ctx, succ, cond);  // [k succ, k pred, rows]
             scores = ggml_add(ctx, scores, unary);
             for (ggml_tensor * t : {cand, unary_rows, scores}) {
                 ggml_set_output(t);
@@ -401,9 +413,10 @@ struct Drafter::Impl {
     ggml_backend_sched_ptr new_sched() {
         std::vector<ggml_backend_buffer_type_t> bufts;
         for (ggml_backend_t b : backends) bufts.push_back(ggml_backend_get_default_buffer_type(b));
-        ggml_backend_sched_ptr s(ggml_backend_sched_new(backends.data(), bufts.data(), (int) backends.size(), kGraphSize,
-                                                        false, true));
-        if (std::getenv("DFLASH_PROFILE")) ggml_backend_sched_set_eval_callback(s.get(), &OpProfile::callback, &profile);
+        ggml_backend_sched_ptr s(
+            ggml_backend_sched_new(backends.data(), bufts.data(), (int)backends.size(), kGraphSize, false, true));
+        if (std::getenv("DFLASH_PROFILE"))
+            ggml_backend_sched_set_eval_callback(s.get(), &OpProfile::callback, &profile);
         if (dump.on()) ggml_backend_sched_set_eval_callback(s.get(), &NodeDump::callback, &dump);
         return s;
     }
@@ -413,8 +426,9 @@ struct Drafter::Impl {
     BlockVariant & ensure_block(uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
         const uint32_t key = n_rows << 16 | head_first << 8 | head_rows;
         if (!variants.count(key) && variants.size() >= max_shapes) {
-            auto lru = std::min_element(variants.begin(), variants.end(),
-                                        [](const auto & a, const auto & b) { return a.second->last_use < b.second->last_use; });
+            auto lru = std::min_element(variants.begin(), variants.end(), [](const auto & a, const auto & b) {
+                return a.second->last_use < b.second->last_use;
+            });
             variants.erase(lru);
         }
         std::unique_ptr<BlockVariant> & v = variants[key];
@@ -439,13 +453,14 @@ struct Drafter::Impl {
             std::vector<ggml_tensor *> out = {bg.argmax};
             if (bg.cand) out.insert(out.end(), {bg.cand, bg.unary, bg.scores});
             // an output placed on the device must be computed there: only pack them when the device runs them all
-            if (std::all_of(out.begin(), out.end(), [&](ggml_tensor * t) { return ggml_backend_dev_supports_op(dev, t); })) {
+            if (std::all_of(out.begin(), out.end(),
+                            [&](ggml_tensor * t) { return ggml_backend_dev_supports_op(dev, t); })) {
                 v->out.place(v->ctx.get(), buft, out);
             }
             counters.graphs_built++;
             alloc(v->sched.get(), v->bg.gf, v->reserved_bytes);
             // shapes come and go, and buffers grow, only here: not counted again on every step
-            counters.shapes = (uint32_t) variants.size();
+            counters.shapes = (uint32_t)variants.size();
             counters.compute_bytes = inject_reserved;
             for (const auto & kv : variants) counters.compute_bytes += kv.second->reserved_bytes;
         }
@@ -504,9 +519,9 @@ struct Drafter::Impl {
             alloc(sched_inject.get(), ig.gf, inject_reserved);
             if (on_cpu()) cpu_threads.set(n_threads);
             std::vector<int32_t> pos(chunk);
-            std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t) chunk * kv_width());
-            std::iota(pos.begin(), pos.end(), (int32_t) n_cached);
-            std::iota(rows.begin(), rows.end(), (int64_t) n_cached);
+            std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t)chunk * kv_width());
+            std::iota(pos.begin(), pos.end(), (int32_t)n_cached);
+            std::iota(rows.begin(), rows.end(), (int64_t)n_cached);
             fill_rows(idx.data(), vidx.data(), rows.data(), chunk);
             ggml_backend_tensor_set(ig.feat, features + done * width, 0, chunk * width * sizeof(float));
             ggml_backend_tensor_set(ig.pos, pos.data(), 0, chunk * sizeof(int32_t));
@@ -530,8 +545,8 @@ struct Drafter::Impl {
     NodeDump dump{std::getenv("DFLASH_DUMP_NODES")};
 };
 
-Drafter::Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts)
-    : impl_(std::make_unique<Impl>()) {
+Drafter::Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts) :
+    impl_(std::make_unique<Impl>()) {
     Impl & m = *impl_;
     m.dev = pick_device(opts.device);
     m.backend.reset(ggml_backend_dev_init(m.dev, nullptr));
@@ -547,8 +562,9 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.cpu_threads.bind(m.backends.back());
     m.cpu_threads.set(n_threads);
 
-    m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev),
-                               m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{});
+    m.model = load_draft_model(
+        draft_path, ggml_backend_dev_buffer_type(m.dev),
+        m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{});
     const DraftHparams & h = m.hp();
 
     if (m.model.tok_embd && m.model.output) {
@@ -558,20 +574,21 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     if (!target_path.empty()) {
         m.head = load_target_head(target_path, m.dev);
         if (m.head->n_embd != h.target_hidden) {
-            throw Error(target_path + ": target hidden size is " + std::to_string(m.head->n_embd) + " but the drafter " +
-                        draft_path + " expects target features of width " + std::to_string(h.target_hidden) +
-                        " (fc.weight input / number of target layers)");
+            throw Error(target_path + ": target hidden size is " + std::to_string(m.head->n_embd) +
+                        " but the drafter " + draft_path + " expects target features of width " +
+                        std::to_string(h.target_hidden) + " (fc.weight input / number of target layers)");
         }
         if (m.head->n_embd != h.n_embd && !m.tok_embd) {
-            throw Error(draft_path + ": drafter hidden size " + std::to_string(h.n_embd) + " differs from the target's " +
-                        std::to_string(m.head->n_embd) + ", so it cannot use the target's embedding and LM head");
+            throw Error(draft_path + ": drafter hidden size " + std::to_string(h.n_embd) +
+                        " differs from the target's " + std::to_string(m.head->n_embd) +
+                        ", so it cannot use the target's embedding and LM head");
         }
         if (h.n_vocab != 0 && h.n_vocab != m.head->n_vocab) {
-            throw Error(draft_path + ": drafter vocabulary has " + std::to_string(h.n_vocab) + " tokens but the target " +
-                        target_path + " has " + std::to_string(m.head->n_vocab));
+            throw Error(draft_path + ": drafter vocabulary has " + std::to_string(h.n_vocab) +
+                        " tokens but the target " + target_path + " has " + std::to_string(m.head->n_vocab));
         }
         const int32_t max_layer = h.target_layers.back();
-        if ((uint32_t) max_layer >= m.head->n_layer + 1 || max_layer < 1) {
+        if ((uint32_t)max_layer >= m.head->n_layer + 1 || max_layer < 1) {
             throw Error(draft_path + ": dflash.target_layers asks for layer " + std::to_string(max_layer) +
                         " but the target " + target_path + " has " + std::to_string(m.head->n_layer) + " layers");
         }
@@ -584,8 +601,8 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     if (!m.tok_embd) {
         throw Error(draft_path + ": the drafter carries no token embedding / LM head, so a target GGUF is required");
     }
-    if (m.model.hp().n_vocab == 0) m.model.hp().n_vocab = (uint32_t) m.output->ne[1];
-    if ((uint32_t) h.mask_token_id >= m.model.hp().n_vocab) {
+    if (m.model.hp().n_vocab == 0) m.model.hp().n_vocab = (uint32_t)m.output->ne[1];
+    if ((uint32_t)h.mask_token_id >= m.model.hp().n_vocab) {
         throw Error(draft_path + ": tokenizer.ggml.mask_token_id " + std::to_string(h.mask_token_id) +
                     " is outside the vocabulary (" + std::to_string(m.model.hp().n_vocab) + ")");
     }
@@ -599,10 +616,13 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
         m.cache_ctx.reset(ggml_init(ip));
         for (uint32_t il = 0; il < h.n_layer; ++il) {
-            m.cache_k.push_back(ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, h.head_dim, h.n_head_kv, m.n_ctx + 1));
-            m.cache_v.push_back(ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, m.n_ctx + 1, h.head_dim, h.n_head_kv));
+            m.cache_k.push_back(
+                ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, h.head_dim, h.n_head_kv, m.n_ctx + 1));
+            m.cache_v.push_back(
+                ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, m.n_ctx + 1, h.head_dim, h.n_head_kv));
         }
-        m.cache_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(m.cache_ctx.get(), ggml_backend_dev_buffer_type(m.dev)));
+        m.cache_buf.reset(
+            ggml_backend_alloc_ctx_tensors_from_buft(m.cache_ctx.get(), ggml_backend_dev_buffer_type(m.dev)));
         if (!m.cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(m.n_ctx) + " rows)");
         ggml_backend_buffer_clear(m.cache_buf.get(), 0);
     }
@@ -627,12 +647,12 @@ void Drafter::inject(const float * features, const int32_t * positions, uint32_t
     Impl & m = *impl_;
     if (n == 0) return;
     const uint32_t first = m.n_cached + m.n_pending;
-    if ((uint64_t) first + n + m.hp().block_size > m.n_ctx) {
+    if ((uint64_t)first + n + m.hp().block_size > m.n_ctx) {
         throw Error("draft cache full: " + std::to_string(first) + " + " + std::to_string(n) +
                     " rows (+ one block) exceed n_ctx = " + std::to_string(m.n_ctx));
     }
     for (uint32_t i = 0; i < n; ++i) {
-        if (positions[i] != (int32_t) (first + i)) {
+        if (positions[i] != (int32_t)(first + i)) {
             throw Error("inject: position " + std::to_string(positions[i]) + " at row " + std::to_string(i) +
                         " does not continue the draft cache (expected " + std::to_string(first + i) + ")");
         }
@@ -659,7 +679,7 @@ void Drafter::truncate(uint32_t n) {
     } else {
         m.n_pending = n - m.n_cached;
     }
-    m.pending.resize((size_t) m.n_pending * m.hp().n_target_features());
+    m.pending.resize((size_t)m.n_pending * m.hp().n_target_features());
 }
 
 // K rows are contiguous per position ([width] each); V is stored transposed (positions innermost per
@@ -667,7 +687,7 @@ void Drafter::truncate(uint32_t n) {
 std::vector<uint8_t> Drafter::save_cache() {
     Impl & m = *impl_;
     m.flush_pending();
-    const size_t n = m.n_cached, width = (size_t) m.kv_width(), row_bytes = width * sizeof(float);
+    const size_t n = m.n_cached, width = (size_t)m.kv_width(), row_bytes = width * sizeof(float);
     std::vector<uint8_t> bytes(2 * m.cache_k.size() * n * row_bytes);
     uint8_t * out = bytes.data();
     for (size_t il = 0; il < m.cache_k.size(); ++il) {
@@ -682,8 +702,8 @@ std::vector<uint8_t> Drafter::save_cache() {
 
 void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
     Impl & m = *impl_;
-    const size_t width = (size_t) m.kv_width(), row_bytes = width * sizeof(float);
-    if ((uint64_t) n + m.hp().block_size > m.n_ctx) {
+    const size_t width = (size_t)m.kv_width(), row_bytes = width * sizeof(float);
+    if ((uint64_t)n + m.hp().block_size > m.n_ctx) {
         throw Error("the saved draft cache holds " + std::to_string(n) + " rows; this drafter's n_ctx = " +
                     std::to_string(m.n_ctx) + " holds " + std::to_string(m.n_ctx - m.hp().block_size) + " and a block");
     }
@@ -713,11 +733,11 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     if (n > B - 1) {
         throw Error("draft: n = " + std::to_string(n) + " exceeds block_size - 1 = " + std::to_string(B - 1));
     }
-    if (anchor < 0 || (uint32_t) anchor >= h.n_vocab) {
+    if (anchor < 0 || (uint32_t)anchor >= h.n_vocab) {
         throw Error("draft: anchor token " + std::to_string(anchor) + " is outside the vocabulary (" +
                     std::to_string(h.n_vocab) + ")");
     }
-    if (position < 0 || (uint64_t) position + B > (uint64_t) INT32_MAX) throw Error("draft: invalid position");
+    if (position < 0 || (uint64_t)position + B > (uint64_t)INT32_MAX) throw Error("draft: invalid position");
 
     if (m.n_cached + m.n_pending + B > m.n_ctx) {
         throw Error("draft: the draft cache is full (n_ctx = " + std::to_string(m.n_ctx) + ")");
@@ -751,7 +771,8 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     const auto t_setup = std::chrono::steady_clock::now();
     if (m.n_pending > R) m.flush_pending();  // the block graph writes at most R pending rows itself
     Impl::BlockVariant & v = m.ensure_block(m.window_for(ctx_end + B), R, head_first, head_rows);
-    m.counters.setup_ms_last = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup).count();
+    m.counters.setup_ms_last =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup).count();
     m.counters.window_last = v.bg.window;
     const Impl::BlockGraph & bg = v.bg;
     // the inputs, written straight into the one upload
@@ -765,11 +786,11 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         int64_t rows[2 * kMaxBlockSize];
         for (uint32_t i = 0; i < R; ++i) {
             const bool real = i < m.n_pending;
-            pos[i] = position + (int32_t) i;
-            rows[i] = (int64_t) (ctx_end + i);
+            pos[i] = position + (int32_t)i;
+            rows[i] = (int64_t)(ctx_end + i);
             tokens[i] = i == 0 ? anchor : h.mask_token_id;
-            pos[R + i] = real ? (int32_t) (m.n_cached + i) : 0;
-            rows[R + i] = real ? (int64_t) (m.n_cached + i) : (int64_t) m.n_ctx;
+            pos[R + i] = real ? (int32_t)(m.n_cached + i) : 0;
+            rows[R + i] = real ? (int64_t)(m.n_cached + i) : (int64_t)m.n_ctx;
         }
         m.fill_rows(in.host<int64_t>(bg.kv_idx), in.host<int64_t>(bg.kv_vidx), rows, 2 * R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
@@ -778,7 +799,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask);
         for (uint32_t i = 0; i < R; ++i) {
-            ggml_fp16_t * row = mask + (size_t) i * W;
+            ggml_fp16_t * row = mask + (size_t)i * W;
             const uint32_t seen = ctx_end + (h.causal ? i + 1 : seen_rows);
             std::fill(row, row + seen, zero);
             std::fill(row + seen, row + W, ninf);
@@ -789,7 +810,8 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     if (m.on_cpu()) m.cpu_threads.set(threads);
     const auto t_run = std::chrono::steady_clock::now();
     m.run(v.sched.get(), bg.gf);
-    v.threads->observe(threads, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
+    v.threads->observe(threads,
+                       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_run).count());
     if (m.on_cpu()) m.counters.draft_threads = v.threads->chosen();
     v.out.download();
     m.n_cached = ctx_end;
@@ -802,7 +824,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     r.argmax.resize(out_rows);  // the graph's first out_rows head rows: the rest pad a short block
     v.out.get(bg.argmax, r.argmax.data(), out_rows * sizeof(int32_t));
     if (want_logits) {
-        r.logits.resize((size_t) out_rows * h.n_vocab);
+        r.logits.resize((size_t)out_rows * h.n_vocab);
         ggml_backend_tensor_get(bg.logits, r.logits.data(), 0, r.logits.size() * sizeof(float));
     }
     if (h.version == 1) {
@@ -813,46 +835,48 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     // DFlash2: canonical candidate order (logit descending), then the greedy walk
     const uint32_t k = h.selector_top_k, rows = head_first + out_rows - 1;
     r.top_k = k;
-    std::vector<int32_t> cand((size_t) k * rows);
-    std::vector<float> unary((size_t) k * rows), raw((size_t) k * k * rows);
+    std::vector<int32_t> cand((size_t)k * rows);
+    std::vector<float> unary((size_t)k * rows), raw((size_t)k * k * rows);
     v.out.get(bg.cand, cand.data(), cand.size() * sizeof(int32_t));
     v.out.get(bg.unary, unary.data(), unary.size() * sizeof(float));
     v.out.get(bg.scores, raw.data(), raw.size() * sizeof(float));
 
-    std::vector<uint32_t> perm((size_t) k * rows);  // perm[t][j] = raw index of sorted candidate j
+    std::vector<uint32_t> perm((size_t)k * rows);  // perm[t][j] = raw index of sorted candidate j
     for (uint32_t t = 0; t < rows; ++t) {
-        uint32_t * p = &perm[(size_t) t * k];
+        uint32_t * p = &perm[(size_t)t * k];
         std::iota(p, p + k, 0u);
-        const float * u = &unary[(size_t) t * k];
-        const int32_t * c = &cand[(size_t) t * k];
+        const float * u = &unary[(size_t)t * k];
+        const int32_t * c = &cand[(size_t)t * k];
         std::sort(p, p + k, [&](uint32_t a, uint32_t b) { return u[a] != u[b] ? u[a] > u[b] : c[a] < c[b]; });
     }
     r.candidates.resize(cand.size());
     r.scores.resize(raw.size());
     for (uint32_t t = 0; t < rows; ++t) {
-        for (uint32_t j = 0; j < k; ++j) r.candidates[(size_t) t * k + j] = cand[(size_t) t * k + perm[(size_t) t * k + j]];
+        for (uint32_t j = 0; j < k; ++j)
+            r.candidates[(size_t)t * k + j] = cand[(size_t)t * k + perm[(size_t)t * k + j]];
         for (uint32_t i = 0; i < k; ++i) {
-            const uint32_t raw_pred = t == 0 ? i : perm[(size_t) (t - 1) * k + i];
+            const uint32_t raw_pred = t == 0 ? i : perm[(size_t)(t - 1) * k + i];
             for (uint32_t j = 0; j < k; ++j) {
-                r.scores[((size_t) t * k + i) * k + j] = raw[((size_t) t * k + raw_pred) * k + perm[(size_t) t * k + j]];
+                r.scores[((size_t)t * k + i) * k + j] = raw[((size_t)t * k + raw_pred) * k + perm[(size_t)t * k + j]];
             }
         }
     }
-    r.walk_q.resize((size_t) k * rows);
+    r.walk_q.resize((size_t)k * rows);
     r.walk_index.resize(rows);
     uint32_t pred = 0;  // row 1: every predecessor row is the anchor
     for (uint32_t t = 0; t < rows; ++t) {
-        const float * s = &r.scores[((size_t) t * k + pred) * k];
+        const float * s = &r.scores[((size_t)t * k + pred) * k];
         uint32_t best = 0;
-        for (uint32_t j = 1; j < k; ++j) if (s[j] > s[best]) best = j;
-        float * q = &r.walk_q[(size_t) t * k];
+        for (uint32_t j = 1; j < k; ++j)
+            if (s[j] > s[best]) best = j;
+        float * q = &r.walk_q[(size_t)t * k];
         double z = 0.0;
-        for (uint32_t j = 0; j < k; ++j) z += std::exp((double) s[j] - s[best]);
-        for (uint32_t j = 0; j < k; ++j) q[j] = (float) (std::exp((double) s[j] - s[best]) / z);
-        r.walk_index[t] = (int32_t) best;
+        for (uint32_t j = 0; j < k; ++j) z += std::exp((double)s[j] - s[best]);
+        for (uint32_t j = 0; j < k; ++j) q[j] = (float)(std::exp((double)s[j] - s[best]) / z);
+        r.walk_index[t] = (int32_t)best;
         pred = best;
     }
-    for (uint32_t t = 0; t < n; ++t) r.tokens.push_back(r.candidates[(size_t) t * k + r.walk_index[t]]);
+    for (uint32_t t = 0; t < n; ++t) r.tokens.push_back(r.candidates[(size_t)t * k + r.walk_index[t]]);
     return r;
 }
 

@@ -8,27 +8,47 @@ namespace dflash {
 
 const char * gguf_type_label(gguf_type t) {
     switch (t) {
-        case GGUF_TYPE_UINT8: return "u8";
-        case GGUF_TYPE_INT8: return "i8";
-        case GGUF_TYPE_UINT16: return "u16";
-        case GGUF_TYPE_INT16: return "i16";
-        case GGUF_TYPE_UINT32: return "u32";
-        case GGUF_TYPE_INT32: return "i32";
-        case GGUF_TYPE_FLOAT32: return "f32";
-        case GGUF_TYPE_BOOL: return "bool";
-        case GGUF_TYPE_STRING: return "string";
-        case GGUF_TYPE_ARRAY: return "array";
-        case GGUF_TYPE_UINT64: return "u64";
-        case GGUF_TYPE_INT64: return "i64";
-        case GGUF_TYPE_FLOAT64: return "f64";
-        default: return "unknown";
+        case GGUF_TYPE_UINT8:
+            return "u8";
+        case GGUF_TYPE_INT8:
+            return "i8";
+        case GGUF_TYPE_UINT16:
+            return "u16";
+        case GGUF_TYPE_INT16:
+            return "i16";
+        case GGUF_TYPE_UINT32:
+            return "u32";
+        case GGUF_TYPE_INT32:
+            return "i32";
+        case GGUF_TYPE_FLOAT32:
+            return "f32";
+        case GGUF_TYPE_BOOL:
+            return "bool";
+        case GGUF_TYPE_STRING:
+            return "string";
+        case GGUF_TYPE_ARRAY:
+            return "array";
+        case GGUF_TYPE_UINT64:
+            return "u64";
+        case GGUF_TYPE_INT64:
+            return "i64";
+        case GGUF_TYPE_FLOAT64:
+            return "f64";
+        default:
+            return "unknown";
     }
 }
 
 static bool is_int_type(gguf_type t) {
     switch (t) {
-        case GGUF_TYPE_UINT8: case GGUF_TYPE_INT8: case GGUF_TYPE_UINT16: case GGUF_TYPE_INT16:
-        case GGUF_TYPE_UINT32: case GGUF_TYPE_INT32: case GGUF_TYPE_UINT64: case GGUF_TYPE_INT64:
+        case GGUF_TYPE_UINT8:
+        case GGUF_TYPE_INT8:
+        case GGUF_TYPE_UINT16:
+        case GGUF_TYPE_INT16:
+        case GGUF_TYPE_UINT32:
+        case GGUF_TYPE_INT32:
+        case GGUF_TYPE_UINT64:
+        case GGUF_TYPE_INT64:
             return true;
         default:
             return false;
@@ -38,25 +58,31 @@ static bool is_int_type(gguf_type t) {
 static int64_t int_at(const void * data, gguf_type t, size_t i, bool & overflow) {
     overflow = false;
     switch (t) {
-        case GGUF_TYPE_UINT8: return ((const uint8_t *) data)[i];
-        case GGUF_TYPE_INT8: return ((const int8_t *) data)[i];
-        case GGUF_TYPE_UINT16: return ((const uint16_t *) data)[i];
-        case GGUF_TYPE_INT16: return ((const int16_t *) data)[i];
-        case GGUF_TYPE_UINT32: return ((const uint32_t *) data)[i];
-        case GGUF_TYPE_INT32: return ((const int32_t *) data)[i];
-        case GGUF_TYPE_INT64: return ((const int64_t *) data)[i];
+        case GGUF_TYPE_UINT8:
+            return ((const uint8_t *)data)[i];
+        case GGUF_TYPE_INT8:
+            return ((const int8_t *)data)[i];
+        case GGUF_TYPE_UINT16:
+            return ((const uint16_t *)data)[i];
+        case GGUF_TYPE_INT16:
+            return ((const int16_t *)data)[i];
+        case GGUF_TYPE_UINT32:
+            return ((const uint32_t *)data)[i];
+        case GGUF_TYPE_INT32:
+            return ((const int32_t *)data)[i];
+        case GGUF_TYPE_INT64:
+            return ((const int64_t *)data)[i];
         case GGUF_TYPE_UINT64: {
-            const uint64_t v = ((const uint64_t *) data)[i];
-            overflow = v > (uint64_t) INT64_MAX;
-            return (int64_t) v;
+            const uint64_t v = ((const uint64_t *)data)[i];
+            overflow = v > (uint64_t)INT64_MAX;
+            return (int64_t)v;
         }
-        default: return 0;
+        default:
+            return 0;
     }
 }
 
-std::string GgufKeys::where(const std::string & key) const {
-    return path_ + ": key '" + key + "'";
-}
+std::string GgufKeys::where(const std::string & key) const { return path_ + ": key '" + key + "'"; }
 
 int64_t GgufKeys::require(const std::string & key) const {
     const int64_t id = gguf_find_key(ctx_, key.c_str());
@@ -119,7 +145,7 @@ std::optional<float> GgufKeys::find_float(const std::string & key) const {
     if (!std::isfinite(v)) {
         throw Error(where(key) + ": value is not finite");
     }
-    return (float) v;
+    return (float)v;
 }
 
 float GgufKeys::get_float(const std::string & key) const {

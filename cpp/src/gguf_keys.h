@@ -12,7 +12,7 @@
 namespace dflash {
 
 class GgufKeys {
-  public:
+public:
     GgufKeys(const gguf_context * ctx, std::string path) : ctx_(ctx), path_(std::move(path)) {}
 
     bool has(const std::string & key) const { return gguf_find_key(ctx_, key.c_str()) >= 0; }
@@ -34,7 +34,7 @@ class GgufKeys {
     std::string where(const std::string & key) const;
     const std::string & path() const { return path_; }
 
-  private:
+private:
     int64_t require(const std::string & key) const;
     int64_t read_int(int64_t id, const std::string & key, int64_t lo, int64_t hi) const;
 

@@ -33,7 +33,8 @@ struct LogCapture {
 
 std::string one_line(std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    for (auto & c : s) if (c == '\n') c = ';';
+    for (auto & c : s)
+        if (c == '\n') c = ';';
     return s;
 }
 
@@ -52,7 +53,8 @@ QuietDebugLog::~QuietDebugLog() {
 
 void QuietDebugLog::forward(ggml_log_level level, const char * text, void * ud) {
     auto * self = static_cast<QuietDebugLog *>(ud);
-    if (level != GGML_LOG_LEVEL_CONT) self->dropping_ = level == GGML_LOG_LEVEL_DEBUG;  // CONT: as the line it continues
+    if (level != GGML_LOG_LEVEL_CONT)
+        self->dropping_ = level == GGML_LOG_LEVEL_DEBUG;  // CONT: as the line it continues
     if (self->dropping_) return;
     if (self->prev_cb_) {
         self->prev_cb_(level, text, self->prev_ud_);

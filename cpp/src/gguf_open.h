@@ -18,13 +18,13 @@ using gguf_ptr = std::unique_ptr<gguf_context, GgufFree>;
 // While alive, ggml's debug-level messages are dropped and the rest go where they went before: ggml's CPU
 // backend logs every weight it repacks at debug level, and its default logger prints all levels to stderr.
 class QuietDebugLog {
-  public:
+public:
     QuietDebugLog();
     ~QuietDebugLog();
     QuietDebugLog(const QuietDebugLog &) = delete;
     QuietDebugLog & operator=(const QuietDebugLog &) = delete;
 
-  private:
+private:
     static void forward(ggml_log_level level, const char * text, void * ud);
     ggml_log_callback prev_cb_ = nullptr;
     void * prev_ud_ = nullptr;

@@ -13,7 +13,7 @@
 namespace dflash {
 
 class NodeDump {
-  public:
+public:
     explicit NodeDump(const char * path) : f_(path ? std::fopen(path, "wb") : nullptr) {}
     ~NodeDump() {
         if (f_) std::fclose(f_);
@@ -28,7 +28,7 @@ class NodeDump {
         std::vector<float> v(ggml_nelements(t));
         ggml_backend_tensor_get(t, v.data(), 0, ggml_nbytes(t));
         const std::string name = std::string(t->name) + "|" + ggml_op_desc(t);
-        const uint32_t n = (uint32_t) name.size();
+        const uint32_t n = (uint32_t)name.size();
         const int64_t ne[4] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
         std::fwrite(&n, 4, 1, d->f_);
         std::fwrite(name.data(), 1, n, d->f_);
@@ -37,7 +37,7 @@ class NodeDump {
         return true;
     }
 
-  private:
+private:
     std::FILE * f_;
 };
 

@@ -14,7 +14,7 @@
 namespace dflash {
 
 class OpProfile {
-  public:
+public:
     void start() { t0_ = std::chrono::steady_clock::now(); }
 
     // a ggml_backend_sched_eval_callback; user data = this
@@ -42,11 +42,11 @@ class OpProfile {
         std::fprintf(stderr, "dflash draft graph profile (DFLASH_PROFILE): %.3f ms in nodes\n", total);
         for (const auto & e : v) {
             std::fprintf(stderr, "  %-44s %10.3f ms %5.1f%%  x%llu\n", e.first.c_str(), e.second.ms,
-                         100.0 * e.second.ms / total, (unsigned long long) e.second.n);
+                         100.0 * e.second.ms / total, (unsigned long long)e.second.n);
         }
     }
 
-  private:
+private:
     struct Entry {
         double ms = 0;
         uint64_t n = 0;

@@ -15,7 +15,7 @@ namespace dflash {
 // mirror (host<T>), then upload(); outputs are read after download() with get(), which goes tensor by
 // tensor when nothing was placed (a device that cannot compute every output).
 class Packed {
-  public:
+public:
     // places ts, tensors of ctx, once per object (a rebuilt graph gets a fresh Packed)
     void place(ggml_context * ctx, ggml_backend_buffer_type_t buft, const std::vector<ggml_tensor *> & ts) {
         const size_t align = ggml_backend_buft_get_alignment(buft);
@@ -26,9 +26,10 @@ class Packed {
             size += ggml_backend_buft_get_alloc_size(buft, t);
         }
         buf_.reset(ggml_backend_buft_alloc_buffer(buft, size));
-        if (!buf_) throw Error("cannot allocate " + std::to_string(size) + " bytes for the draft graph's inputs/outputs");
-        char * base = (char *) ggml_backend_buffer_get_base(buf_.get());
-        blob_ = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t) size);
+        if (!buf_)
+            throw Error("cannot allocate " + std::to_string(size) + " bytes for the draft graph's inputs/outputs");
+        char * base = (char *)ggml_backend_buffer_get_base(buf_.get());
+        blob_ = ggml_new_tensor_1d(ctx, GGML_TYPE_I8, (int64_t)size);
         check(ggml_backend_tensor_alloc(buf_.get(), blob_, base));
         for (size_t i = 0; i < ts.size(); ++i) check(ggml_backend_tensor_alloc(buf_.get(), ts[i], base + offsets_[i]));
         tensors_ = ts;
@@ -36,7 +37,10 @@ class Packed {
     }
 
     // host memory standing for placed tensor t's data until upload()
-    template <class T> T * host(ggml_tensor * t) { return reinterpret_cast<T *>(mirror(t)); }
+    template <class T>
+    T * host(ggml_tensor * t) {
+        return reinterpret_cast<T *>(mirror(t));
+    }
     void upload() {
         if (blob_) ggml_backend_tensor_set(blob_, host_.data(), 0, host_.size());
     }
@@ -48,7 +52,7 @@ class Packed {
         std::memcpy(data, mirror(t), bytes);
     }
 
-  private:
+private:
     static void check(ggml_status st) {
         if (st != GGML_STATUS_SUCCESS) throw Error("cannot place a draft graph tensor in its buffer");
     }

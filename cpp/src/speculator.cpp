@@ -35,8 +35,9 @@ std::string regex_escaped(const std::string & word) {
 
 }  // namespace
 
-Speculator::Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter, const SpeculatorOptions & opts)
-    : target_(std::move(target)), drafter_(std::move(drafter)), opts_(opts) {
+Speculator::Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter,
+                       const SpeculatorOptions & opts) :
+    target_(std::move(target)), drafter_(std::move(drafter)), opts_(opts) {
     const DraftHparams & h = drafter_->hparams();
     if (target_->n_vocab() != drafter_->n_vocab()) {
         throw Error("vocabulary mismatch: the target has " + std::to_string(target_->n_vocab()) +
@@ -75,7 +76,7 @@ void Speculator::flush_features() {
     const auto t0 = std::chrono::steady_clock::now();
     const uint32_t first = drafter_->n_cached();
     std::vector<int32_t> pos(pending_rows_);
-    for (uint32_t i = 0; i < pending_rows_; ++i) pos[i] = (int32_t) (first + i);
+    for (uint32_t i = 0; i < pending_rows_; ++i) pos[i] = (int32_t)(first + i);
     drafter_->inject(pending_.data(), pos.data(), pending_rows_);
     pending_.clear();
     pending_rows_ = 0;
@@ -90,19 +91,21 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
                     std::to_string(target_->n_ctx()) + " (n_ctx); nothing would be generated");
     }
     for (int32_t t : prompt) {
-        if (t < 0 || (uint32_t) t >= target_->n_vocab()) {
+        if (t < 0 || (uint32_t)t >= target_->n_vocab()) {
             throw Error("prompt token " + std::to_string(t) + " is outside the vocabulary (" +
                         std::to_string(target_->n_vocab()) + ")");
         }
     }
     for (const auto & [id, bias] : params.logit_bias) {
-        if (id < 0 || (uint32_t) id >= target_->n_vocab()) {
+        if (id < 0 || (uint32_t)id >= target_->n_vocab()) {
             throw Error("logit_bias token " + std::to_string(id) + " is outside the vocabulary (" +
                         std::to_string(target_->n_vocab()) + ")");
         }
     }
-    if (params.penalty_last_n < 0) throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
-    if (params.n_logprobs < -1) throw Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(params.n_logprobs));
+    if (params.penalty_last_n < 0)
+        throw Error("penalty_last_n must be >= 0, got " + std::to_string(params.penalty_last_n));
+    if (params.n_logprobs < -1)
+        throw Error("logprobs must be >= 0 (or -1: none), got " + std::to_string(params.n_logprobs));
     if (params.prompt_logprobs && params.n_logprobs < 0) throw Error("prompt logprobs need logprobs >= 0");
     if (params.mirostat < 0 || params.mirostat > 2) {
         throw Error("mirostat must be 0 (off), 1 or 2, got " + std::to_string(params.mirostat));
@@ -111,8 +114,8 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     if (!params.grammar.empty()) {
         check_grammar_text(params.grammar);
         if (params.grammar_triggers.empty()) {
-            grammar_.reset(llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(),
-                                                      params.grammar_root.c_str()));
+            grammar_.reset(
+                llama_sampler_init_grammar(target_->vocab(), params.grammar.c_str(), params.grammar_root.c_str()));
         } else {
             std::vector<std::string> patterns;
             for (const std::string & word : params.grammar_triggers) {
@@ -149,24 +152,24 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     const auto t0 = std::chrono::steady_clock::now();
     keep_prefix(reuse);
 
-    const uint32_t last_row = prefill(prompt, (uint32_t) reuse);
+    const uint32_t last_row = prefill(prompt, (uint32_t)reuse);
     committed_ = prompt;
     history_ = prompt;
-    const int32_t first = choose_token(target_->logits(last_row), generated_, (int32_t) prompt.size());
+    const int32_t first = choose_token(target_->logits(last_row), generated_, (int32_t)prompt.size());
     commit_token(first);
     start_output_ = StepOutput{};
     start_output_.tokens = {first};
     describe(start_output_, last_row);
     anchor_ = first;
     stats_.prefill_ms = ms_since(t0);
-    stats_.prompt_tokens = (uint32_t) prompt.size();
-    stats_.reused_tokens = (uint32_t) reuse;
+    stats_.prompt_tokens = (uint32_t)prompt.size();
+    stats_.reused_tokens = (uint32_t)reuse;
     return anchor_;
 }
 
 uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from) {
     prompt_logprobs_.clear();
-    const uint32_t n = (uint32_t) prompt.size();
+    const uint32_t n = (uint32_t)prompt.size();
     const bool all_rows = params_.prompt_logprobs;
     // with prompt logprobs chunk by chunk, as a decode keeps only its last chunk's logits; else in one call
     // (the target chunks it) with the last row's logits alone
@@ -177,13 +180,13 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
         // the same prompt again (or one that differs only there) starts
         const bool split_last = target_->recurrent() && done + chunk == n && chunk > 1;
         if (split_last) chunk--;
-        target_->decode(prompt.data() + done, chunk, (int32_t) done, all_rows);
+        target_->decode(prompt.data() + done, chunk, (int32_t)done, all_rows);
         const auto & f = target_->features();
         pending_.insert(pending_.end(), f.begin(), f.end());
         pending_rows_ += chunk;
         for (uint32_t i = 0; all_rows && i < chunk && done + i + 1 < n; ++i) {
             prompt_logprobs_.push_back(token_logprob(target_->logits(i), target_->n_vocab(), prompt[done + i + 1],
-                                                     (uint32_t) params_.n_logprobs, id_scratch_));
+                                                     (uint32_t)params_.n_logprobs, id_scratch_));
         }
         if (split_last) target_->checkpoint();
     }
@@ -191,16 +194,16 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
 }
 
 void Speculator::keep_prefix(size_t n) {
-    target_->truncate((int32_t) n);
+    target_->truncate((int32_t)n);
     committed_.resize(n);
     const uint32_t cached = drafter_->n_cached();
     if (n < cached) {
-        drafter_->truncate((uint32_t) n);
+        drafter_->truncate((uint32_t)n);
         pending_.clear();
         pending_rows_ = 0;
     } else {
-        pending_rows_ = (uint32_t) n - cached;
-        pending_.resize((size_t) pending_rows_ * drafter_->hparams().n_target_features());
+        pending_rows_ = (uint32_t)n - cached;
+        pending_.resize((size_t)pending_rows_ * drafter_->hparams().n_target_features());
     }
 }
 
@@ -215,7 +218,7 @@ void Speculator::load_state(const SpeculatorState & state) {
     anchor_ = -1;
     if (opts_.adaptive && !calibrated_) calibrate();  // it clears the context: before, not after the load
     for (int32_t t : state.tokens) {
-        if (t < 0 || (uint32_t) t >= target_->n_vocab()) {
+        if (t < 0 || (uint32_t)t >= target_->n_vocab()) {
             throw Error("saved state: token " + std::to_string(t) + " is outside the vocabulary (" +
                         std::to_string(target_->n_vocab()) + ")");
         }
@@ -230,7 +233,7 @@ void Speculator::load_state(const SpeculatorState & state) {
             throw Error("saved state: the target state holds " + std::to_string(target_->seq_len()) +
                         " positions, its token list " + std::to_string(state.tokens.size()));
         }
-        drafter_->load_cache(state.draft, (uint32_t) state.tokens.size());
+        drafter_->load_cache(state.draft, (uint32_t)state.tokens.size());
     } catch (...) {
         target_->clear();
         throw;
@@ -241,7 +244,7 @@ void Speculator::load_state(const SpeculatorState & state) {
 void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {
     size_t n = 0;
     while (n < committed_.size() && n < held.size() && committed_[n] == held[n]) ++n;
-    if (n < committed_.size() || held.size() != committed_.size()) target_->forget_after((uint32_t) n);
+    if (n < committed_.size() || held.size() != committed_.size()) target_->forget_after((uint32_t)n);
     committed_.resize(n);  // start() truncates the target, the draft cache and the pending features to it
     anchor_ = -1;
 }
@@ -254,7 +257,7 @@ void Speculator::calibrate() {
     // a context like a short prompt's, so that attention has rows to read
     const uint32_t n_ctx_rows = std::min<uint32_t>(kCalibrationContext, target_->n_ctx() - cap - 1);
     std::vector<int32_t> tokens(n_ctx_rows + cap + 1);
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t) (i % target_->n_vocab());
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = (int32_t)(i % target_->n_vocab());
     target_->clear();
     drafter_->reset();
     committed_.clear();
@@ -265,7 +268,7 @@ void Speculator::calibrate() {
     std::vector<int32_t> pos(n_ctx_rows);
     std::iota(pos.begin(), pos.end(), 0);
     drafter_->inject(f.data(), pos.data(), n_ctx_rows);
-    const int32_t p = (int32_t) n_ctx_rows;
+    const int32_t p = (int32_t)n_ctx_rows;
     target_->checkpoint();  // every verify below goes back to p: a recurrent target restores this state
     // each shape in a row, as the loop's steady steps are (its first run builds the graph; the controller
     // does not believe a cost's first measurement)
@@ -282,7 +285,7 @@ void Speculator::calibrate() {
             const auto t0 = std::chrono::steady_clock::now();
             if (k > 0) target_->prepare_rollback(k);
             target_->decode(&tokens[p], k + 1, p, k > 0);
-            if (k == 0) (void) argmax(target_->logits(0), target_->n_vocab());  // a plain step picks its token
+            if (k == 0) (void)argmax(target_->logits(0), target_->n_vocab());  // a plain step picks its token
             if (k > 0) target_->truncate(p + 1);
             const double verify_ms = ms_since(t0);
             target_->truncate(p);
@@ -307,14 +310,14 @@ const float * Speculator::shaped(const float * logits, const TokenWindow & windo
     if (!grammar_) return lg;
     // with top-k, the distribution is that of the k most likely tokens the grammar allows (Mirostat cuts
     // instead of top-k)
-    const uint32_t k = params_.mirostat == 0 ? (uint32_t) std::max(params_.top_k, 0) : 0;
+    const uint32_t k = params_.mirostat == 0 ? (uint32_t)std::max(params_.top_k, 0) : 0;
     if (k > 0 && k < V && !params_.grammar_full_pass) {
         const std::vector<int32_t> top = top_allowed(lg, k);
         if (top.size() == k) {
             grammar_rows_.clear();  // (id, logit) of the kept tokens: lg may be shaped_ itself
             for (int32_t id : top) grammar_rows_.push_back({id, lg[id], 0.0f});
             shaped_.assign(V, -INFINITY);
-            for (const llama_token_data & t : grammar_rows_) shaped_[(size_t) t.id] = t.logit;
+            for (const llama_token_data & t : grammar_rows_) shaped_[(size_t)t.id] = t.logit;
             return shaped_.data();
         }
     }
@@ -342,17 +345,18 @@ std::vector<int32_t> Speculator::top_allowed(const float * lg, uint32_t want) {
 const float * Speculator::grammar_masked(const float * lg) {
     const uint32_t V = target_->n_vocab();
     grammar_rows_.resize(V);
-    for (uint32_t i = 0; i < V; ++i) grammar_rows_[i] = llama_token_data{(llama_token) i, lg[i], 0.0f};
+    for (uint32_t i = 0; i < V; ++i) grammar_rows_[i] = llama_token_data{(llama_token)i, lg[i], 0.0f};
     llama_token_data_array rows{grammar_rows_.data(), V, -1, false};
     llama_sampler_apply(grammar_.get(), &rows);
     shaped_.resize(V);  // lg may be shaped_ itself: it was copied above
     bool any = false;
     for (size_t i = 0; i < rows.size; ++i) {
-        shaped_[(size_t) rows.data[i].id] = rows.data[i].logit;
+        shaped_[(size_t)rows.data[i].id] = rows.data[i].logit;
         any = any || rows.data[i].logit != -INFINITY;
     }
     // accepting a token the grammar rejects aborts libllama: better an error
-    if (!any) throw Error("the grammar allows no token here (it is complete and the model has no end-of-generation token?)");
+    if (!any)
+        throw Error("the grammar allows no token here (it is complete and the model has no end-of-generation token?)");
     return shaped_.data();
 }
 
@@ -381,9 +385,9 @@ void Speculator::commit_token(int32_t token) {
 void Speculator::describe(StepOutput & out, uint32_t first_row) {
     const uint32_t V = target_->n_vocab();
     for (size_t i = 0; i < out.tokens.size(); ++i) {
-        const float * row = target_->logits(first_row + (uint32_t) i);
+        const float * row = target_->logits(first_row + (uint32_t)i);
         if (params_.n_logprobs >= 0) {
-            out.logprobs.push_back(token_logprob(row, V, out.tokens[i], (uint32_t) params_.n_logprobs, id_scratch_));
+            out.logprobs.push_back(token_logprob(row, V, out.tokens[i], (uint32_t)params_.n_logprobs, id_scratch_));
         }
         if (params_.keep_logits) out.logits.insert(out.logits.end(), row, row + V);
     }
@@ -414,7 +418,8 @@ SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, i
     const float T = params_.mirostat != 0 ? 1.0f : params_.temperature;  // Mirostat samples at temperature 1
     if (r.top_k > 0 && opts_.draft_q == DraftQ::Selector) {
         const uint32_t k = r.top_k;
-        return softmax_on(&r.candidates[(size_t) row * k], &r.scores[((size_t) row * k + (uint32_t) pred_index) * k], k, T);
+        return softmax_on(&r.candidates[(size_t)row * k], &r.scores[((size_t)row * k + (uint32_t)pred_index) * k], k,
+                          T);
     }
     const uint32_t V = drafter_->n_vocab();
     return softmax_on(all_ids_.data(), r.row_logits(row + 1, V), V, T);
@@ -423,7 +428,7 @@ SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, i
 StepOutput Speculator::step() {
     StepOutput out;
     if (anchor_ < 0) throw Error("step() before start()");
-    const uint32_t n = (uint32_t) committed_.size();
+    const uint32_t n = (uint32_t)committed_.size();
     if (n + 1 > target_->n_ctx()) {
         out.context_full = true;
         return out;
@@ -447,7 +452,7 @@ StepOutput Speculator::step() {
     const bool need_logits = !greedy && (drafter_->hparams().version == 1 || opts_.draft_q == DraftQ::Logits);
     // a short block, [anchor, MASK x m], as llama.cpp drafts: on the bundled pair the acceptance equals the
     // full block's (2.92 at n_max 3 both) at a fraction of the cost
-    DraftResult r = drafter_->draft(anchor_, (int32_t) n, m, need_logits, /*all_rows=*/false, /*short_block=*/true);
+    DraftResult r = drafter_->draft(anchor_, (int32_t)n, m, need_logits, /*all_rows=*/false, /*short_block=*/true);
     std::vector<int32_t> seq(m + 1);
     seq[0] = anchor_;
     std::vector<SparseDist> q;
@@ -457,11 +462,11 @@ StepOutput Speculator::step() {
         int32_t pred_index = 0;  // row 1: every predecessor row is the anchor
         for (uint32_t t = 0; t < m; ++t) {
             q.push_back(draft_distribution(r, t, pred_index));
-            seq[t + 1] = draw(q.back(), (int32_t) (n + 1 + t));
+            seq[t + 1] = draw(q.back(), (int32_t)(n + 1 + t));
             if (r.top_k > 0) {
-                const int32_t * c = &r.candidates[(size_t) t * r.top_k];
-                pred_index = (int32_t) (std::find(c, c + r.top_k, seq[t + 1]) - c);
-                if ((uint32_t) pred_index >= r.top_k) pred_index = 0;  // logits mode: drafted outside the lattice
+                const int32_t * c = &r.candidates[(size_t)t * r.top_k];
+                pred_index = (int32_t)(std::find(c, c + r.top_k, seq[t + 1]) - c);
+                if ((uint32_t)pred_index >= r.top_k) pred_index = 0;  // logits mode: drafted outside the lattice
             }
         }
     }
@@ -476,7 +481,7 @@ StepOutput Speculator::step() {
     target_->prepare_rollback(m);
     const double checkpoint_ms = ms_since(t0);
     t0 = std::chrono::steady_clock::now();
-    target_->decode(seq.data(), m + 1, (int32_t) n, true);
+    target_->decode(seq.data(), m + 1, (int32_t)n, true);
     const double verify_ms = ms_since(t0);
     stats_.verify_ms += verify_ms;
 
@@ -489,22 +494,28 @@ StepOutput Speculator::step() {
     for (; j < m; ++j) {
         if (greedy) {
             const int32_t best = greedy_token(target_->logits(j), generated_);
-            if (best != seq[j + 1]) { next = best; break; }
+            if (best != seq[j + 1]) {
+                next = best;
+                break;
+            }
         } else {
             const SparseDist p = sampling_distribution(shaped(target_->logits(j), generated_));
             RejectionOutcome o;
             if (opts_.gumbel) {  // the target's own draw at this position, accepted when the draft is it
-                o.token = draw(p, (int32_t) (n + 1 + j));
+                o.token = draw(p, (int32_t)(n + 1 + j));
                 o.accepted = o.token == seq[j + 1];
             } else {
                 o = verify_draft_token(p, q[j], seq[j + 1], rng_);
             }
             sampled(p, o.token);
-            if (!o.accepted) { next = o.token; break; }
+            if (!o.accepted) {
+                next = o.token;
+                break;
+            }
         }
         commit_token(seq[j + 1]);
     }
-    if (j == m) next = choose_token(target_->logits(m), generated_, (int32_t) (n + 1 + m));
+    if (j == m) next = choose_token(target_->logits(m), generated_, (int32_t)(n + 1 + m));
     commit_token(next);
     stats_.sample_ms += ms_since(t0);
     out.tokens.assign(seq.begin() + 1, seq.begin() + 1 + j);
@@ -515,9 +526,9 @@ StepOutput Speculator::step() {
     // the kept rows: their features are the verify's)
     const size_t width = drafter_->hparams().n_target_features();
     const auto & f = target_->features();
-    pending_.insert(pending_.end(), f.begin(), f.begin() + (size_t) (j + 1) * width);
+    pending_.insert(pending_.end(), f.begin(), f.begin() + (size_t)(j + 1) * width);
     t0 = std::chrono::steady_clock::now();
-    target_->truncate((int32_t) (n + j + 1));
+    target_->truncate((int32_t)(n + j + 1));
     stats_.rollback_ms += checkpoint_ms + ms_since(t0);
     pending_rows_ += j + 1;
     committed_.insert(committed_.end(), seq.begin(), seq.begin() + j + 1);
@@ -540,15 +551,15 @@ StepOutput Speculator::step() {
 
 StepOutput Speculator::step_plain() {
     StepOutput out;
-    const uint32_t n = (uint32_t) committed_.size();
+    const uint32_t n = (uint32_t)committed_.size();
     if (n + 1 > target_->n_ctx()) {
         out.context_full = true;
         return out;
     }
     const auto t0 = std::chrono::steady_clock::now();
-    target_->decode(&anchor_, 1, (int32_t) n, false);
+    target_->decode(&anchor_, 1, (int32_t)n, false);
     const float * lg = target_->logits(0);
-    const int32_t next = choose_token(lg, generated_, (int32_t) n + 1);
+    const int32_t next = choose_token(lg, generated_, (int32_t)n + 1);
     commit_token(next);
     stats_.verify_ms += ms_since(t0);
     const auto & f = target_->features();

@@ -23,8 +23,13 @@ bool amx_would_take(const std::string & path) {
     gguf_ptr g = open_gguf(path, meta, "cannot read the target's tensor types");
     for (int64_t i = 0; i < gguf_get_n_tensors(g.get()); ++i) {
         switch (gguf_get_tensor_type(g.get(), i)) {
-            case GGML_TYPE_Q4_0: case GGML_TYPE_Q4_1: case GGML_TYPE_Q8_0: case GGML_TYPE_Q4_K:
-            case GGML_TYPE_Q5_K: case GGML_TYPE_Q6_K: case GGML_TYPE_IQ4_XS:
+            case GGML_TYPE_Q4_0:
+            case GGML_TYPE_Q4_1:
+            case GGML_TYPE_Q8_0:
+            case GGML_TYPE_Q4_K:
+            case GGML_TYPE_Q5_K:
+            case GGML_TYPE_Q6_K:
+            case GGML_TYPE_IQ4_XS:
                 return true;
             default:
                 break;
@@ -47,18 +52,23 @@ std::string model_arch(const llama_model * model) {
 
 void check_arch(const std::string & arch, const std::string & where) {
     if (arch_exposes_layer_inputs(arch)) return;
-    throw Error(where + ": the target's architecture '" + arch + "' cannot feed a DFlash drafter: libllama does "
+    throw Error(where + ": the target's architecture '" + arch +
+                "' cannot feed a DFlash drafter: libllama does "
                 "not expose its layer inputs (llama_get_embeddings_layer_inp), which the drafter reads; "
-                "architectures that do: " + supported_list());
+                "architectures that do: " +
+                supported_list());
 }
 
 }  // namespace
 
 const char * memory_name(TargetMemory m) {
     switch (m) {
-        case TargetMemory::Attention: return "attention";
-        case TargetMemory::RecurrentSnapshots: return "recurrent-snapshots";
-        case TargetMemory::RecurrentCheckpoint: return "recurrent-checkpoint";
+        case TargetMemory::Attention:
+            return "attention";
+        case TargetMemory::RecurrentSnapshots:
+            return "recurrent-snapshots";
+        case TargetMemory::RecurrentCheckpoint:
+            return "recurrent-checkpoint";
     }
     return "?";
 }
@@ -66,9 +76,9 @@ const char * memory_name(TargetMemory m) {
 const std::vector<std::string> & archs_exposing_layer_inputs() {
     // the model graphs of libllama 0.3.36 that set t_layer_inp (src/models/*.cpp), by arch name
     static const std::vector<std::string> archs = {
-        "bailingmoe3", "deepseek4", "gemma4",     "gpt-oss",      "hunyuan_vl",     "lfm2",      "lfm2moe",
-        "llama",       "mimo2",     "minimax-01", "minimax-m2",   "muse-glimmer",   "nanbeige",  "nemotron_h",
-        "nemotron_h_moe", "qwen3",  "qwen35",     "qwen35moe",    "qwen3moe",       "qwen3next", "qwen4exp",
+        "bailingmoe3",    "deepseek4", "gemma4",     "gpt-oss",    "hunyuan_vl",   "lfm2",      "lfm2moe",
+        "llama",          "mimo2",     "minimax-01", "minimax-m2", "muse-glimmer", "nanbeige",  "nemotron_h",
+        "nemotron_h_moe", "qwen3",     "qwen35",     "qwen35moe",  "qwen3moe",     "qwen3next", "qwen4exp",
     };
     return archs;
 }
@@ -135,23 +145,23 @@ void Target::init_common() {
         memory_ = llama_n_rs_seq(ctx_) > 0 ? TargetMemory::RecurrentSnapshots : TargetMemory::RecurrentCheckpoint;
     }
     vocab_ = llama_model_get_vocab(model_);
-    n_vocab_ = (uint32_t) llama_vocab_n_tokens(vocab_);
-    n_embd_ = (uint32_t) llama_model_n_embd(model_);
-    n_layer_ = (uint32_t) llama_model_n_layer(model_);
+    n_vocab_ = (uint32_t)llama_vocab_n_tokens(vocab_);
+    n_embd_ = (uint32_t)llama_model_n_embd(model_);
+    n_layer_ = (uint32_t)llama_model_n_layer(model_);
     n_batch_ = std::min(llama_n_batch(ctx_), llama_n_ubatch(ctx_));
     batch_cap_ = n_batch_;
-    batch_ = llama_batch_init((int32_t) batch_cap_, 0, 1);
+    batch_ = llama_batch_init((int32_t)batch_cap_, 0, 1);
 }
 
 Target::~Target() {
     llama_batch_free(batch_);
     if (owns_) {
-        for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t) lid, false);
+        for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t)lid, false);
         llama_free(ctx_);
         llama_model_free(model_);
     } else {
         // hand the adopted context back as we found it
-        for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t) lid, false);
+        for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t)lid, false);
     }
 }
 
@@ -159,36 +169,36 @@ uint32_t Target::n_ctx() const { return llama_n_ctx(ctx_); }
 
 void Target::set_feature_layers(const std::vector<int32_t> & layers) {
     for (int32_t lid : layers) {
-        if (lid < 0 || (uint32_t) lid > n_layer_) {
+        if (lid < 0 || (uint32_t)lid > n_layer_) {
             throw Error("target layer " + std::to_string(lid) + " is outside the target's " + std::to_string(n_layer_) +
                         " layers (layer inputs 0.." + std::to_string(n_layer_) + ")");
         }
     }
-    for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t) lid, false);
+    for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t)lid, false);
     layers_ = layers;
-    for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t) lid, true);
+    for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t)lid, true);
 }
 
 void Target::decode(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits) {
     if (n == 0) return;
-    if ((uint64_t) p0 + n > n_ctx()) {
-        throw Error("target context full: positions up to " + std::to_string(p0 + n) + " exceed n_ctx = " +
-                    std::to_string(n_ctx()));
+    if ((uint64_t)p0 + n > n_ctx()) {
+        throw Error("target context full: positions up to " + std::to_string(p0 + n) +
+                    " exceed n_ctx = " + std::to_string(n_ctx()));
     }
     repeated_shape_ = n <= n_batch_ && n == last_chunk_rows_ && all_logits == last_all_logits_;
-    if (tokens_.size() >= (size_t) p0) {
-        tokens_.resize((size_t) p0);
+    if (tokens_.size() >= (size_t)p0) {
+        tokens_.resize((size_t)p0);
         tokens_.insert(tokens_.end(), tokens, tokens + n);
     }  // else positions before p0 were decoded by someone else: what they hold stays unknown
     const size_t width = layers_.size() * n_embd_;
-    features_.resize((size_t) n * width);
+    features_.resize((size_t)n * width);
     for (uint32_t done = 0; done < n;) {
         const uint32_t chunk = std::min(n_batch_, n - done);
-        decode_chunk(tokens + done, chunk, p0 + (int32_t) done, all_logits, n - 1 - done);
+        decode_chunk(tokens + done, chunk, p0 + (int32_t)done, all_logits, n - 1 - done);
         for (size_t k = 0; k < layers_.size(); ++k) {
-            const float * src = llama_get_embeddings_layer_inp(ctx_, (uint32_t) layers_[k]);
+            const float * src = llama_get_embeddings_layer_inp(ctx_, (uint32_t)layers_[k]);
             for (uint32_t i = 0; i < chunk; ++i) {
-                std::memcpy(&features_[(size_t) (done + i) * width + k * n_embd_], src + (size_t) i * n_embd_,
+                std::memcpy(&features_[(size_t)(done + i) * width + k * n_embd_], src + (size_t)i * n_embd_,
                             n_embd_ * sizeof(float));
             }
         }
@@ -199,10 +209,10 @@ void Target::decode(const int32_t * tokens, uint32_t n, int32_t p0, bool all_log
 }
 
 void Target::decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits, uint32_t last_row) {
-    batch_.n_tokens = (int32_t) n;
+    batch_.n_tokens = (int32_t)n;
     for (uint32_t i = 0; i < n; ++i) {
         batch_.token[i] = tokens[i];
-        batch_.pos[i] = p0 + (int32_t) i;
+        batch_.pos[i] = p0 + (int32_t)i;
         batch_.n_seq_id[i] = 1;
         batch_.seq_id[i][0] = 0;
         batch_.logits[i] = all_logits || i == last_row;
@@ -211,7 +221,7 @@ void Target::decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool a
     if (rc != 0) {
         last_chunk_p0_ = -1;
         throw Error("target decode failed (llama_decode returned " + std::to_string(rc) + ") at positions " +
-                    std::to_string(p0) + ".." + std::to_string(p0 + (int32_t) n - 1));
+                    std::to_string(p0) + ".." + std::to_string(p0 + (int32_t)n - 1));
     }
     last_chunk_p0_ = p0;
     rolled_back_ = false;
@@ -219,7 +229,7 @@ void Target::decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool a
 
 const float * Target::logits(uint32_t row) const {
     // rows index the last chunk's batch; with all_logits off only its last row has logits
-    const int32_t i = last_all_logits_ ? (int32_t) row : -1;
+    const int32_t i = last_all_logits_ ? (int32_t)row : -1;
     const float * p = llama_get_logits_ith(ctx_, i);
     if (!p) throw Error("target logits unavailable for row " + std::to_string(row));
     return p;
@@ -229,10 +239,10 @@ uint32_t Target::n_rs_seq() const { return llama_n_rs_seq(ctx_); }
 
 void Target::truncate(int32_t p) {
     p = std::max(p, 0);
-    const int32_t end = (int32_t) seq_len();
+    const int32_t end = (int32_t)seq_len();
     drop_checkpoints_after(p);
     if (p >= end) return;
-    if (tokens_.size() > (size_t) p) tokens_.resize((size_t) p);
+    if (tokens_.size() > (size_t)p) tokens_.resize((size_t)p);
     llama_memory_t mem = llama_get_memory(ctx_);
     if (p == 0) {
         clear();
@@ -249,7 +259,7 @@ void Target::truncate(int32_t p) {
     // one rollback per call; removing all of that call's tokens (or tokens of earlier calls) gives wrong
     // states while seq_rm still says yes, so those go through a checkpoint
     if (memory_ == TargetMemory::RecurrentSnapshots && !rolled_back_ && last_chunk_p0_ >= 0 && p > last_chunk_p0_ &&
-        (uint32_t) (end - p) <= n_rs_seq() && llama_memory_seq_rm(mem, 0, p, -1)) {
+        (uint32_t)(end - p) <= n_rs_seq() && llama_memory_seq_rm(mem, 0, p, -1)) {
         rolled_back_ = true;
         rollback_.snapshot++;
         return;
@@ -258,17 +268,21 @@ void Target::truncate(int32_t p) {
     for (const Checkpoint & c : checkpoints_) {
         if (c.pos <= p && (!from || c.pos > from->pos)) from = &c;
     }
-    if ((int32_t) tokens_.size() < p && (!from || from->pos < p)) {
-        throw Error("target rollback to position " + std::to_string(p) + ": its recurrent state cannot go back, and "
-                    "the tokens to re-decode from " + std::to_string(from ? from->pos : 0) + " are unknown");
+    if ((int32_t)tokens_.size() < p && (!from || from->pos < p)) {
+        throw Error("target rollback to position " + std::to_string(p) +
+                    ": its recurrent state cannot go back, and "
+                    "the tokens to re-decode from " +
+                    std::to_string(from ? from->pos : 0) + " are unknown");
     }
     if (from) {
         if (llama_state_seq_set_data_ext(ctx_, from->bytes.data(), from->bytes.size(), 0,
                                          LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != from->bytes.size() ||
             !llama_memory_seq_rm(mem, 0, from->pos, -1)) {
             clear();
-            throw Error("target rollback to position " + std::to_string(p) + ": libllama refused the checkpoint of "
-                        "position " + std::to_string(from->pos));
+            throw Error("target rollback to position " + std::to_string(p) +
+                        ": libllama refused the checkpoint of "
+                        "position " +
+                        std::to_string(from->pos));
         }
         rollback_.restored++;
     } else {
@@ -279,9 +293,9 @@ void Target::truncate(int32_t p) {
 
 void Target::replay(int32_t from, int32_t to) {
     for (int32_t done = from; done < to;) {
-        const uint32_t chunk = std::min<uint32_t>(n_batch_, (uint32_t) (to - done));
-        decode_chunk(&tokens_[(size_t) done], chunk, done, false, chunk - 1);
-        done += (int32_t) chunk;
+        const uint32_t chunk = std::min<uint32_t>(n_batch_, (uint32_t)(to - done));
+        decode_chunk(&tokens_[(size_t)done], chunk, done, false, chunk - 1);
+        done += (int32_t)chunk;
         rollback_.replayed_tokens += chunk;
     }
     // the shape record stays the caller's: a step that rolls back this way pays the replay's graph rebuild
@@ -293,7 +307,8 @@ void Target::prepare_rollback(uint32_t n_tokens) {
     if (memory_ == TargetMemory::RecurrentSnapshots && n_tokens <= n_rs_seq()) return;
     Checkpoint c;
     c.step = true;
-    const auto old = std::find_if(checkpoints_.begin(), checkpoints_.end(), [](const Checkpoint & k) { return k.step; });
+    const auto old =
+        std::find_if(checkpoints_.begin(), checkpoints_.end(), [](const Checkpoint & k) { return k.step; });
     if (old != checkpoints_.end()) {
         c.bytes = std::move(old->bytes);  // the previous step's: its allocation is reused
         checkpoints_.erase(old);
@@ -303,35 +318,36 @@ void Target::prepare_rollback(uint32_t n_tokens) {
 
 void Target::checkpoint() {
     if (memory_ == TargetMemory::Attention) return;
-    constexpr size_t kMaxKept = 3;  // prompt ends: a repeated prompt, a chat's earlier turns
-    drop_checkpoints_after((int32_t) seq_len() - 1);  // one per position
+    constexpr size_t kMaxKept = 3;                   // prompt ends: a repeated prompt, a chat's earlier turns
+    drop_checkpoints_after((int32_t)seq_len() - 1);  // one per position
     const auto is_kept = [](const Checkpoint & k) { return !k.step; };
-    if ((size_t) std::count_if(checkpoints_.begin(), checkpoints_.end(), is_kept) >= kMaxKept) {
+    if ((size_t)std::count_if(checkpoints_.begin(), checkpoints_.end(), is_kept) >= kMaxKept) {
         checkpoints_.erase(std::find_if(checkpoints_.begin(), checkpoints_.end(), is_kept));  // the oldest
     }
     save_checkpoint(Checkpoint{});
 }
 
 void Target::save_checkpoint(Checkpoint c) {
-    c.pos = (int32_t) seq_len();
+    c.pos = (int32_t)seq_len();
     // the recurrent (partial) state alone: attention K/V rolls back with seq_rm after a restore
     c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
-    c.bytes.resize(llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
+    c.bytes.resize(
+        llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     rollback_.checkpoints++;
     rollback_.checkpoint_bytes = c.bytes.size();
     checkpoints_.push_back(std::move(c));
 }
 
 void Target::drop_checkpoints_after(int32_t p) {
-    checkpoints_.erase(std::remove_if(checkpoints_.begin(), checkpoints_.end(),
-                                      [p](const Checkpoint & c) { return c.pos > p; }),
-                       checkpoints_.end());
+    checkpoints_.erase(
+        std::remove_if(checkpoints_.begin(), checkpoints_.end(), [p](const Checkpoint & c) { return c.pos > p; }),
+        checkpoints_.end());
 }
 
 void Target::forget_after(uint32_t keep) {
     last_chunk_p0_ = -1;
     if (tokens_.size() > keep) tokens_.resize(keep);
-    drop_checkpoints_after((int32_t) keep);
+    drop_checkpoints_after((int32_t)keep);
 }
 
 void Target::clear() {
@@ -341,7 +357,7 @@ void Target::clear() {
     last_chunk_p0_ = -1;
 }
 
-uint32_t Target::seq_len() const { return (uint32_t) (llama_memory_seq_pos_max(llama_get_memory(ctx_), 0) + 1); }
+uint32_t Target::seq_len() const { return (uint32_t)(llama_memory_seq_pos_max(llama_get_memory(ctx_), 0) + 1); }
 
 std::vector<uint8_t> Target::save_seq() const {
     std::vector<uint8_t> bytes(llama_state_seq_get_size(ctx_, 0));
@@ -353,8 +369,10 @@ void Target::load_seq(const std::vector<uint8_t> & bytes, const std::vector<int3
     clear();
     if (llama_state_seq_set_data(ctx_, bytes.data(), bytes.size(), 0) != bytes.size()) {
         clear();
-        throw Error("the saved target state (" + std::to_string(bytes.size()) + " bytes) does not load into this "
-                    "context: saved from another model, or it holds more tokens than n_ctx = " + std::to_string(n_ctx()));
+        throw Error("the saved target state (" + std::to_string(bytes.size()) +
+                    " bytes) does not load into this "
+                    "context: saved from another model, or it holds more tokens than n_ctx = " +
+                    std::to_string(n_ctx()));
     }
     tokens_ = tokens;
 }

@@ -52,12 +52,13 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
     gguf_ptr g = open_gguf(path, meta, "malformed or truncated target GGUF");
     const GgufKeys keys(g.get(), path);
     head->arch = keys.get_string("general.architecture");
-    head->n_embd = (uint32_t) keys.get_int(head->arch + ".embedding_length", 1, 1 << 20);
-    head->n_layer = (uint32_t) keys.get_int(head->arch + ".block_count", 1, 1 << 16);
+    head->n_embd = (uint32_t)keys.get_int(head->arch + ".embedding_length", 1, 1 << 20);
+    head->n_layer = (uint32_t)keys.get_int(head->arch + ".block_count", 1, 1 << 16);
 
     const int64_t id_embd = gguf_find_tensor(g.get(), "token_embd.weight");
     if (id_embd < 0) {
-        throw Error(path + ": target has no tensor 'token_embd.weight' (the drafter needs the target's token embedding)");
+        throw Error(path +
+                    ": target has no tensor 'token_embd.weight' (the drafter needs the target's token embedding)");
     }
     int64_t id_out = gguf_find_tensor(g.get(), "output.weight");
     if (id_out < 0) id_out = id_embd;  // tied embeddings
@@ -71,18 +72,19 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
         const size_t off = data_offset + gguf_get_tensor_offset(g.get(), id);
         if (ggml_n_dims(t) != 2 || t->ne[0] != head->n_embd) {
             throw Error(path + ": tensor '" + name + "': expected ggml ne {" + std::to_string(head->n_embd) +
-                        ", n_vocab}, found " + std::to_string(ggml_n_dims(t)) + "-D with ne0=" + std::to_string(t->ne[0]));
+                        ", n_vocab}, found " + std::to_string(ggml_n_dims(t)) +
+                        "-D with ne0=" + std::to_string(t->ne[0]));
         }
-        if (off > (size_t) st.st_size || ggml_nbytes(t) > (size_t) st.st_size - off) {
+        if (off > (size_t)st.st_size || ggml_nbytes(t) > (size_t)st.st_size - off) {
             throw Error(path + ": tensor '" + name + "': data lies beyond the end of the file (truncated?)");
         }
     }
     ggml_tensor * m_embd = ggml_get_tensor(meta.get(), gguf_get_tensor_name(g.get(), id_embd));
     ggml_tensor * m_out = ggml_get_tensor(meta.get(), gguf_get_tensor_name(g.get(), id_out));
-    head->n_vocab = (uint32_t) m_embd->ne[1];
+    head->n_vocab = (uint32_t)m_embd->ne[1];
     if (m_out->ne[1] != m_embd->ne[1]) {
-        throw Error(path + ": 'output.weight' has " + std::to_string(m_out->ne[1]) + " rows but 'token_embd.weight' has " +
-                    std::to_string(m_embd->ne[1]));
+        throw Error(path + ": 'output.weight' has " + std::to_string(m_out->ne[1]) +
+                    " rows but 'token_embd.weight' has " + std::to_string(m_embd->ne[1]));
     }
 
     // our own context holding just the two tensors
@@ -103,14 +105,14 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
         int fd = open(path.c_str(), O_RDONLY);
         if (fd < 0) throw Error(path + ": cannot open for mapping");
         auto map = std::make_shared<MappedFile>();
-        map->size = (size_t) st.st_size;
+        map->size = (size_t)st.st_size;
         map->addr = mmap(nullptr, map->size, PROT_READ, MAP_SHARED, fd, 0);
         close(fd);
         if (map->addr == MAP_FAILED) throw Error(path + ": mmap failed");
         head->buffer.reset(ggml_backend_dev_buffer_from_host_ptr(dev, map->addr, map->size, map->size));
         if (!head->buffer) throw Error(path + ": the device cannot wrap the mapped file");
         ggml_backend_buffer_set_usage(head->buffer.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-        auto * base = (char *) ggml_backend_buffer_get_base(head->buffer.get());
+        auto * base = (char *)ggml_backend_buffer_get_base(head->buffer.get());
         const size_t off_e = data_offset + gguf_get_tensor_offset(g.get(), id_embd);
         ggml_backend_tensor_alloc(head->buffer.get(), head->tok_embd, base + off_e);
         if (head->output != head->tok_embd) {
@@ -120,7 +122,8 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
         head->mapping = map;
         head->zero_copy = true;
     } else {
-        head->buffer.reset(ggml_backend_alloc_ctx_tensors_from_buft(head->ctx.get(), ggml_backend_dev_buffer_type(dev)));
+        head->buffer.reset(
+            ggml_backend_alloc_ctx_tensors_from_buft(head->ctx.get(), ggml_backend_dev_buffer_type(dev)));
         if (!head->buffer) throw Error(path + ": cannot allocate the target head on " + ggml_backend_dev_name(dev));
         FILE * f = fopen(path.c_str(), "rb");
         if (!f) throw Error(path + ": cannot reopen");
@@ -130,7 +133,7 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
         for (auto [t, id] : uploads) {
             staging.resize(ggml_nbytes(t));
             const size_t off = data_offset + gguf_get_tensor_offset(g.get(), id);
-            if (fseek(f, (long) off, SEEK_SET) != 0 || fread(staging.data(), 1, staging.size(), f) != staging.size()) {
+            if (fseek(f, (long)off, SEEK_SET) != 0 || fread(staging.data(), 1, staging.size(), f) != staging.size()) {
                 fclose(f);
                 throw Error(path + ": short read of '" + std::string(ggml_get_name(t)) + "'");
             }

@@ -11,7 +11,7 @@ namespace dflash {
 // them all. The first steps alternate between `many` and 1 thread; the faster median is kept for good
 // once it is clear (kMin samples each and kClear apart) or after kMax samples each.
 class ThreadPick {
-  public:
+public:
     static constexpr uint32_t kMin = 3, kMax = 8;
     static constexpr double kClear = 1.25;
 
@@ -27,11 +27,12 @@ class ThreadPick {
         const size_t n = std::min(ms_[0].size(), ms_[1].size());
         if (n < kMin) return;
         const double t_many = median(ms_[0]), t_one = median(ms_[1]);
-        if (n >= kMax || std::max(t_many, t_one) > kClear * std::min(t_many, t_one)) chosen_ = t_one < t_many ? 1 : many_;
+        if (n >= kMax || std::max(t_many, t_one) > kClear * std::min(t_many, t_one))
+            chosen_ = t_one < t_many ? 1 : many_;
     }
     int chosen() const { return chosen_; }  // 0 while still timing
 
-  private:
+private:
     static double median(std::vector<double> v) {
         std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
         return v[v.size() / 2];

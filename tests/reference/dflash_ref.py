@@ -57,9 +57,10 @@ conv(y)[t] = sum_{tap < min(K, B)} w[t, side, tap] * y[t - tap], zero before row
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -107,7 +108,7 @@ class DraftConfig:
         return tuple(i + 1 for i in self.target_layer_ids)
 
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any], version: int | None = None) -> "DraftConfig":
+    def from_dict(cls, cfg: Mapping[str, Any], version: int | None = None) -> DraftConfig:
         dc = dict(cfg.get("dflash_config") or {})
         if version is None:
             archs = list(cfg.get("architectures") or [])
@@ -184,14 +185,14 @@ class DraftCache:
     def __len__(self) -> int:
         return int(self.positions.shape[0])
 
-    def append(self, other: "DraftCache") -> "DraftCache":
+    def append(self, other: DraftCache) -> DraftCache:
         self.k = [torch.cat([a, b]) for a, b in zip(self.k, other.k)]
         self.v = [torch.cat([a, b]) for a, b in zip(self.v, other.v)]
         self.positions = torch.cat([self.positions, other.positions])
         self.g = torch.cat([self.g, other.g])
         return self
 
-    def truncate(self, n: int) -> "DraftCache":
+    def truncate(self, n: int) -> DraftCache:
         """Keep the first n rows."""
         self.k = [t[:n] for t in self.k]
         self.v = [t[:n] for t in self.v]
@@ -276,7 +277,7 @@ class DraftReference:
         self.dtype = dtype
         w: dict[str, torch.Tensor] = {}
         for name, t in tensors.items():
-            key = name[len("model."):] if name.startswith("model.") else name
+            key = name[len("model.") :] if name.startswith("model.") else name
             w[key] = to_tensor(t, dtype)
         self.w = w
         if embed is None:
@@ -303,7 +304,7 @@ class DraftReference:
     @classmethod
     def from_hf_dir(
         cls, draft_dir: str | Path, target_dir: str | Path | None = None, dtype: torch.dtype = torch.float32
-    ) -> "DraftReference":
+    ) -> DraftReference:
         """Drafter HF dir + (optionally) the target HF dir that supplies embed_tokens and lm_head."""
         draft_dir = Path(draft_dir)
         config = json.loads((draft_dir / "config.json").read_text())
@@ -432,7 +433,7 @@ class DraftReference:
             if c.version == 2:
                 wk = self._conv_kernel(h, p + "mlp_conv.")
                 h = self._conv(h, wk, 0)
-            m = (torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T))
+            m = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
             m = m @ w[p + "mlp.down_proj.weight"].T
             if c.version == 2:
                 m = self._conv(m, wk, 1)
@@ -444,8 +445,13 @@ class DraftReference:
         if c.softcap is not None:
             logits = c.softcap * torch.tanh(logits / c.softcap)
         out = DraftOutput(
-            tokens=tokens, positions=pos, x=x, h_final=h_final, logits=logits,
-            argmax=logits[1:].argmax(dim=-1), layer_inputs=layer_inputs,
+            tokens=tokens,
+            positions=pos,
+            x=x,
+            h_final=h_final,
+            logits=logits,
+            argmax=logits[1:].argmax(dim=-1),
+            layer_inputs=layer_inputs,
         )
         if c.version == 2:
             self._select(out)

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -178,7 +179,7 @@ class Qwen3Config:
     tie_word_embeddings: bool
 
     @classmethod
-    def from_dict(cls, cfg: Mapping[str, Any]) -> "Qwen3Config":
+    def from_dict(cls, cfg: Mapping[str, Any]) -> Qwen3Config:
         n_head = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
         if cfg.get("use_sliding_window"):
@@ -218,7 +219,7 @@ class Qwen3Reference:
         self.dtype = dtype
         w: dict[str, torch.Tensor] = {}
         for name, t in tensors.items():
-            key = name[len("model."):] if name.startswith("model.") else name
+            key = name[len("model.") :] if name.startswith("model.") else name
             w[key] = to_tensor(t, dtype)
         if "lm_head.weight" not in w:
             if not self.cfg.tie_word_embeddings:
@@ -227,7 +228,7 @@ class Qwen3Reference:
         self.w = w
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "Qwen3Reference":
+    def from_hf_dir(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> Qwen3Reference:
         path = Path(path)
         config = json.loads((path / "config.json").read_text())
         return cls(config, load_safetensors_dir(path), dtype=dtype)

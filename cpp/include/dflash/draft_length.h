@@ -37,13 +37,13 @@
 namespace dflash {
 
 class DraftLengthController {
-  public:
+public:
     explicit DraftLengthController(uint32_t cap);
 
     enum class Mode { Fixed, FixedNoFallback, Auto };
     void configure(Mode mode, uint32_t n_max);
 
-    uint32_t choose();  // 0 = a plain step
+    uint32_t choose();        // 0 = a plain step
     void reset_acceptance();  // a new sequence: fixed modes forget acceptance; costs are always kept
     // Costs are of a regime kept up: a step is timed only when steady (the target decoded a batch of
     // its shape the step before) and, if drafted, not a probe. libllama rebuilds its graph when the
@@ -60,7 +60,7 @@ class DraftLengthController {
     double expected_cost_ms(uint32_t k) const;
     const std::vector<double> & acceptance() const { return accept_; }
 
-  private:
+private:
     // a cost: not believed on its first measurement, then the lower quartile of the last `window`
     struct Cost {
         static constexpr uint32_t kMaxWindow = 25;
@@ -83,13 +83,13 @@ class DraftLengthController {
     Mode mode_ = Mode::Fixed;
     uint32_t n_max_;
     std::vector<double> reached_, accepted_, accept_;  // decayed counts and their ratio, positions 1..cap
-    std::vector<Cost> t_draft_, t_verify_;              // [k]
+    std::vector<Cost> t_draft_, t_verify_;             // [k]
     Cost t_plain_;
     uint32_t plain_run_ = 0;
     // a draft length kept for a few steps (a probe, a run's first steps, a try of one position further)
     uint32_t hold_k_ = 0, hold_left_ = 0;
-    bool probing_ = false;                    // the step last chosen is a probe's
-    bool drafting_ = false;                   // auto mode's last choice on the merits was to draft
+    bool probing_ = false;   // the step last chosen is a probe's
+    bool drafting_ = false;  // auto mode's last choice on the merits was to draft
     uint32_t probe_every_;
     uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
     uint32_t plain_streak_ = 0;     // plain steps since the last drafted one

@@ -23,19 +23,19 @@ struct DrafterOptions {
 // all_rows, for every row (0..B-1, the selector 1..B-1). R = the selector's rows, H = the head's.
 struct DraftResult {
     uint32_t block_size = 0;
-    uint32_t top_k = 0;                // DFlash2 selector k (0 for DFlash1)
-    uint32_t first_row = 0;            // the block row of argmax[0] and of the first logits row (0 or 1)
-    std::vector<int32_t> tokens;       // the draft: rows 1..n (walk for DFlash2, argmax for DFlash1)
+    uint32_t top_k = 0;           // DFlash2 selector k (0 for DFlash1)
+    uint32_t first_row = 0;       // the block row of argmax[0] and of the first logits row (0 or 1)
+    std::vector<int32_t> tokens;  // the draft: rows 1..n (walk for DFlash2, argmax for DFlash1)
     // DFlash2, rows 1..R, candidates sorted by logit (descending):
-    std::vector<int32_t> candidates;   // [R][k]
-    std::vector<float> scores;         // [R][k pred][k succ]; row 1's k pred rows all use the anchor
-    std::vector<float> walk_q;         // [R][k] softmax of the walked row's scores (the sampler's q)
-    std::vector<int32_t> walk_index;   // [R] index of the walked token in its row's candidates
-    std::vector<int32_t> argmax;       // [H] per-row argmax of the logits (both versions)
-    std::vector<float> logits;         // [H][n_vocab] when requested
+    std::vector<int32_t> candidates;  // [R][k]
+    std::vector<float> scores;        // [R][k pred][k succ]; row 1's k pred rows all use the anchor
+    std::vector<float> walk_q;        // [R][k] softmax of the walked row's scores (the sampler's q)
+    std::vector<int32_t> walk_index;  // [R] index of the walked token in its row's candidates
+    std::vector<int32_t> argmax;      // [H] per-row argmax of the logits (both versions)
+    std::vector<float> logits;        // [H][n_vocab] when requested
 
     const float * row_logits(uint32_t block_row, uint32_t n_vocab) const {
-        return &logits[(size_t) (block_row - first_row) * n_vocab];
+        return &logits[(size_t)(block_row - first_row) * n_vocab];
     }
 };
 
@@ -43,20 +43,20 @@ struct DraftResult {
 // attention window changes, and buffers are never re-reserved after the start.
 struct DrafterCounters {
     uint64_t graphs_built = 0;
-    uint64_t graph_allocs = 0;     // graphs placed in their compute buffers (a built graph is placed once)
-    uint64_t sched_reallocs = 0;   // compute-buffer growth after the initial reservation
-    int n_splits_last = 0;         // backend splits of the last graph (1 = all on one device)
-    uint32_t window_last = 0;      // cache rows the last draft step attended to (its graph's fixed window)
-    uint32_t shapes = 0;           // block graph shapes (block rows, head rows) held, least recently used evicted
-    size_t compute_bytes = 0;      // compute buffers of the inject graph and the shapes held (all backends)
-    int draft_threads = 0;         // CPU threads of the last draft step's graph, picked per graph shape by timing
-                                   // its first steps (0: still timing, or not on the CPU)
-    double setup_ms_last = 0;      // of the last draft step: building / allocating its graph and writing
-                                   // pending rows through the inject graph (one-off work, not the step's own cost)
+    uint64_t graph_allocs = 0;    // graphs placed in their compute buffers (a built graph is placed once)
+    uint64_t sched_reallocs = 0;  // compute-buffer growth after the initial reservation
+    int n_splits_last = 0;        // backend splits of the last graph (1 = all on one device)
+    uint32_t window_last = 0;     // cache rows the last draft step attended to (its graph's fixed window)
+    uint32_t shapes = 0;          // block graph shapes (block rows, head rows) held, least recently used evicted
+    size_t compute_bytes = 0;     // compute buffers of the inject graph and the shapes held (all backends)
+    int draft_threads = 0;        // CPU threads of the last draft step's graph, picked per graph shape by timing
+                                  // its first steps (0: still timing, or not on the CPU)
+    double setup_ms_last = 0;     // of the last draft step: building / allocating its graph and writing
+                                  // pending rows through the inject graph (one-off work, not the step's own cost)
 };
 
 class Drafter {
-  public:
+public:
     Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts);
     ~Drafter();
     Drafter(const Drafter &) = delete;
@@ -66,7 +66,7 @@ class Drafter {
     const DraftFileInfo & info() const;
     uint32_t n_vocab() const;
     uint32_t n_ctx() const;
-    uint32_t n_cached() const;      // context rows in the draft cache
+    uint32_t n_cached() const;  // context rows in the draft cache
     std::string device_name() const;
     bool head_zero_copy() const;
     size_t repacked_weights() const;  // weights held in a repacked CPU layout
@@ -92,7 +92,7 @@ class Drafter {
     DraftResult draft(int32_t anchor, int32_t position, uint32_t n, bool want_logits = false, bool all_rows = false,
                       bool short_block = false);
 
-  private:
+private:
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

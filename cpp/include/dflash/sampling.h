@@ -27,10 +27,10 @@ struct SamplingParams {
     float mirostat_eta = 0.1f;
     // llama.cpp's penalties sampler over the last penalty_last_n generated tokens (the prompt is not
     // counted, as in llama-cpp-python), applied in greedy decoding too
-    float repeat_penalty = 1.0f;     // 1 = off
-    float frequency_penalty = 0.0f;  // 0 = off
-    float presence_penalty = 0.0f;   // 0 = off
-    int32_t penalty_last_n = 64;     // 0 = off
+    float repeat_penalty = 1.0f;                        // 1 = off
+    float frequency_penalty = 0.0f;                     // 0 = off
+    float presence_penalty = 0.0f;                      // 0 = off
+    int32_t penalty_last_n = 64;                        // 0 = off
     std::vector<std::pair<int32_t, float>> logit_bias;  // added to the raw logits first
     // a GBNF grammar the output must follow (empty: none), applied after the penalties as llama-cpp-python
     // does; every verified row is masked with the grammar's state after the tokens before it
@@ -70,12 +70,12 @@ void check_grammar_text(const std::string & gbnf);
 
 // The generated tokens a penalty sees: the last `n` of them, with their counts.
 class TokenWindow {
-  public:
+public:
     explicit TokenWindow(int32_t n = 0) : n_(n) {}
     void push(int32_t token);
     const std::unordered_map<int32_t, int32_t> & counts() const { return counts_; }
 
-  private:
+private:
     int32_t n_;
     std::deque<int32_t> last_;
     std::unordered_map<int32_t, int32_t> counts_;

@@ -20,10 +20,10 @@ enum class DraftQ {
 };
 
 struct SpeculatorOptions {
-    uint32_t n_max = 0;             // drafted tokens verified per step; 0 = block_size - 1
-    bool adaptive = false;          // choose the draft length per step (n_max is then the cap)
+    uint32_t n_max = 0;     // drafted tokens verified per step; 0 = block_size - 1
+    bool adaptive = false;  // choose the draft length per step (n_max is then the cap)
     DraftQ draft_q = DraftQ::Logits;
-    bool fallback = true;           // fixed n_max: stop drafting while it cannot pay
+    bool fallback = true;  // fixed n_max: stop drafting while it cannot pay
     // sampling: every draw keyed by (seed, position) and the drafter's draft coupled to the target's token
     // through the same Gumbel noise (gumbel_pick), so that a seed fixes the text whatever the draft lengths;
     // else exact rejection sampling with q, whose draws follow the drafts
@@ -33,28 +33,28 @@ struct SpeculatorOptions {
 class DraftLengthController;
 
 struct SpecStats {
-    uint64_t steps = 0;             // target verify passes (including plain ones)
+    uint64_t steps = 0;  // target verify passes (including plain ones)
     uint64_t drafted = 0;
     uint64_t accepted = 0;
-    uint64_t emitted = 0;           // tokens produced by steps (excludes the prefill's first token)
-    uint64_t plain_steps = 0;       // steps without drafting (fallback)
+    uint64_t emitted = 0;                             // tokens produced by steps (excludes the prefill's first token)
+    uint64_t plain_steps = 0;                         // steps without drafting (fallback)
     std::vector<uint64_t> pos_reached, pos_accepted;  // per draft position 1..n_max
     double prefill_ms = 0, draft_ms = 0, verify_ms = 0, inject_ms = 0, sample_ms = 0;
-    double rollback_ms = 0;         // a recurrent target's checkpoints before verifies and restores after
-    double calibration_ms = 0;      // the draft-length calibration run by this start(), if any
+    double rollback_ms = 0;     // a recurrent target's checkpoints before verifies and restores after
+    double calibration_ms = 0;  // the draft-length calibration run by this start(), if any
     uint32_t prompt_tokens = 0, reused_tokens = 0;
 };
 
 // What the target and the draft cache hold for a token prefix: with it a later start() on a prompt
 // continuing `tokens` prefills only the rest (llama_cpp.Llama's save_state / LlamaState).
 struct SpeculatorState {
-    std::vector<int32_t> tokens;   // the tokens whose K/V both hold (positions 0..n-1)
-    std::vector<uint8_t> target;   // Target::save_seq
-    std::vector<uint8_t> draft;    // Drafter::save_cache, rows 0..n-1
+    std::vector<int32_t> tokens;  // the tokens whose K/V both hold (positions 0..n-1)
+    std::vector<uint8_t> target;  // Target::save_seq
+    std::vector<uint8_t> draft;   // Drafter::save_cache, rows 0..n-1
 };
 
 struct StepOutput {
-    std::vector<int32_t> tokens;    // emitted this step (>= 1 unless context_full)
+    std::vector<int32_t> tokens;  // emitted this step (>= 1 unless context_full)
     bool context_full = false;
     uint32_t drafted = 0, accepted = 0;
     std::vector<TokenLogprob> logprobs;  // one per token when SamplingParams::n_logprobs >= 0
@@ -62,7 +62,7 @@ struct StepOutput {
 };
 
 class Speculator {
-  public:
+public:
     Speculator(std::unique_ptr<Target> target, std::unique_ptr<Drafter> drafter, const SpeculatorOptions & opts);
     ~Speculator();
 
@@ -87,7 +87,7 @@ class Speculator {
     const SpecStats & stats() const { return stats_; }
     Target & target() { return *target_; }
     Drafter & drafter() { return *drafter_; }
-    uint32_t n_past() const { return (uint32_t) committed_.size(); }
+    uint32_t n_past() const { return (uint32_t)committed_.size(); }
     // Mirostat's mu after every token emitted so far (tests replay it from the tokens)
     float mirostat_mu() const { return mu_; }
     // the tokens whose K/V the target context holds (positions 0..n_past-1)
@@ -101,7 +101,7 @@ class Speculator {
     SpeculatorState save_state();
     void load_state(const SpeculatorState & state);
 
-  private:
+private:
     // auto mode: times a plain decode and a draft + verify of every draft length on a context of
     // placeholder tokens (the state is reset after), so that the controller knows what each choice
     // costs before the first request instead of exploring it there
@@ -151,12 +151,12 @@ class Speculator {
     SamplingParams params_;
     Rng rng_;
     uint64_t seed_ = 0;
-    std::vector<int32_t> committed_;     // tokens whose K/V the target holds (positions 0..n-1)
-    int32_t anchor_ = -1;                // newest token, not yet decoded
-    TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
-    float mu_ = 0.0f;                    // Mirostat's surprise bound after the output up to anchor_
-    std::vector<float> shaped_;          // scratch for shaped logits
-    std::vector<int32_t> id_scratch_;    // scratch token ids: token_logprob's top, top_allowed's order
+    std::vector<int32_t> committed_;   // tokens whose K/V the target holds (positions 0..n-1)
+    int32_t anchor_ = -1;              // newest token, not yet decoded
+    TokenWindow generated_;            // this generation's tokens up to anchor_, as the penalties count them
+    float mu_ = 0.0f;                  // Mirostat's surprise bound after the output up to anchor_
+    std::vector<float> shaped_;        // scratch for shaped logits
+    std::vector<int32_t> id_scratch_;  // scratch token ids: token_logprob's top, top_allowed's order
     struct SamplerFree {
         void operator()(llama_sampler * s) const { llama_sampler_free(s); }
     };
@@ -164,9 +164,9 @@ class Speculator {
     std::vector<llama_token_data> grammar_rows_;           // scratch: one row's candidates for the grammar
     StepOutput start_output_;
     std::vector<TokenLogprob> prompt_logprobs_;
-    std::vector<int32_t> history_;       // the prompt and the output up to anchor_: the processor's ids
-    std::vector<float> processed_;       // scratch for the processor's row
-    std::vector<float> pending_;         // features of committed rows not yet in the draft cache
+    std::vector<int32_t> history_;  // the prompt and the output up to anchor_: the processor's ids
+    std::vector<float> processed_;  // scratch for the processor's row
+    std::vector<float> pending_;    // features of committed rows not yet in the draft cache
     uint32_t pending_rows_ = 0;
     SpecStats stats_;
     std::unique_ptr<DraftLengthController> length_;  // kept across calls: costs are the machine's

@@ -44,7 +44,7 @@ const std::vector<std::string> & archs_exposing_layer_inputs();
 std::string gguf_architecture(const std::string & path);
 
 class Target {
-  public:
+public:
     Target(const std::string & path, const TargetOptions & opts);
     Target(llama_model * model, llama_context * ctx);  // adopt (not freed here)
     ~Target();
@@ -105,7 +105,7 @@ class Target {
     uint32_t n_batch() const { return n_batch_; }  // rows per llama_decode call
     bool is_eog(int32_t tok) const { return llama_vocab_is_eog(vocab_, tok); }
 
-  private:
+private:
     void init_common();
     // decodes a chunk of at most n_batch tokens (logits for every row, or for last_row alone); throws when
     // libllama refuses it
@@ -114,7 +114,7 @@ class Target {
     void drop_checkpoints_after(int32_t p);
 
     struct Checkpoint {
-        int32_t pos = 0;  // the state holds positions 0..pos-1
+        int32_t pos = 0;    // the state holds positions 0..pos-1
         bool step = false;  // prepare_rollback's (replaced each time) rather than checkpoint()'s
         std::vector<uint8_t> bytes;
     };

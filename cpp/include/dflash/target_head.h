@@ -16,9 +16,9 @@ struct MappedFile;
 
 struct TargetHead {
     std::string path;
-    uint32_t n_embd = 0;      // target hidden size
+    uint32_t n_embd = 0;  // target hidden size
     uint32_t n_vocab = 0;
-    uint32_t n_layer = 0;     // target block_count, for validating target_layers
+    uint32_t n_layer = 0;  // target block_count, for validating target_layers
     std::string arch;
     ggml_context_ptr ctx;
     ggml_backend_buffer_ptr buffer;
