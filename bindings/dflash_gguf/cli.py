@@ -377,7 +377,7 @@ def serve(
     "--scale",
     is_flag=True,
     help="Instead: ar / ours / upstream end to end on the bundled pair inflated to Qwen3-0.6B ... 8B "
-    "shapes (generated and cached; docs/bench.md).",
+    "shapes (generated and cached; docs/performance.md).",
 )
 @click.option(
     "--scale-sizes", default="0.6B,1.7B", show_default=True, help="--scale: comma list of 0.6B, 1.7B, 4B, 8B."
