@@ -195,6 +195,7 @@ class Inflation:
             problems.append(f"ff {s.ff} must be >= {max(src.ff, 2 * h)}")
         if s.vocab < src.vocab:
             problems.append(f"vocab {s.vocab} must be >= {src.vocab}")
+        self.slots = self._feature_slots()
         self.real_layers = self._place_layers()
         if self.real_layers is None:
             problems.append(
@@ -225,7 +226,7 @@ class Inflation:
         ids_src = list(self.src.draft_config["dflash_config"]["target_layer_ids"])
         ids = self.s.layer_ids()
         n_src, n = self.src.n_layers, self.s.n_layers
-        slots = self.feature_slots()
+        slots = self.slots
         if slots is None:
             return None
         pos, nxt = [], 0
@@ -240,7 +241,7 @@ class Inflation:
             nxt = p + 1
         return pos if nxt <= n - 1 else None
 
-    def feature_slots(self) -> list[int] | None:
+    def _feature_slots(self) -> list[int] | None:
         """Which of the new feature layers carry the real ones: spread like the real ids among the real layers."""
         ids_src = list(self.src.draft_config["dflash_config"]["target_layer_ids"])
         n_new = len(self.s.layer_ids())
@@ -361,7 +362,7 @@ class Inflation:
         H, h = s.hidden, src.hidden
         n_feat = len(s.layer_ids())
         fc = np.zeros((H, n_feat * H), np.float32)
-        for k, slot in enumerate(self.feature_slots() or []):
+        for k, slot in enumerate(self.slots or []):
             fc[np.ix_(self.hid, slot * H + self.hid)] = d["fc.weight"][:, k * h : (k + 1) * h]
         yield "fc.weight", fc
         yield "hidden_norm.weight", self.hidden_norm(d["hidden_norm.weight"])
