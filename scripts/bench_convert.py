@@ -144,7 +144,7 @@ def make_bench_checkpoint(root: Path, size_gb: float, seed: int = 0) -> dict[str
     # a metadata-only target GGUF: sizes + a byte-level BPE tokenizer of the same vocabulary
     from gguf import GGUFWriter
 
-    from dflash_gguf.synthetic import add_tokenizer
+    from dflash_gguf.bench.synthetic import add_tokenizer
 
     target = root / "target-meta.gguf"
     w = GGUFWriter(target, "qwen3")

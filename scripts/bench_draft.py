@@ -113,7 +113,7 @@ def main() -> int:
 
     import dflash_gguf
     from dflash_gguf.bench import spread
-    from dflash_gguf.verify_timing import FLASH_ATTN_AUTO, FLASH_ATTN_OFF, FLASH_ATTN_ON, Verifier, load_model
+    from dflash_gguf.bench.verify_timing import FLASH_ATTN_AUTO, FLASH_ATTN_OFF, FLASH_ATTN_ON, Verifier, load_model
 
     with tempfile.TemporaryDirectory(prefix="bench_draft_") as tmpd:
         tmp = Path(tmpd)

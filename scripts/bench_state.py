@@ -14,7 +14,7 @@ import numpy as np
 from bench_common import pair_parser
 
 import dflash_gguf
-from dflash_gguf.inflate import SIZES, default_scale_dir, ensure_pair
+from dflash_gguf.bench.inflate import SIZES, default_scale_dir, ensure_pair
 
 
 def ms(t0: float) -> float:

@@ -308,7 +308,7 @@ def make_target_gguf(
     """
     from gguf import GGMLQuantizationType, GGUFWriter
 
-    from dflash_gguf.synthetic import add_qwen3_header
+    from dflash_gguf.bench.synthetic import add_qwen3_header
 
     path = Path(path)
     rng = np.random.default_rng(seed)

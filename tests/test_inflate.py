@@ -1,4 +1,4 @@
-"""The inflated pairs of `dflash bench --scale` (bindings/dflash_gguf/inflate.py) at the smallest size, 0.6B.
+"""The inflated pairs of `dflash bench --scale` (bindings/dflash_gguf/bench/inflate.py) at the smallest size, 0.6B.
 
 The inflated target must compute the tinycode target's function: the same greedy text on the bundled
 prompts (near-ties reported), the same logits over the real vocabulary, and every padded token's logit
@@ -14,7 +14,7 @@ import pytest
 from tinycode import EOS, TARGET, THREADS, GreedyReference, drafter_gguf, prompts, record
 
 from dflash_gguf import SpeculativeLlama
-from dflash_gguf.inflate import SIZES, Inflation, ScaleSize, ensure_pair, load_source
+from dflash_gguf.bench.inflate import SIZES, Inflation, ScaleSize, ensure_pair, load_source
 
 SIZE = SIZES["0.6B"]
 N_TOKENS = 24

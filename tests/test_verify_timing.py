@@ -1,4 +1,4 @@
-"""The verify timer behind scripts/bench_draft.py and `dflash bench --scale` (bindings/dflash_gguf/verify_timing.py).
+"""The verify timer behind scripts/bench_draft.py and `dflash bench --scale` (bindings/dflash_gguf/bench/verify_timing.py).
 
 It must time what a speculative loop of one draft length pays: libllama reuses a decode's graph only
 when the decode before it had the same shape, so a single context alternating block sizes would add a
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dflash_gguf.verify_timing import FLASH_ATTN_OFF, Verifier, load_model
+from dflash_gguf.bench.verify_timing import FLASH_ATTN_OFF, Verifier, load_model
 
 
 @pytest.fixture(scope="module")

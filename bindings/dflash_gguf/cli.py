@@ -537,7 +537,7 @@ def bench(
         write_json(result, json_out)
         click.echo(f"wrote {json_out}", err=True)
     if plot_out:
-        from .bench_plot import plot
+        from .bench.plot import plot
 
         plot(result, plot_out)
         click.echo(f"wrote {plot_out}", err=True)
@@ -561,8 +561,8 @@ def _bench_scale(
 
     from dflash_convert.errors import ConversionError
 
-    from . import bench_scale as bs
     from .bench import BenchError, parse_systems
+    from .bench import scale as bs
 
     try:
         result = bs.run_scale(

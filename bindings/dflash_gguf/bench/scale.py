@@ -23,8 +23,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .bench import BenchError, BenchOptions, NMax, parse_n_max, run_bench
 from .inflate import DRAFT_TYPE, SIZES, TARGET_TYPES, TINYCODE, ScaleSize, default_scale_dir, ensure_pair, format_count
+from .options import BenchError, BenchOptions, NMax, parse_n_max
+from .three_way import run_bench
 
 DEFAULT_SIZES = "0.6B,1.7B"
 DEFAULT_N_MAX = "2,3,auto"
@@ -125,7 +126,7 @@ def run_scale(
         },
         "notes": [
             "inflated tinycode pairs: realistic shapes computing the bundled pair's function (bindings/dflash_gguf/"
-            "inflate.py); greedy; speedup = median over prompts of tok/s / plain tok/s on the same prompt",
+            "bench/inflate.py); greedy; speedup = median over prompts of tok/s / plain tok/s on the same prompt",
             "implied = tokens / (draft + verify + inject ms) of our run against plain decoding: the step costs "
             "measured in that run, without the loop's overhead",
         ],
@@ -205,11 +206,9 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
     if off:
         worst = min(off, key=lambda x: x[1])
-        add(
-            "ours within 5% of the limit its own measured costs allow",
-            worst[1] >= 0.95,
-            f"worst {worst[1]:.0%} ({worst[0]['size']} {worst[0]['target_type']} n_max {worst[0]['n_max']})",
-        )
+        where = f"worst {worst[1]:.0%} ({worst[0]['size']} {worst[0]['target_type']} n_max {worst[0]['n_max']})"
+        add("measured within 10% of implied (the cost model holds)", worst[1] >= 0.90, where)
+        add("ours within 5% of the limit its own measured costs allow", worst[1] >= 0.95, where)
     for (size, t), rs in groups.items():
         auto = [r for r in rs if r["n_max"] == "auto" and "ours" in r["systems"]]
         fixed = [r for r in rs if r["n_max"] != "auto" and "ours" in r["systems"]]

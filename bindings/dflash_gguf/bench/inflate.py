@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 GENERATOR_VERSION = 1  # part of every cached file's name: bump it when the generated files change
-TINYCODE = Path(__file__).resolve().parents[2] / "examples" / "tinycode"
+TINYCODE = Path(__file__).resolve().parents[3] / "examples" / "tinycode"
 TARGET_TYPES = ("f16", "q8_0", "q4_k_m")
 DRAFT_TYPE = "q4_0"  # the fastest drafter type on a CPU (README)
 

@@ -1,0 +1,307 @@
+"""`dflash bench`: plain decoding vs our speculative loop vs upstream llama-server, one run.
+
+Three systems decode the same prompts with the same GGUF files:
+
+- ``ar``: plain C++ decoding of the target (``SpeculativeLlama.generate_tokens(..., plain=True)``:
+  one ``llama_decode`` per token, same process and target context as ``ours``);
+- ``ours``: our speculative loop (target in libllama, drafter in our ggml graph);
+- ``upstream``: ``llama-server --spec-type draft-dflash`` started by the bench on loopback;
+- ``upstream-ar`` (optional): the same server without the drafter.
+
+Runs are interleaved prompt by prompt (ar, ours, upstream, ar, ...) so that machine drift
+hits all systems alike; each system gets one warm-up request that is not counted. Speedups
+are ratios to the ``ar`` run of the same prompt and round of the same configuration.
+Every configuration (one per ``--n-max`` value) runs its own ``ar`` baseline.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._core import default_cpu_threads
+from .options import BenchError, BenchOptions, NMax, load_prompts, parse_n_max, parse_systems
+from .progress import progress_bar
+from .summary import summarize_config
+from .upstream import UpstreamServer, cpu_has_amx, find_server_binary, gguf_is_quantized, missing_server_message
+
+
+def _fresh_prefill(llm: Any, prompt: list[int]) -> None:
+    """Make the next generation prefill the whole prompt (the loop reuses a common prefix
+    of the last prompt): one 1-token generation on a token that differs from prompt[0]."""
+    tok = (prompt[0] + 1) % max(llm._spec.n_vocab, 2) if prompt else 0
+    for _ in llm.generate_tokens([tok], max_tokens=1, temperature=0.0, plain=True):
+        pass
+
+
+def _run_ours(
+    llm: Any,
+    prompt: list[int],
+    *,
+    plain: bool,
+    n_predict: int,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    seed: int,
+) -> dict[str, Any]:
+    _fresh_prefill(llm, prompt)
+    out = list(
+        llm.generate_tokens(
+            prompt,
+            max_tokens=n_predict,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            seed=seed,
+            plain=plain,
+        )
+    )
+    s = llm.stats
+    rec: dict[str, Any] = {
+        "tokens": len(out),
+        "decode_ms": s.decode_ms,
+        "tok_s": s.tokens_per_second,
+        "prefill_ms": s.prefill_ms,
+        "prompt_tokens": s.prompt_tokens,
+        "reused_prompt_tokens": s.reused_prompt_tokens,
+        "output": [int(t) for t in out],
+    }
+    if not plain:
+        drafted_steps = s.steps - s.plain_steps
+        rec.update(
+            steps=s.steps,
+            plain_steps=s.plain_steps,
+            drafted=s.drafted,
+            accepted=s.accepted,
+            mean_accepted_length=s.mean_accepted_length,
+            per_position_acceptance=list(s.per_position_acceptance),
+            draft_ms=s.draft_ms,
+            verify_ms=s.verify_ms,
+            inject_ms=s.inject_ms,
+            draft_ms_per_step=s.draft_ms / drafted_steps if drafted_steps else 0.0,
+            verify_ms_per_step=s.verify_ms / s.steps if s.steps else 0.0,
+        )
+        raw = getattr(llm._spec, "stats", None)  # counts, to pool acceptance over prompts
+        if isinstance(raw, dict) and "pos_reached" in raw:
+            rec["pos_reached"] = [int(x) for x in raw["pos_reached"]]
+            rec["pos_accepted"] = [int(x) for x in raw["pos_accepted"]]
+    return rec
+
+
+def _make_llm(o: BenchOptions, n_max: NMax, threads: int) -> Any:
+    from ..speculative import SpeculativeLlama
+
+    try:
+        return SpeculativeLlama(
+            o.target,
+            o.draft,
+            n_ctx=o.n_ctx,
+            n_gpu_layers=o.n_gpu_layers,
+            n_threads=threads,
+            n_max=n_max,
+            draft_q=o.draft_q,
+            device=o.device,
+        )  # type: ignore[arg-type]
+    except (TypeError, ValueError) as e:
+        if n_max == "auto":
+            raise BenchError(
+                "--n-max auto: this build of dflash_gguf has no adaptive n_max controller yet "
+                f"(SpeculativeLlama(n_max='auto') failed: {e}); pass an int or a comma list"
+            ) from None
+        raise
+
+
+def _upstream_n_max(llm: Any, n_max: NMax) -> int:
+    block = int(llm._spec.draft_hparams["block_size"])
+    if isinstance(n_max, int) and n_max > 0:
+        return min(n_max, block - 1)
+    return block - 1  # 0 = block_size - 1; "auto": upstream has no controller, it drafts the full block
+
+
+def _seed_for(base: int, prompt_index: int, rnd: int) -> int:
+    return base + 1000 * rnd + prompt_index
+
+
+def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> dict[str, Any]:
+    """Run every configuration; the result is what --json writes (summaries included)."""
+    systems = parse_systems(o.systems)
+    n_maxes = parse_n_max(o.n_max)
+    if o.repeat < 1:
+        raise BenchError("--repeat must be >= 1")
+    if o.n_predict < 1:
+        raise BenchError("-n must be >= 1")
+    for what, path in (("--target", o.target), ("--draft", o.draft), ("--prompts", o.prompts)):
+        if not Path(path).is_file():
+            raise BenchError(f"{what}: {path} is not a file")
+    threads = o.threads if o.threads > 0 else default_cpu_threads()  # what n_threads = 0 means to us
+    prompts = load_prompts(o.prompts, o.limit)
+
+    server_bin: Path | None = None
+    server_extra = list(o.server_args)
+    notes: list[str] = []
+    if any(s.startswith("upstream") for s in systems):
+        server_bin = find_server_binary(o.server_binary)
+        if server_bin is None or not server_bin.is_file() or not os.access(server_bin, os.X_OK):
+            raise BenchError(missing_server_message() + (f" (looked at {server_bin})" if server_bin else ""))
+        if (
+            "--no-repack" not in server_extra
+            and "-nr" not in server_extra
+            and cpu_has_amx()
+            and (gguf_is_quantized(o.target) or gguf_is_quantized(o.draft))
+        ):
+            server_extra.append("--no-repack")
+            notes.append(
+                "llama-server got --no-repack: llama.cpp 0.3.36's AMX repack crashes on quantized "
+                "weights on this CPU (docs/converting.md)"
+            )
+
+    result: dict[str, Any] = {
+        "meta": {
+            "target": o.target,
+            "draft": o.draft,
+            "prompts": o.prompts,
+            "n_prompts": len(prompts),
+            "n_predict": o.n_predict,
+            "temperature": o.temperature,
+            "top_k": o.top_k,
+            "top_p": o.top_p,
+            "min_p": o.min_p,
+            "seed": o.seed,
+            "repeat": o.repeat,
+            "systems": systems,
+            "threads": threads,
+            "n_ctx": o.n_ctx,
+            "n_gpu_layers": o.n_gpu_layers,
+            "device": o.device,
+            "draft_q": o.draft_q,
+            "n_max": n_maxes,
+            "server_binary": str(server_bin) if server_bin else None,
+            "server_args": server_extra,
+            "host": platform.node(),
+            "machine": platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+        "notes": notes,
+        "configs": [],
+    }
+
+    n_runs = len(n_maxes) * (o.repeat * len(prompts) + 1) * len(systems)
+    bar = progress_bar(n_runs, o.progress)
+    try:
+        for n_max in n_maxes:
+            result["configs"].append(_run_config(o, n_max, systems, prompts, threads, server_bin, server_extra, bar))
+            gc.collect()
+    finally:
+        bar.close()
+    for cfg in result["configs"]:
+        cfg["summary"] = summarize_config(cfg)
+    return result
+
+
+def _run_config(
+    o: BenchOptions,
+    n_max: NMax,
+    systems: list[str],
+    prompts: list[dict[str, str]],
+    threads: int,
+    server_bin: Path | None,
+    server_extra: list[str],
+    bar: Any,
+) -> dict[str, Any]:
+    llm = _make_llm(o, n_max, threads)
+    cfg: dict[str, Any] = {
+        "n_max": n_max,
+        "n_max_ours": llm.n_max,
+        "block_size": int(llm._spec.draft_hparams["block_size"]),
+        "draft_device": getattr(llm._spec, "draft_device", None),
+        "runs": [],
+        "notes": [],
+    }
+    up_k = _upstream_n_max(llm, n_max)
+    if any(s.startswith("upstream") for s in systems):
+        cfg["n_max_upstream"] = up_k
+        if n_max == "auto":
+            cfg["notes"].append(f"upstream has no adaptive n_max: it drafts {up_k} tokens (block_size - 1)")
+    token_lists = [llm.tokenize(p["text"], add_special=False, parse_special=False) for p in prompts]
+    kw = dict(n_predict=o.n_predict, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p)
+
+    with _servers(o, systems, server_bin, server_extra, up_k, threads) as servers:
+
+        def one(system: str, toks: list[int], seed: int) -> dict[str, Any]:
+            if system in ("ar", "ours"):
+                return _run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
+            return servers[system].complete(toks, seed=seed, **kw)  # type: ignore[arg-type]
+
+        bar.set_description(f"n_max={n_max} warm-up")
+        for system in systems:  # warm-up, not counted
+            one(system, token_lists[0], _seed_for(o.seed, 0, -1))
+            bar.update(1)
+        for rnd in range(o.repeat):
+            for i, (p, toks) in enumerate(zip(prompts, token_lists)):
+                bar.set_description(f"n_max={n_max} round {rnd + 1}/{o.repeat} {p['id']}")
+                seed = _seed_for(o.seed, i, rnd)
+                ar_rec: dict[str, Any] | None = None
+                for system in systems:
+                    rec = one(system, toks, seed)
+                    rec.update(system=system, prompt_id=p["id"], prompt_index=i, round=rnd, seed=seed)
+                    if system == "ar":
+                        ar_rec = rec
+                    assert ar_rec is not None
+                    rec["ar_tok_s"] = ar_rec["tok_s"]
+                    rec["speedup_vs_ar"] = rec["tok_s"] / ar_rec["tok_s"] if ar_rec["tok_s"] > 0 else 0.0
+                    if system == "ours" and ar_rec["tok_s"] > 0:
+                        # what the same steps would give with no loop overhead: only the model work counted
+                        work_ms = rec["draft_ms"] + rec["verify_ms"] + rec["inject_ms"]
+                        rec["limit_vs_ar"] = rec["tokens"] / work_ms * 1e3 / ar_rec["tok_s"] if work_ms > 0 else 0.0
+                    if o.temperature == 0.0:
+                        n = min(len(rec["output"]), len(ar_rec["output"]))
+                        rec["same_as_ar"] = rec["output"][:n] == ar_rec["output"][:n]
+                    cfg["runs"].append(rec)
+                    bar.update(1)
+    llm.close()  # the model goes before the next configuration loads its own
+    return cfg
+
+
+@contextmanager
+def _servers(
+    o: BenchOptions, systems: list[str], server_bin: Path | None, extra: list[str], n_max: int, threads: int
+) -> Iterator[dict[str, UpstreamServer]]:
+    servers: dict[str, UpstreamServer] = {}
+    try:
+        for system in systems:
+            if system.startswith("upstream"):
+                assert server_bin is not None
+                srv = UpstreamServer(
+                    server_bin,
+                    o.target,
+                    o.draft if system == "upstream" else None,
+                    n_max=n_max,
+                    threads=threads,
+                    n_ctx=o.n_ctx,
+                    n_gpu_layers=o.n_gpu_layers,
+                    seed=o.seed,
+                    extra_args=extra,
+                )
+                srv.__enter__()
+                servers[system] = srv
+        yield servers
+    finally:
+        for srv in servers.values():
+            srv.__exit__(None, None, None)
+            if srv.log_path is not None:
+                try:
+                    srv.log_path.unlink()
+                except OSError:
+                    pass

@@ -1,0 +1,284 @@
+"""The generation loop: a prompt and sampling options in, tokens out as the C++ speculator emits them,
+with stopping criteria, logprobs, the cache, a shared llama_cpp.Llama context and the call's figures."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ._core import release_openmp_threads
+from .completion import StoppingCriteria, zero_is_no_limit
+from .sampling import Sampling
+from .stats import GenerationStats
+
+if TYPE_CHECKING:
+    pass
+
+
+class GenerationMixin:
+    """SpeculativeLlama's generate_tokens and the loop every completion runs on."""
+
+    def generate_tokens(
+        self,
+        prompt_tokens: Sequence[int],
+        *,
+        max_tokens: int | None = 16,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        min_p: float = 0.0,
+        repeat_penalty: float = 1.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        logit_bias: dict[int, float] | None = None,
+        seed: int | None = None,
+        plain: bool = False,
+        grammar: Any = None,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        typical_p: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        grammar_triggers: Sequence[str] = (),
+    ) -> Iterator[int]:
+        """Token ids as the loop emits them; stops at an end-of-generation token or when
+        stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
+        context ("length"). With `grammar_triggers` the grammar is lazy (llama-server's grammar_lazy):
+        it waits for one of these words in the output and constrains the text from that word on."""
+        sampling = self._sampling(
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            logit_bias,
+            grammar,
+            logits_processor,
+            typical_p=typical_p,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            grammar_triggers=grammar_triggers,
+        )
+        return self._generate(
+            list(prompt_tokens),
+            zero_is_no_limit(max_tokens),
+            sampling,
+            seed,
+            plain,
+            stopping_criteria=stopping_criteria,
+        )
+
+    def _sampling(
+        self,
+        max_tokens: int | None,
+        temperature: float,
+        top_p: float,
+        top_k: int,
+        min_p: float,
+        repeat_penalty: float,
+        frequency_penalty: float,
+        presence_penalty: float,
+        logit_bias: dict[int, float] | None,
+        grammar: Any = None,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
+        **more: Any,
+    ) -> Sampling:
+        """`more`: typical_p and the mirostat_* options."""
+        if max_tokens is not None and not isinstance(max_tokens, int):
+            raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
+        # a llama_cpp.LlamaGrammar (its GBNF text and root rule) or GBNF text
+        text, root = (grammar._grammar, grammar._root) if hasattr(grammar, "_grammar") else (grammar or "", "root")
+        return Sampling(
+            temperature,
+            top_p,
+            top_k,
+            min_p,
+            repeat_penalty,
+            frequency_penalty,
+            presence_penalty,
+            self.last_n_tokens_size,
+            logit_bias,
+            text,
+            root,
+            logits_processor,
+            **more,
+        )
+
+    def _generate(
+        self,
+        prompt: list[int],
+        max_tokens: int | None,
+        sampling: Sampling,
+        seed: int | None,
+        plain: bool,
+        logprobs: int | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        prompt_logprobs: bool = False,
+    ) -> Iterator[int]:
+        if stopping_criteria is not None and not callable(stopping_criteria):
+            raise ValueError(
+                f"stopping_criteria must be callable (input_ids, logits) -> bool, got {stopping_criteria!r}"
+            )
+        with self._idle():
+            yield from self._generate_locked(
+                prompt, max_tokens, sampling, seed, plain, logprobs, stopping_criteria, prompt_logprobs
+            )
+
+    def _generate_locked(
+        self,
+        prompt: list[int],
+        max_tokens: int | None,
+        sampling: Sampling,
+        seed: int | None,
+        plain: bool,
+        logprobs: int | None,
+        stopping_criteria: StoppingCriteria | None,
+        prompt_logprobs: bool,
+    ) -> Iterator[int]:
+        room = self.n_ctx() - len(prompt)  # as llama_cpp.Llama: the completion fits the context with its prompt
+        # below 0 no limit (the public calls turn llama_cpp.Llama's 0 into None); 0 scores the prompt alone
+        limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
+        if seed is None or seed < 0:
+            seed = random.getrandbits(63)
+        self.finish_reason = "length"
+        self._end_token: int | None = None  # the end-of-generation token it ended at
+        t0 = time.perf_counter()
+        self._take_context_from_llama()
+        try:
+            if self.cache is not None and not prompt_logprobs:
+                self._load_cached(prompt)
+            first = self._spec.start(
+                prompt,
+                seed=seed,
+                logprobs=-1 if logprobs is None else logprobs,
+                keep_logits=stopping_criteria is not None,
+                prompt_logprobs=prompt_logprobs,
+                **sampling.start_kwargs(),
+            )
+        except BaseException:
+            self._give_context_to_llama()
+            raise
+        if self._llama is not None:
+            self._llama.n_tokens = 0  # while we stream: if it decodes, it starts from scratch and we notice
+        self._token_logprobs.clear()
+        if prompt_logprobs:
+            skip = self._bos_skip(prompt)
+            self._token_logprobs.extend([None, *self._spec.prompt_logprobs[skip:]][: len(prompt) - skip])
+        if logprobs is not None:
+            self._token_logprobs.extend(self._spec.last_logprobs)
+        t_decode = time.perf_counter()
+        n_out, end_of_text = 0, False
+        pending = [first]
+        step = self._spec.step_plain if plain else self._spec.step
+        if stopping_criteria is not None:
+            # as llama_cpp.Llama asks it: before each token, with the prompt and output before it (a view
+            # of one buffer) and the raw logits that chose the token
+            ids = np.empty(len(prompt) + limit, dtype=np.intc)
+            ids[: len(prompt)] = prompt
+            logits = self._spec.last_logits
+        failed = False
+        try:
+            while True:
+                for i, tok in enumerate(pending):
+                    if n_out >= limit:  # max_tokens 0: the prompt alone
+                        return
+                    if stopping_criteria is not None:
+                        if stopping_criteria(ids[: len(prompt) + n_out], logits[i]):
+                            self.finish_reason = "stop"
+                            return
+                        ids[len(prompt) + n_out] = tok
+                    if self._spec.is_eog(tok):
+                        self.finish_reason, end_of_text, self._end_token = "stop", True, tok
+                        return
+                    n_out += 1
+                    yield tok
+                    if n_out >= limit:
+                        self.finish_reason = "length"
+                        return
+                if self._llama is not None and self._llama.n_tokens:
+                    raise RuntimeError(
+                        "the adopted llama_cpp.Llama decoded in the shared context while this "
+                        "generation was streaming; its K/V is gone (finish or close a stream first)"
+                    )
+                pending, full = step()
+                if logprobs is not None:
+                    self._token_logprobs.extend(self._spec.last_logprobs)
+                if stopping_criteria is not None:
+                    logits = self._spec.last_logits
+                if full:
+                    self.finish_reason = "length"
+                    return
+        except GeneratorExit:  # the caller closed the stream: what was generated stands
+            raise
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if not self._spec.closed:  # closed while a stream was open: nothing left to record
+                if self._llama is not None and self._llama.n_tokens:  # it decoded while we streamed
+                    self._take_context_from_llama()
+                self._give_context_to_llama()
+                self._record_stats(n_out, end_of_text, time.perf_counter() - t_decode, t0)
+                if self.cache is not None and not failed:
+                    state = self._save_state()
+                    self.cache[state.input_ids.tolist()] = state
+                # a pool of OpenMP workers left on this thread would slow every other thread's decoding
+                # 5-8x (dflash/cpu_threads.h): the next generation, on any thread, starts its own
+                release_openmp_threads()
+
+    # An adopted llama_cpp.Llama shares our target context and reuses whatever its record
+    # (input_ids[:n_tokens]) says the context holds; so do we with ours. Each side's record is made
+    # true before the other decodes.
+    def _take_context_from_llama(self) -> None:
+        """Of what we put in the context, keep what the Llama's record still agrees with (it may have
+        decoded since)."""
+        llm = self._llama
+        if llm is not None:
+            self._spec.keep_cached_prefix(llm.input_ids[: llm.n_tokens].tolist())
+
+    def _give_context_to_llama(self) -> None:
+        llm = self._llama
+        if llm is None:
+            return
+        held = self._spec.cached_tokens
+        llm.input_ids[: len(held)] = held
+        llm.n_tokens = len(held)
+        llm._requires_eval = True  # its stored logits are not for this context's last token
+
+    def _record_stats(self, n_out: int, end_of_text: bool, decode_s: float, t0: float) -> None:
+        s = self._spec.stats
+        reached, acc = s["pos_reached"], s["pos_accepted"]
+        drafted_steps = s["steps"] - s["plain_steps"]
+        self.stats = GenerationStats(
+            prompt_tokens=s["prompt_tokens"],
+            reused_prompt_tokens=s["reused_tokens"],
+            completion_tokens=n_out,
+            end_of_text=end_of_text,
+            steps=s["steps"],
+            plain_steps=s["plain_steps"],
+            drafted=s["drafted"],
+            accepted=s["accepted"],
+            mean_accepted_length=(s["accepted"] + drafted_steps) / drafted_steps if drafted_steps else 1.0,
+            per_position_acceptance=[a / r if r else 0.0 for a, r in zip(acc, reached)],
+            prefill_ms=s["prefill_ms"],
+            calibration_ms=s["calibration_ms"],
+            decode_ms=decode_s * 1e3,
+            draft_ms=s["draft_ms"],
+            verify_ms=s["verify_ms"],
+            inject_ms=s["inject_ms"],
+            rollback_ms=s["rollback_ms"],
+            tokens_per_second=n_out / decode_s if decode_s > 0 else 0.0,
+        )
+
+    def _bos_skip(self, prompt: Sequence[int]) -> int:
+        """llama_cpp.Llama lists an echoed prompt's logprobs without its leading BOS"""
+        return 1 if prompt and prompt[0] == self._spec.token_bos else 0

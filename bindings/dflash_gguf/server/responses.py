@@ -1,0 +1,93 @@
+"""Responses in llama-server's and OpenAI's shapes: token routes, native completions, timings, errors."""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+from typing import Any
+
+from ..speculative import GenerationStats, SpeculativeLlama
+from .requests import BadRequest
+
+
+def tokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
+    """llama-server's /tokenize: {"tokens": ids}, or with with_pieces [{"id", "piece"}] (a piece that is
+    not UTF-8 as its byte values)."""
+    if not isinstance(body, dict) or not isinstance(body.get("content", ""), str):
+        raise BadRequest('"content" must be a string')
+    tokens = llm.tokenize(
+        body.get("content", "").encode(),
+        add_bos=bool(body.get("add_special", False)),
+        special=bool(body.get("parse_special", True)),
+    )
+    if not body.get("with_pieces", False):
+        return {"tokens": tokens}
+    out = []
+    for t in tokens:
+        piece = llm.detokenize([t], special=True)
+        try:
+            out.append({"id": t, "piece": piece.decode("utf-8")})
+        except UnicodeDecodeError:
+            out.append({"id": t, "piece": list(piece)})
+    return {"tokens": out}
+
+
+def detokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
+    """llama-server's /detokenize: the tokens' pieces (special tokens' text included) joined."""
+    tokens = body.get("tokens", []) if isinstance(body, dict) else None
+    if not isinstance(tokens, list) or not all(isinstance(t, int) and 0 <= t < llm.n_vocab() for t in tokens):
+        raise BadRequest(f'"tokens" must be an array of token ids below {llm.n_vocab()}')
+    return {"content": b"".join(llm.detokenize([t], special=True) for t in tokens).decode("utf-8", "replace")}
+
+
+def native_response(text: str, model: str, last: tuple[str, GenerationStats] | None) -> dict[str, Any]:
+    """One /completion or /infill answer or stream chunk in llama-server's native shape; the last (`last`: the prompt as
+    text and the generation's figures) with stop true and the figures."""
+    out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
+    if last is not None:
+        prompt, s = last
+        out.update(
+            prompt=prompt,
+            tokens_predicted=s.generated_tokens,
+            tokens_evaluated=s.prompt_tokens,
+            tokens_cached=s.prompt_tokens + max(s.generated_tokens - 1, 0),  # what the context holds
+            truncated=False,
+            timings=timings(s),
+        )
+    return out
+
+
+def timings(s: GenerationStats) -> dict[str, Any]:
+    """llama-server's `timings` of a response (its names), from the generation's statistics: cache_n prompt
+    tokens came from the context already (or a saved state), prompt_n were decoded; draft_n tokens drafted,
+    draft_n_accepted of them accepted."""
+    return {
+        "cache_n": s.reused_prompt_tokens,
+        "prompt_n": s.prompt_tokens - s.reused_prompt_tokens,
+        "prompt_ms": s.prefill_ms,
+        "predicted_n": s.generated_tokens,
+        "predicted_ms": s.decode_ms,
+        "predicted_per_second": s.tokens_per_second,
+        "draft_n": s.drafted,
+        "draft_n_accepted": s.accepted,
+        "mean_accepted_length": s.mean_accepted_length,
+    }
+
+
+def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A stream's last chunk with the generation's timings, then (stream_options.include_usage) OpenAI's
+    usage chunk with `usage`."""
+    events = [{**held, "timings": timings(s)}]
+    if usage is not None:
+        events.append(
+            {
+                **{k: held[k] for k in ("id", "object", "created", "model", "system_fingerprint")},
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    return events
+
+
+def error_body(status: HTTPStatus, message: str) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
