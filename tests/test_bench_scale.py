@@ -18,9 +18,9 @@ from click.testing import CliRunner
 from test_llama_server import llama_server  # noqa: F401 - the fixture (skips, or fails in CI, without the build)
 
 from dflash_gguf.bench import scale as bench_scale
+from dflash_gguf.bench.inflate import SIZES, ScaleSize, ensure_pair
 from dflash_gguf.bench.scale import format_table, goals, run_scale, write_json
 from dflash_gguf.cli import main as cli_main
-from dflash_gguf.bench.inflate import SIZES, ScaleSize, ensure_pair
 
 SMALL = ScaleSize("small", hidden=512, n_layers=8, n_heads=8, n_kv_heads=4, head_dim=128, ff=1024, vocab=4096)
 TYPES = ("f16", "q8_0")
