@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .chat_reply import ReplyParser, reply_message, reply_syntax, tool_call_grammar
-from .completion import zero_is_no_limit
+from .generation import zero_is_no_limit
 from .llama_compat import (
     LogprobCursor,
     chat_logprobs,

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from .generation import StoppingCriteria, zero_is_no_limit
 from .infill import fim_prompt
 from .llama_compat import (
     LogprobCursor,
@@ -18,14 +19,6 @@ from .llama_compat import (
 )
 from .sampling import Sampling
 from .text import TextStream
-
-# llama_cpp.Llama's stopping_criteria: (input_ids, logits of the token about to be emitted) -> stop before it
-StoppingCriteria = Callable[[Any, Any], bool]
-
-
-def zero_is_no_limit(max_tokens: int | None) -> int | None:
-    """llama_cpp.Llama's max_tokens: 0 (and below) generates up to the end of the context."""
-    return None if max_tokens == 0 else max_tokens
 
 
 class CompletionMixin:

@@ -6,17 +6,21 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ._core import release_openmp_threads
-from .completion import StoppingCriteria, zero_is_no_limit
 from .sampling import Sampling
 from .stats import GenerationStats
 
-if TYPE_CHECKING:
-    pass
+# llama_cpp.Llama's stopping_criteria: (input_ids, logits of the token about to be emitted) -> stop before it
+StoppingCriteria = Callable[[Any, Any], bool]
+
+
+def zero_is_no_limit(max_tokens: int | None) -> int | None:
+    """llama_cpp.Llama's max_tokens: 0 (and below) generates up to the end of the context."""
+    return None if max_tokens == 0 else max_tokens
 
 
 class GenerationMixin:

@@ -1,4 +1,4 @@
-"""The HTTP routes: one handler class per request, reading the served model and settings from its server."""
+"""The HTTP routes: a handler object per request, reading the served model and settings from its server."""
 
 from __future__ import annotations
 
