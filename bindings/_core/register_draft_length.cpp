@@ -29,6 +29,7 @@ void register_draft_length(py::module_ & m) {
              py::arg("verify_ms"), py::arg("steady") = true)
         .def("observe_plain", &C::observe_plain, py::arg("ms"), py::arg("steady") = true)
         .def("observe_cost", &C::observe_cost, py::arg("k"), py::arg("draft_ms"), py::arg("verify_ms"))
+        .def("calibrate_cost", &C::calibrate_cost, py::arg("k"), py::arg("draft_ms"), py::arg("verify_ms"))
         .def("expected_tokens", &C::expected_tokens, py::arg("k"))
         .def("expected_cost_ms", &C::expected_cost_ms, py::arg("k"))
         .def_property_readonly("acceptance", &C::acceptance);

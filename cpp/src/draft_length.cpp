@@ -85,7 +85,7 @@ void DraftLengthController::Cost::observe(double x) {
     recent[next] = x;
     next = (next + 1) % window;
     kept = std::min(kept + 1, window);
-    if (kept < kMinSamples) return;  // one unlucky step timed in a warm-up must not keep a draft length out for good
+    if (kept < kMinSamples && !seeded) return;  // one unlucky step timed in a warm-up must not keep a draft length out for good
     double sorted[kMaxWindow];
     for (uint32_t i = 0; i < kept; ++i) sorted[i] = recent[(next + window - 1 - i) % window];
     // the lower quartile: a shared machine's noise is skewed up (preempted steps, and slow phases of several
@@ -93,6 +93,12 @@ void DraftLengthController::Cost::observe(double x) {
     const uint32_t q = (kept - 1) / 4;
     std::nth_element(sorted, sorted + q, sorted + kept);
     ms = sorted[q];
+}
+
+void DraftLengthController::Cost::seed(double x) {
+    n = std::max<uint64_t>(n, 1);  // the graph was built: the next timing counts
+    seeded = true;
+    observe(x);
 }
 
 DraftLengthController::DraftLengthController(uint32_t cap) :
@@ -142,16 +148,29 @@ double DraftLengthController::tokens_at(uint32_t k, uint32_t optimistic_from) co
 double DraftLengthController::expected_tokens(uint32_t k) const { return tokens_at(k, k); }
 
 double DraftLengthController::expected_cost_ms(uint32_t k) const {
-    // unmeasured costs are taken optimistically (as the nearest cheaper measured one), so each k gets
-    // tried; a draft of k tokens costs more with k (the LM head runs for its rows), a verify too
-    auto nearest_below = [](const std::vector<Cost> & t, uint32_t kk, double otherwise) {
-        for (int64_t j = kk; j >= 1; --j) {
-            if (t[(size_t)j].ms >= 0.0) return t[(size_t)j].ms;
-        }
-        return otherwise;
-    };
     if (k == 0) return std::max(t_plain_.ms, 0.0);
-    return nearest_below(t_draft_, k, 0.0) + nearest_below(t_verify_, k, std::max(t_plain_.ms, 0.0));
+    // an unmeasured drafted length: between measured ones interpolated; above the longest measured,
+    // extrapolated along the line from the shortest (a CPU verifies about linearly more slowly with k, a
+    // GPU about flat; the ends of the measured range, not its last two lengths, whose difference is mostly
+    // noise); with one measured, as that one; below the shortest, optimistically a plain step's verify
+    // and no draft, so it gets tried
+    auto estimate = [this, k](const std::vector<Cost> & t, double below_all) {
+        if (t[k].ms >= 0.0) return t[k].ms;
+        int64_t lo = -1, first = -1, hi = -1;
+        for (size_t j = 1; j <= cap_; ++j) {
+            if (t[j].ms < 0.0) continue;
+            if (first < 0) first = (int64_t)j;
+            if (j < k) lo = (int64_t)j;
+            if (j > k && hi < 0) hi = (int64_t)j;
+        }
+        if (lo < 0) return below_all;
+        const double at_lo = t[(size_t)lo].ms;
+        if (hi >= 0) return at_lo + (t[(size_t)hi].ms - at_lo) * double((int64_t)k - lo) / double(hi - lo);
+        if (first == lo) return at_lo;
+        const double slope = std::max(0.0, (at_lo - t[(size_t)first].ms) / double(lo - first));
+        return at_lo + slope * double((int64_t)k - lo);
+    };
+    return estimate(t_draft_, 0.0) + estimate(t_verify_, std::max(t_plain_.ms, 0.0));
 }
 
 uint32_t DraftLengthController::hold(uint32_t k, uint32_t steps, bool probe) {
@@ -292,6 +311,15 @@ void DraftLengthController::observe_cost(uint32_t k, double draft_ms, double ver
     } else if (k <= cap_) {
         t_draft_[k].observe(draft_ms);
         t_verify_[k].observe(verify_ms);
+    }
+}
+
+void DraftLengthController::calibrate_cost(uint32_t k, double draft_ms, double verify_ms) {
+    if (k == 0) {
+        t_plain_.seed(verify_ms);
+    } else if (k <= cap_) {
+        t_draft_[k].seed(draft_ms);
+        t_verify_[k].seed(verify_ms);
     }
 }
 

@@ -17,11 +17,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// calibration (auto mode): placeholder context rows, runs of each shape (the first builds the graph),
-// and a time budget: a large model on a CPU stops early and explores the remaining lengths in the loop
+// calibration (auto mode): placeholder context rows; per shape one run that builds its graph, then up
+// to kCalibrationTimed timed runs (fewer once they took kCalibrationShapeMs: one step of a large model
+// times well enough), believed at once (DraftLengthController::calibrate_cost); draft lengths in order while the budget lasts, at least
+// kCalibrationBudgetMs, for a large model kCalibrationPlainSteps plain steps' time (a 1.7B target on 2
+// CPU cores: lengths 0-3 in ~1.6 s); the controller estimates the lengths left from the measured ones
 constexpr uint32_t kCalibrationContext = 64;
-constexpr uint32_t kCalibrationRepeats = 4;
+constexpr uint32_t kCalibrationTimed = 3;
+constexpr double kCalibrationShapeMs = 40.0;
 constexpr double kCalibrationBudgetMs = 300.0;
+constexpr double kCalibrationPlainSteps = 16.0;
 
 // libllama takes trigger patterns as std::regex (ECMAScript); the words are literal text
 std::string regex_escaped(const std::string & word) {
@@ -270,27 +275,37 @@ void Speculator::calibrate() {
     drafter_->inject(f.data(), pos.data(), n_ctx_rows);
     const int32_t p = (int32_t)n_ctx_rows;
     target_->checkpoint();  // every verify below goes back to p: a recurrent target restores this state
-    // each shape in a row, as the loop's steady steps are (its first run builds the graph; the controller
-    // does not believe a cost's first measurement)
-    for (uint32_t k = 0; k <= cap && ms_since(t_start) < kCalibrationBudgetMs; ++k) {
-        for (uint32_t rep = 0; rep < kCalibrationRepeats; ++rep) {
-            double draft_ms = 0.0;
-            if (k > 0) {
-                const auto t0 = std::chrono::steady_clock::now();
-                drafter_->draft(tokens[p], p, k, false, /*all_rows=*/false, /*short_block=*/true);
-                draft_ms = std::max(0.0, ms_since(t0) - drafter_->counters().setup_ms_last);
-            }
-            // a verify is timed with its rollback as a step that keeps the anchor alone pays it (a snapshot
-            // rollback, or a checkpoint written before and restored after with the anchor re-decoded)
+    // one step of k drafted tokens at p, as the loop's steady steps are: (draft ms, verify ms)
+    auto run = [&](uint32_t k) {
+        double draft_ms = 0.0;
+        if (k > 0) {
             const auto t0 = std::chrono::steady_clock::now();
-            if (k > 0) target_->prepare_rollback(k);
-            target_->decode(&tokens[p], k + 1, p, k > 0);
-            if (k == 0) (void)argmax(target_->logits(0), target_->n_vocab());  // a plain step picks its token
-            if (k > 0) target_->truncate(p + 1);
-            const double verify_ms = ms_since(t0);
-            target_->truncate(p);
-            length_->observe_cost(k, draft_ms, verify_ms);
+            drafter_->draft(tokens[p], p, k, false, /*all_rows=*/false, /*short_block=*/true);
+            draft_ms = std::max(0.0, ms_since(t0) - drafter_->counters().setup_ms_last);
         }
+        // a verify is timed with its rollback as a step that keeps the anchor alone pays it (a snapshot
+        // rollback, or a checkpoint written before and restored after with the anchor re-decoded)
+        const auto t0 = std::chrono::steady_clock::now();
+        if (k > 0) target_->prepare_rollback(k);
+        target_->decode(&tokens[p], k + 1, p, k > 0);
+        if (k == 0) (void)argmax(target_->logits(0), target_->n_vocab());  // a plain step picks its token
+        if (k > 0) target_->truncate(p + 1);
+        const double verify_ms = ms_since(t0);
+        target_->truncate(p);
+        return std::pair{draft_ms, verify_ms};
+    };
+    // the budget is the lengths' own: a large model's prefill of the context rows above takes a while
+    const auto t_lengths = std::chrono::steady_clock::now();
+    double budget_ms = kCalibrationBudgetMs;
+    for (uint32_t k = 0; k <= cap && ms_since(t_lengths) < budget_ms; ++k) {
+        (void)run(k);  // builds the shape's graph
+        const auto t_shape = std::chrono::steady_clock::now();
+        for (uint32_t rep = 0; rep < kCalibrationTimed && (rep == 0 || ms_since(t_shape) < kCalibrationShapeMs);
+             ++rep) {
+            const auto [draft_ms, verify_ms] = run(k);
+            length_->calibrate_cost(k, draft_ms, verify_ms);
+        }
+        if (k == 0) budget_ms = std::max(budget_ms, kCalibrationPlainSteps * length_->expected_cost_ms(0));
     }
     target_->clear();
     drafter_->reset();

@@ -9,10 +9,13 @@
 // nondeterministic). A cost is the lower quartile of its recent measurements (a
 // shared machine's timings are skewed up: preempted steps, slow phases) once it
 // has a few (a plain step's of more of them, as plain steps are plentiful); the
-// Speculator calibrates them before its first prefill (observe_cost), and a cost
-// still unmeasured is taken as the nearest cheaper one, so every choice gets
-// tried before it is ruled out; the first measurement of each cost is not
-// believed (a backend's first step of a new shape allocates and warms up). It
+// Speculator calibrates them before its first prefill (calibrate_cost); a drafted
+// length still unmeasured costs what the measured lengths around it say
+// (interpolated; above the longest, extrapolated from the shortest; below the
+// shortest, taken optimistically as a plain step), so no length is ruled out
+// untried and none looks as cheap as a short one; in the loop the first
+// measurement of each cost is not believed (a backend's first step of a new
+// shape allocates and warms up). It
 // enters a drafting run when some k pays with each a_j at an upper confidence
 // bound that shrinks as drafts are observed and widens again while plain steps
 // observe none (so that little or old evidence does not rule drafting out),
@@ -53,15 +56,19 @@ public:
     // every drafted step.
     void observe_draft(uint32_t k, uint32_t accepted, double draft_ms, double verify_ms, bool steady = true);
     void observe_plain(double ms, bool steady = true);
-    // a cost measured outside the loop (a calibration at load): k = 0 is a plain decode (verify_ms)
+    // a cost measured outside the loop: k = 0 is a plain decode (verify_ms); observe_cost counts as a loop
+    // timing, calibrate_cost is believed at once (timed after a run that built the shape's graph) and
+    // joins the loop's timings of the shape
     void observe_cost(uint32_t k, double draft_ms, double verify_ms);
+    void calibrate_cost(uint32_t k, double draft_ms, double verify_ms);
 
     double expected_tokens(uint32_t k) const;  // from the acceptance estimate itself
     double expected_cost_ms(uint32_t k) const;
     const std::vector<double> & acceptance() const { return accept_; }
 
 private:
-    // a cost: not believed on its first measurement, then the lower quartile of the last `window`
+    // a cost: not believed on its first measurement, then the lower quartile of the last `window` once
+    // there are kMinSamples of them, or at once after a calibration's timing (seed)
     struct Cost {
         static constexpr uint32_t kMaxWindow = 25;
         static constexpr uint32_t kMinSamples = 3;
@@ -70,10 +77,13 @@ private:
         double ms = -1.0;  // < 0: not measured (beyond the first)
         uint64_t n = 0;
         uint32_t kept = 0, next = 0;  // measurements in recent (counted since a restart), where the next goes
+        bool seeded = false;          // recent holds a calibration's timing: believed without kMinSamples
         double recent[kMaxWindow] = {};
         void observe(double x);
+        // a timing made after a run that built the shape's graph: believed at once
+        void seed(double x);
         // later measurements replace the earlier ones (ms stays until there are kMinSamples of them)
-        void restart() { kept = 0; }
+        void restart() { kept = 0, seeded = false; }
     };
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
