@@ -85,7 +85,8 @@ void DraftLengthController::Cost::observe(double x) {
     recent[next] = x;
     next = (next + 1) % window;
     kept = std::min(kept + 1, window);
-    if (kept < kMinSamples && !seeded) return;  // one unlucky step timed in a warm-up must not keep a draft length out for good
+    if (kept < kMinSamples && !seeded)
+        return;  // one unlucky step timed in a warm-up must not keep a draft length out for good
     double sorted[kMaxWindow];
     for (uint32_t i = 0; i < kept; ++i) sorted[i] = recent[(next + window - 1 - i) % window];
     // the lower quartile: a shared machine's noise is skewed up (preempted steps, and slow phases of several

@@ -19,8 +19,8 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 // calibration (auto mode): placeholder context rows; per shape one run that builds its graph, then up
 // to kCalibrationTimed timed runs (fewer once they took kCalibrationShapeMs: one step of a large model
-// times well enough), believed at once (DraftLengthController::calibrate_cost); draft lengths in order while the budget lasts, at least
-// kCalibrationBudgetMs, for a large model kCalibrationPlainSteps plain steps' time (a 1.7B target on 2
+// times well enough), believed at once (DraftLengthController::calibrate_cost); draft lengths in order while the budget
+// lasts, at least kCalibrationBudgetMs, for a large model kCalibrationPlainSteps plain steps' time (a 1.7B target on 2
 // CPU cores: lengths 0-3 in ~1.6 s); the controller estimates the lengths left from the measured ones
 constexpr uint32_t kCalibrationContext = 64;
 constexpr uint32_t kCalibrationTimed = 3;
