@@ -37,19 +37,19 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the trace here")
     args = ap.parse_args()
 
-    from dflash_gguf import bench
+    from dflash_gguf.bench import load_prompts, three_way
     from dflash_gguf.speculative import SpeculativeLlama
 
     llm = SpeculativeLlama(args.target, args.draft, n_ctx=2048, n_threads=args.threads, n_max="auto")
-    prompts = bench.load_prompts(args.prompts, None)
+    prompts = load_prompts(args.prompts, None)
     token_lists = [llm.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
     sampling = {"n_predict": args.n, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
     spec = llm._spec
     trace, ratios = [], []
     for rnd in range(args.rounds):
         for i, toks in enumerate(token_lists):
-            ar_ms = 1e3 / bench._run_ours(llm, toks, plain=True, **sampling)["tok_s"]
-            bench._fresh_prefill(llm, toks)
+            ar_ms = 1e3 / three_way.run_ours(llm, toks, plain=True, **sampling)["tok_s"]
+            three_way.fresh_prefill(llm, toks)
             spec.start(toks, seed=0)
             n, steps = 1, []
             before = spec.stats

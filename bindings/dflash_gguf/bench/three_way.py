@@ -33,7 +33,7 @@ from .summary import summarize_config
 from .upstream import UpstreamServer, cpu_has_amx, find_server_binary, gguf_is_quantized, missing_server_message
 
 
-def _fresh_prefill(llm: Any, prompt: list[int]) -> None:
+def fresh_prefill(llm: Any, prompt: list[int]) -> None:
     """Make the next generation prefill the whole prompt (the loop reuses a common prefix
     of the last prompt): one 1-token generation on a token that differs from prompt[0]."""
     tok = (prompt[0] + 1) % max(llm._spec.n_vocab, 2) if prompt else 0
@@ -41,7 +41,7 @@ def _fresh_prefill(llm: Any, prompt: list[int]) -> None:
         pass
 
 
-def _run_ours(
+def run_ours(
     llm: Any,
     prompt: list[int],
     *,
@@ -53,7 +53,7 @@ def _run_ours(
     min_p: float,
     seed: int,
 ) -> dict[str, Any]:
-    _fresh_prefill(llm, prompt)
+    fresh_prefill(llm, prompt)
     out = list(
         llm.generate_tokens(
             prompt,
@@ -241,7 +241,7 @@ def _run_config(
 
         def one(system: str, toks: list[int], seed: int) -> dict[str, Any]:
             if system in ("ar", "ours"):
-                return _run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
+                return run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
             return servers[system].complete(toks, seed=seed, **kw)  # type: ignore[arg-type]
 
         bar.set_description(f"n_max={n_max} warm-up")
