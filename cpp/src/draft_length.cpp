@@ -96,6 +96,13 @@ void DraftLengthController::Cost::observe(double x) {
     ms = sorted[q];
 }
 
+double DraftLengthController::Cost::fastest_kept() const {
+    if (kept == 0) return -1.0;
+    double best = recent[(next + window - 1) % window];
+    for (uint32_t i = 1; i < kept; ++i) best = std::min(best, recent[(next + window - 1 - i) % window]);
+    return best;
+}
+
 void DraftLengthController::Cost::seed(double x) {
     n = std::max<uint64_t>(n, 1);  // the graph was built: the next timing counts
     seeded = true;
@@ -157,6 +164,9 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
     // and no draft, so it gets tried
     auto estimate = [this, k](const std::vector<Cost> & t, double below_all) {
         if (t[k].ms >= 0.0) return t[k].ms;
+        // timings of k itself, too few to believe, still overrule a guess that they exceed (a CPU's verify
+        // jumps where libllama's kernels change, past what the line from the timed lengths says)
+        const double seen = t[k].fastest_kept();
         int64_t lo = -1, first = -1, hi = -1;
         for (size_t j = 1; j <= cap_; ++j) {
             if (t[j].ms < 0.0) continue;
@@ -164,12 +174,18 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
             if (j < k) lo = (int64_t)j;
             if (j > k && hi < 0) hi = (int64_t)j;
         }
-        if (lo < 0) return below_all;
-        const double at_lo = t[(size_t)lo].ms;
-        if (hi >= 0) return at_lo + (t[(size_t)hi].ms - at_lo) * double((int64_t)k - lo) / double(hi - lo);
-        if (first == lo) return at_lo;
-        const double slope = std::max(0.0, (at_lo - t[(size_t)first].ms) / double(lo - first));
-        return at_lo + slope * double((int64_t)k - lo);
+        double guess = below_all;
+        if (lo >= 0) {
+            const double at_lo = t[(size_t)lo].ms;
+            if (hi >= 0) {
+                guess = at_lo + (t[(size_t)hi].ms - at_lo) * double((int64_t)k - lo) / double(hi - lo);
+            } else {
+                const double slope =
+                    first == lo ? 0.0 : std::max(0.0, (at_lo - t[(size_t)first].ms) / double(lo - first));
+                guess = at_lo + slope * double((int64_t)k - lo);
+            }
+        }
+        return std::max(guess, seen);
     };
     return estimate(t_draft_, 0.0) + estimate(t_verify_, std::max(t_plain_.ms, 0.0));
 }

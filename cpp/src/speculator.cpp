@@ -18,15 +18,16 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 }
 
 // calibration (auto mode): placeholder context rows; per shape one run that builds its graph, then up
-// to kCalibrationTimed timed runs (fewer once they took kCalibrationShapeMs: one step of a large model
-// times well enough), believed at once (DraftLengthController::calibrate_cost); draft lengths in order while the budget
-// lasts, at least kCalibrationBudgetMs, for a large model kCalibrationPlainSteps plain steps' time (a 1.7B target on 2
-// CPU cores: lengths 0-3 in ~1.6 s); the controller estimates the lengths left from the measured ones
+// to kCalibrationTimed timed runs (fewer once they took kCalibrationShapeMs: a large model's step times
+// well enough alone), each believed at once (DraftLengthController::calibrate_cost); draft lengths in
+// order while their time stays within kCalibrationBudgetMs or kCalibrationPlainSteps plain steps,
+// whichever is longer (a 1.7B target on 2 CPU cores: lengths 0-5 in ~2.6 s); the controller estimates
+// the lengths left from the timed ones
 constexpr uint32_t kCalibrationContext = 64;
 constexpr uint32_t kCalibrationTimed = 3;
-constexpr double kCalibrationShapeMs = 40.0;
+constexpr double kCalibrationShapeMs = 150.0;
 constexpr double kCalibrationBudgetMs = 300.0;
-constexpr double kCalibrationPlainSteps = 16.0;
+constexpr double kCalibrationPlainSteps = 24.0;
 
 // libllama takes trigger patterns as std::regex (ECMAScript); the words are literal text
 std::string regex_escaped(const std::string & word) {

@@ -80,6 +80,8 @@ private:
         bool seeded = false;          // recent holds a calibration's timing: believed without kMinSamples
         double recent[kMaxWindow] = {};
         void observe(double x);
+        // the fastest of the timings kept, -1 without any: what a few timings, too few to believe, say
+        double fastest_kept() const;
         // a timing made after a run that built the shape's graph: believed at once
         void seed(double x);
         // later measurements replace the earlier ones (ms stays until there are kMinSamples of them)
