@@ -115,13 +115,13 @@ DraftLengthController::DraftLengthController(uint32_t cap) :
     reached_(cap, kPriorDrafts),
     accepted_(cap, kPriorDrafts * kPriorAccept),
     accept_(cap, kPriorAccept),
-    run_reached_(cap, 0.0),
-    run_accepted_(cap, 0.0),
     t_draft_(cap + 1),
     t_verify_(cap + 1),
     t_plain_(kPlainWindow),
     probe_every_(kProbeFirst),
-    plain_check_every_(kPlainCheckFirst) {}
+    plain_check_every_(kPlainCheckFirst),
+    run_reached_(cap, 0.0),
+    run_accepted_(cap, 0.0) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
