@@ -29,16 +29,25 @@ constexpr uint32_t kInjectChunk = 256;  // rows per inject graph; longer prompts
 // which replays an unchanged graph as a device graph, even more so.
 constexpr uint32_t kWindowGpu = 256;
 constexpr uint32_t kWindowCpu = 128;
-// A short block's rows are padded up to one of these (capped at the block size), so that few graphs cover
-// every draft length.
+// Off the CPU a short block's rows are padded up to one of these (capped at the block size), so that few
+// graphs (and device graphs) cover every draft length: a padding row costs a GPU next to nothing. A CPU is
+// compute-bound and pays for every row: its short block has exactly the rows drafted (at Qwen3-1.7B width a
+// draft of 4 costs 40 ms as 5 rows, 50 ms padded to 6, half of it the LM head).
 constexpr uint32_t kShortBlockRows[] = {2, 3, 4, 6, 8, 12, 16, 24};
+uint32_t short_block_rows(uint32_t needed, uint32_t block_size, bool exact) {
+    if (exact) return std::min(needed, block_size);
+    for (uint32_t r : kShortBlockRows) {
+        if (r >= needed) return std::min(r, block_size);
+    }
+    return block_size;
+}
 // Block graph shapes kept at once: every short block's of the drafter's block size and one more (a full
 // block), so that a loop or a bench going through every draft length builds each shape once; beyond that
 // the least recently used goes. Each holds compute buffers reserved for a window of the whole cache (e.g.
 // ~70 MB of attention scores for 16 rows x 32 heads over 32k rows; the smaller shapes less).
-size_t max_block_shapes(uint32_t block_size) {
+size_t max_block_shapes(uint32_t block_size, bool exact) {
     std::set<uint32_t> rows;
-    for (uint32_t r : kShortBlockRows) rows.insert(std::min(r, block_size));
+    for (uint32_t n = 1; n < block_size; ++n) rows.insert(short_block_rows(n + 1, block_size, exact));
     return rows.size() + 1;
 }
 
@@ -154,7 +163,7 @@ struct Drafter::Impl {
         uint64_t last_use = 0;
     };
     std::map<uint32_t, std::unique_ptr<BlockVariant>> variants;
-    size_t max_shapes = 0;  // max_block_shapes(block size)
+    size_t max_shapes = 0;  // max_block_shapes(block size, on the CPU)
     // per shape, its CPU threads (what pays depends on the graph's size), kept when the shape's graph is
     // evicted: a rebuilt shape timing its steps again would run half of them with the wrong count
     std::map<uint32_t, ThreadPick> thread_picks;
@@ -504,7 +513,7 @@ struct Drafter::Impl {
         InjectGraph ig = build_inject(ctx.get(), std::min(kInjectChunk, n_ctx));
         if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
         inject_reserved = buffer_bytes(sched_inject.get());
-        max_shapes = max_block_shapes(hp().block_size);
+        max_shapes = max_block_shapes(hp().block_size, on_cpu());
         ensure_block(n_ctx, hp().block_size, 0, hp().block_size);
     }
 
@@ -745,22 +754,16 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
 
     const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
     // Block rows and head rows. A short block is [anchor, MASK x n] (as llama.cpp's draft-dflash runs it):
-    // the MASK rows after the draft take no part. Its graph's rows are padded up to a few sizes so that few
-    // graphs cover every draft length: no real row attends to a padding row (the mask) and the conv reads
-    // only earlier rows, so they change nothing. A full block computes all B rows and the head for rows
-    // 1..n rounded up to a power of two.
+    // the MASK rows after the draft take no part. Off the CPU its graph's rows are padded up to a few sizes
+    // (short_block_rows): no real row attends to a padding row (the mask) and the conv reads only earlier
+    // rows, so they change nothing. A full block computes all B rows and the head for rows 1..n rounded up
+    // to a power of two.
     uint32_t head_first = 0, head_rows = B, R = B, seen_rows = B, out_rows = B;
     if (short_block && !all_rows) {
         head_first = 1;
         out_rows = std::max(n, 1u);
         seen_rows = out_rows + 1;
-        R = B;
-        for (uint32_t r : kShortBlockRows) {
-            if (r >= seen_rows) {
-                R = std::min(r, B);
-                break;
-            }
-        }
+        R = short_block_rows(seen_rows, B, m.on_cpu());
         head_rows = R - 1;
     } else if (!all_rows) {
         head_first = 1;
