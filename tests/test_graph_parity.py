@@ -68,6 +68,8 @@ def short_block_shapes(block: int) -> int:
     if ON_CPU:
         return block - 1
     return len({min(next(r for r in (2, 3, 4, 6, 8, 12, 16, 24) if r >= n + 1), block) for n in range(1, block)})
+
+
 # Quantized weights vs the f32 reference: bounds from measurement (the figures are printed).
 # Random drafters, measured worst row NMSE: f16 2.4e-6 (v1) / 4.4e-5 (v2); q8_0 2.1e-3 (v1) /
 # 1.8e-2 (v2; up to 3.9e-2 with other inputs).
