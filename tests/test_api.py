@@ -734,6 +734,30 @@ def test_tokenize_and_detokenize_are_llama_cpp_s(spec: SpeculativeLlama, llm: An
     assert spec.detokenize([5, 0, 6], prev_tokens=[1]) == llm.detokenize([5, 0, 6], prev_tokens=[1])
 
 
+def test_a_step_drafts_no_further_than_the_tokens_wanted(spec: SpeculativeLlama) -> None:
+    """step(max_tokens) emits at most max_tokens tokens and drafts at most max_tokens - 1 (one token left:
+    a plain step), so the last step of a short generation verifies no drafts past its end; the output is
+    the longer generation's first tokens either way."""
+    core = spec._spec
+    prompt = _toks(spec, 1)
+    full = list(spec.generate_tokens(prompt, max_tokens=24, temperature=0.0))
+    for max_tokens in (2, 3, 5):
+        out = list(spec.generate_tokens(prompt, max_tokens=max_tokens, temperature=0.0))
+        assert out == full[:max_tokens]
+        assert spec.stats.drafted <= max_tokens - 2  # start() gave the first token: one step, max_tokens - 1 left
+        assert spec.stats.plain_steps == (1 if max_tokens == 2 else 0)
+    core.start(prompt, temperature=0.0)
+    drafted = {}
+    for cap in (1, 2, 4):
+        before = dict(core.stats)
+        toks, context_full = core.step(cap)
+        drafted[cap] = core.stats["drafted"] - before["drafted"]
+        assert not context_full and 1 <= len(toks) <= cap and drafted[cap] <= cap - 1
+    assert drafted[4] > 0  # n_max 7: capped, not turned off
+    with pytest.raises(DFlashError, match="max_tokens = 0"):
+        core.step(0)
+
+
 def test_grammar_shortcuts_change_nothing(spec: SpeculativeLlama) -> None:
     """With a grammar, greedy decoding and sampling with top-k ask it about the most likely tokens first
     (what decides the row) instead of masking the whole vocabulary: token for token the same output as

@@ -40,12 +40,13 @@ dflash::DraftQ parse_q(const std::string & q) {
 }
 
 // One step without the GIL; (emitted tokens, context_full).
-py::tuple run_step(PySpeculator & p, dflash::StepOutput (dflash::Speculator::*step)()) {
+template <typename Step>
+py::tuple run_step(PySpeculator & p, Step step) {
     Busy busy(p.mu, "this SpeculativeLlama");
     dflash::StepOutput o;
     {
         py::gil_scoped_release nogil;
-        o = (live(p).*step)();
+        o = step(live(p));
     }
     p.keep(o);
     return py::make_tuple(o.tokens, o.context_full);
@@ -241,8 +242,14 @@ void register_speculator(py::module_ & m) {
                                    std::copy(p.last_logits.begin(), p.last_logits.end(), a.mutable_data());
                                    return a;
                                })
-        .def("step", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step); })
-        .def("step_plain", [](PySpeculator & p) { return run_step(p, &dflash::Speculator::step_plain); })
+        .def(
+            "step",
+            [](PySpeculator & p, uint32_t max_tokens) {
+                return run_step(p, [&](dflash::Speculator & s) { return s.step(max_tokens); });
+            },
+            py::arg("max_tokens") = UINT32_MAX)
+        .def("step_plain",
+             [](PySpeculator & p) { return run_step(p, [](dflash::Speculator & s) { return s.step_plain(); }); })
         .def_property_readonly("n_max", [](PySpeculator & p) { return live(p).n_max(); })
         .def_property_readonly("adaptive", [](PySpeculator & p) { return live(p).adaptive(); })
         .def(

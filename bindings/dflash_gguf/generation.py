@@ -182,7 +182,6 @@ class GenerationMixin:
         t_decode = time.perf_counter()
         n_out, end_of_text = 0, False
         pending = [first]
-        step = self._spec.step_plain if plain else self._spec.step
         if stopping_criteria is not None:
             # as llama_cpp.Llama asks it: before each token, with the prompt and output before it (a view
             # of one buffer) and the raw logits that chose the token
@@ -213,7 +212,8 @@ class GenerationMixin:
                         "the adopted llama_cpp.Llama decoded in the shared context while this "
                         "generation was streaming; its K/V is gone (finish or close a stream first)"
                     )
-                pending, full = step()
+                # a step drafts no further than the tokens still wanted
+                pending, full = self._spec.step_plain() if plain else self._spec.step(limit - n_out)
                 if logprobs is not None:
                     self._token_logprobs.extend(self._spec.last_logprobs)
                 if stopping_criteria is not None:

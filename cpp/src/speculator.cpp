@@ -441,7 +441,7 @@ SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, i
     return softmax_on(all_ids_.data(), r.row_logits(row + 1, V), V, T);
 }
 
-StepOutput Speculator::step() {
+StepOutput Speculator::step(uint32_t max_tokens) {
     StepOutput out;
     if (anchor_ < 0) throw Error("step() before start()");
     const uint32_t n = (uint32_t)committed_.size();
@@ -452,7 +452,8 @@ StepOutput Speculator::step() {
     // the controller is told what whole steps cost, bookkeeping included (draft + verify alone would leave
     // a drafted step's accept-and-commit out, and auto mode would draft where plain decoding is ahead)
     const auto t_step = std::chrono::steady_clock::now();
-    const uint32_t m = std::min(length_->choose(), target_->n_ctx() - n - 1);
+    if (max_tokens == 0) throw Error("step(max_tokens = 0): a step emits at least one token");
+    const uint32_t m = std::min({length_->choose(), target_->n_ctx() - n - 1, max_tokens - 1});
     if (m == 0) {
         stats_.plain_steps++;
         StepOutput plain = step_plain();

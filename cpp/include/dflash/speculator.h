@@ -73,7 +73,10 @@ public:
     const StepOutput & start_output() const { return start_output_; }
     // prompt tokens 1..n-1's logprobs, when SamplingParams::prompt_logprobs asked start() for them
     const std::vector<TokenLogprob> & prompt_logprobs() const { return prompt_logprobs_; }
-    StepOutput step();
+    // One verify pass. It emits at most max_tokens tokens (what the caller still wants): it drafts at most
+    // max_tokens - 1, and decodes plainly when one token is left, as drafts past the end are verified for
+    // nothing (a wasted draft and a wider verify on the last step of a short generation).
+    StepOutput step(uint32_t max_tokens = UINT32_MAX);
     // Plain decoding (no drafter) of the same target, for baselines and tests; the draft-length
     // controller does not see these steps (a baseline run is no evidence about drafting).
     StepOutput step_plain();
