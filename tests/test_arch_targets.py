@@ -76,7 +76,8 @@ def test_greedy_is_the_targets_own_with_each_prompt_twice(arch: str, ref: Greedy
     record(f"arch_{arch}_{n_max}", {"near_ties": [vars(t) for t in ties], "rollback": spec._spec.rollback_counters})
     assert not problems, problems
     if n_max != "auto":
-        assert spec.stats.steps > 0 and spec.stats.plain_steps == 0
+        # no fallback to plain decoding; a step with one token left to generate is a plain one
+        assert spec.stats.steps > 0 and spec.stats.plain_steps <= 1
     counters = spec._spec.rollback_counters
     if arch in RECURRENT:
         assert counters["seq_rm"] == 0

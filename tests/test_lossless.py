@@ -125,8 +125,12 @@ def test_greedy_lossless_bundled(
     assert len(s["near_ties"]) <= MAX_TIES
     assert all(t["margin"] < EPS for t in s["near_ties"])
     assert s["plain_steps"] == 0 or s["acceptance_rate"] > 0.3
-    # a trained drafter is accepted; each target pass drafts exactly n_max tokens (context permitting)
-    assert s["drafted"] == n_max * (s["steps"] - s["plain_steps"])
+    # a trained drafter is accepted; each target pass drafts exactly n_max tokens, but for the last ones of a
+    # generation, which draft no further than its end: with r tokens still wanted a step drafts r - 1, and r
+    # falls at each step, so a generation's steps fall short by at most (n_max - 1) + ... + 1 drafts
+    drafted_steps = s["steps"] - s["plain_steps"]
+    short = s["prompts"] * n_max * (n_max - 1) // 2
+    assert n_max * drafted_steps - short <= s["drafted"] <= n_max * drafted_steps
     assert s["mean_accepted_length"] > 1.0 + 0.35 * n_max, s["mean_accepted_length"]
 
 
