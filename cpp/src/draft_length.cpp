@@ -322,22 +322,21 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
     observe_cost(k, draft_ms, verify_ms);
 }
 
-void DraftLengthController::observe_cost(uint32_t k, double draft_ms, double verify_ms) {
+void DraftLengthController::record_cost(uint32_t k, double draft_ms, double verify_ms, void (Cost::*add)(double)) {
     if (k == 0) {
-        t_plain_.observe(verify_ms);
+        (t_plain_.*add)(verify_ms);
     } else if (k <= cap_) {
-        t_draft_[k].observe(draft_ms);
-        t_verify_[k].observe(verify_ms);
+        (t_draft_[k].*add)(draft_ms);
+        (t_verify_[k].*add)(verify_ms);
     }
 }
 
+void DraftLengthController::observe_cost(uint32_t k, double draft_ms, double verify_ms) {
+    record_cost(k, draft_ms, verify_ms, &Cost::observe);
+}
+
 void DraftLengthController::calibrate_cost(uint32_t k, double draft_ms, double verify_ms) {
-    if (k == 0) {
-        t_plain_.seed(verify_ms);
-    } else if (k <= cap_) {
-        t_draft_[k].seed(draft_ms);
-        t_verify_[k].seed(verify_ms);
-    }
+    record_cost(k, draft_ms, verify_ms, &Cost::seed);
 }
 
 void DraftLengthController::observe_plain(double ms, bool steady) {
