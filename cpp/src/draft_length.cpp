@@ -32,19 +32,26 @@ constexpr uint32_t kExploreSteps = 2;
 // a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
 // up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
 // process) would otherwise keep a drafter drafting through a whole round slower than plain; a check is
-// kPlainCheckSteps plain steps, of which the first kPlainWarmSteps are not timed, and its timings replace
-// the earlier ones. Where drafting pays 2x, a check per 256 drafted steps costs about 1% of the speed.
+// kPlainCheckTimed timed plain steps after the untimed warm ones (plain_warm_steps), and its timings
+// replace the earlier ones. Where drafting pays 2x, a check per 256 drafted steps costs about 1% of the speed.
 constexpr uint32_t kPlainCheckFirst = 32;
 constexpr uint32_t kPlainCheckMax = 256;
-constexpr uint32_t kPlainCheckSteps = 7;
+constexpr uint32_t kPlainCheckTimed = 3;
 // plain steps are plentiful: their cost is taken from more timings than a draft length's, so that a slow
 // phase of a few steps does not move it (4.58, 3.60, 1.89, 1.34 ms among 0.43-0.64 ms steps make the
 // median of 9 say 1.33 ms, which would have auto mode draft slower than plain until the next re-timing)
 constexpr uint32_t kPlainWindow = 25;
 // plain steps right after drafted ones are slower, so they are not timed: the first rebuilds libllama's
 // graph, and the next ones are still slower than a plain run's (`scripts/trace_auto.py --steps` shows
-// every step's time), so timing them would make drafting look better than it is
+// every step's time), so timing them would make drafting look better than it is. The slowdown is about
+// a fixed time, not a share of the step: the bundled target's first plain step after drafted ones takes
+// 0.72-0.74 ms against 0.59-0.61 in a plain run, and the next few are still slower; a 0.6B-shaped target's
+// 35.6 ms, then 34.7-34.9 as in a plain run; a 4B-shaped one's 293.6 ms, no slower than the rest. So the
+// warm steps are those within kPlainWarmMs of plain decoding (at least the first, at most kPlainWarmSteps):
+// 4 for sub-ms steps, 1 for a large model's, where each untimed step of a check costs what drafting would
+// have gained (at 4B on 2 CPU cores a 7-step check took about 10% off the speed of a 32-token reply)
 constexpr uint32_t kPlainWarmSteps = 4;
+constexpr double kPlainWarmMs = 2.5;
 // auto mode enters a drafting run for a bound this much faster than plain decoding, and leaves it only
 // for plain decoding this much faster (see choose): each switch costs libllama a graph rebuild and the
 // drafter a cold step, so a near-tie is not worth drafting
@@ -239,7 +246,8 @@ uint32_t DraftLengthController::choose() {
         if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
             plain_check_every_ = std::min(2 * plain_check_every_, kPlainCheckMax);
             t_plain_.restart();  // joining a slow phase's timings, a check would be outvoted by them
-            return hold(0, kPlainCheckSteps, false);  // still a drafting run: judged again after the check
+            return hold(0, plain_warm_steps() + kPlainCheckTimed,
+                        false);  // still a drafting run: judged again after the check
         }
         // a run whose steps lost kRunLossMax plain steps' time: the content changed under it
         const bool lost = drafting_ && run_loss_ > kRunLossMax * expected_cost_ms(0);
@@ -339,6 +347,11 @@ void DraftLengthController::calibrate_cost(uint32_t k, double draft_ms, double v
     record_cost(k, draft_ms, verify_ms, &Cost::seed);
 }
 
+uint32_t DraftLengthController::plain_warm_steps() const {
+    if (t_plain_.ms <= 0.0) return kPlainWarmSteps;
+    return std::clamp((uint32_t)std::ceil(kPlainWarmMs / t_plain_.ms), 1u, kPlainWarmSteps);
+}
+
 void DraftLengthController::observe_plain(double ms, bool steady) {
     // evidence fades while nothing is drafted (the estimate itself stays): plain decoding began where the
     // drafts went badly and adds nothing but probes, so a tight bound would keep it plain through content
@@ -350,7 +363,7 @@ void DraftLengthController::observe_plain(double ms, bool steady) {
             reached_[i] = faded;
         }
     }
-    if (++plain_streak_ > kPlainWarmSteps && steady) {
+    if (++plain_streak_ > plain_warm_steps() && steady) {
         t_plain_.observe(ms);
         drafted_untimed_ = 0;
     }

@@ -90,6 +90,8 @@ private:
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
     // k's draft and verify costs (k = 0: the plain step's, verify_ms) given to Cost::observe or Cost::seed
     void record_cost(uint32_t k, double draft_ms, double verify_ms, void (Cost::*add)(double));
+    // plain steps after a drafted one that are not timed (slower: graph rebuild, cold caches)
+    uint32_t plain_warm_steps() const;
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
     double tokens_at(uint32_t k, uint32_t optimistic_from) const;
 
