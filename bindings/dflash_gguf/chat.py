@@ -98,24 +98,7 @@ class ChatMixin:
             grammars["tools"], triggers = lazy
             given = ["tools"]
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
-        sampling = self._sampling(
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            repeat_penalty,
-            frequency_penalty,
-            presence_penalty,
-            logit_bias,
-            grammars[given[0]] if given else None,
-            logits_processor,
-            typical_p=typical_p,
-            mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta,
-            grammar_triggers=triggers,
-        )
+        sampling = self._sampling(max_tokens, grammars[given[0]] if given else None, locals(), triggers)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         chunks = self._completion_chunks(prompt, zero_is_no_limit(max_tokens), sampling, stops, seed, n_logprobs)
         cursor = None

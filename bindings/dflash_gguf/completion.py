@@ -135,23 +135,7 @@ class CompletionMixin:
         if echo_logprobs and isinstance(tokens, str):  # its special tokens are in its text: listed with it
             tokens = self.tokenize(tokens, special=True)
             n_special = len(tokens) - self._bos_skip(tokens)
-        sampling = self._sampling(
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            repeat_penalty,
-            frequency_penalty,
-            presence_penalty,
-            logit_bias,
-            grammar,
-            logits_processor,
-            typical_p=typical_p,
-            mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta,
-        )
+        sampling = self._sampling(max_tokens, grammar, locals())
         cid, created = f"cmpl-{uuid.uuid4()}", int(time.time())
         # with echo, max_tokens 0 scores the prompt alone (what OpenAI clients ask for, lm-eval's loglikelihoods)
         chunks = self._completion_chunks(

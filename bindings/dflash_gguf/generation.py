@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,12 @@ from .stats import GenerationStats
 
 # llama_cpp.Llama's stopping_criteria: (input_ids, logits of the token about to be emitted) -> stop before it
 StoppingCriteria = Callable[[Any, Any], bool]
+
+# Sampling's fields that a generation's caller gives by the same name (the rest: the object's window and
+# the grammar, which the caller gives in another form)
+CALLER_OPTIONS = tuple(
+    f.name for f in fields(Sampling) if f.name not in ("penalty_last_n", "grammar", "grammar_root", "grammar_triggers")
+)
 
 
 def zero_is_no_limit(max_tokens: int | None) -> int | None:
@@ -54,24 +61,7 @@ class GenerationMixin:
         stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
         context ("length"). With `grammar_triggers` the grammar is lazy (llama-server's grammar_lazy):
         it waits for one of these words in the output and constrains the text from that word on."""
-        sampling = self._sampling(
-            max_tokens,
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            repeat_penalty,
-            frequency_penalty,
-            presence_penalty,
-            logit_bias,
-            grammar,
-            logits_processor,
-            typical_p=typical_p,
-            mirostat_mode=mirostat_mode,
-            mirostat_tau=mirostat_tau,
-            mirostat_eta=mirostat_eta,
-            grammar_triggers=grammar_triggers,
-        )
+        sampling = self._sampling(max_tokens, grammar, locals(), grammar_triggers)
         return self._generate(
             list(prompt_tokens),
             zero_is_no_limit(max_tokens),
@@ -82,39 +72,21 @@ class GenerationMixin:
         )
 
     def _sampling(
-        self,
-        max_tokens: int | None,
-        temperature: float,
-        top_p: float,
-        top_k: int,
-        min_p: float,
-        repeat_penalty: float,
-        frequency_penalty: float,
-        presence_penalty: float,
-        logit_bias: dict[int, float] | None,
-        grammar: Any = None,
-        logits_processor: Callable[[Any, Any], Any] | None = None,
-        **more: Any,
+        self, max_tokens: int | None, grammar: Any, options: dict[str, Any], grammar_triggers: Sequence[str] = ()
     ) -> Sampling:
-        """`more`: typical_p and the mirostat_* options."""
+        """`options`: a generation's arguments (its locals()), of which those named as Sampling's fields
+        are taken; `grammar` a llama_cpp.LlamaGrammar or GBNF text."""
         if max_tokens is not None and not isinstance(max_tokens, int):
             raise ValueError(f"max_tokens must be an int or None, got {max_tokens!r}")
         # a llama_cpp.LlamaGrammar (its GBNF text and root rule) or GBNF text
         text, root = (grammar._grammar, grammar._root) if hasattr(grammar, "_grammar") else (grammar or "", "root")
+        taken = {name: options[name] for name in CALLER_OPTIONS}
         return Sampling(
-            temperature,
-            top_p,
-            top_k,
-            min_p,
-            repeat_penalty,
-            frequency_penalty,
-            presence_penalty,
-            self.last_n_tokens_size,
-            logit_bias,
-            text,
-            root,
-            logits_processor,
-            **more,
+            **taken,
+            penalty_last_n=self.last_n_tokens_size,
+            grammar=text,
+            grammar_root=root,
+            grammar_triggers=grammar_triggers,
         )
 
     def _generate(

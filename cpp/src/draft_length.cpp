@@ -246,8 +246,8 @@ uint32_t DraftLengthController::choose() {
         if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
             plain_check_every_ = std::min(2 * plain_check_every_, kPlainCheckMax);
             t_plain_.restart();  // joining a slow phase's timings, a check would be outvoted by them
-            return hold(0, plain_warm_steps() + kPlainCheckTimed,
-                        false);  // still a drafting run: judged again after the check
+            // still a drafting run: judged again after the check
+            return hold(0, plain_warm_steps() + kPlainCheckTimed, false);
         }
         // a run whose steps lost kRunLossMax plain steps' time: the content changed under it
         const bool lost = drafting_ && run_loss_ > kRunLossMax * expected_cost_ms(0);
