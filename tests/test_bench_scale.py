@@ -129,3 +129,12 @@ def test_cli_options() -> None:
     assert res.exit_code == 2 and "unknown size 7B" in res.output
     res = runner.invoke(cli_main, ["bench", "--scale", "--scale-types", "q3_x"])
     assert res.exit_code == 2 and "--scale-types" in res.output and "q3_x" in res.output
+
+
+def test_a_missing_tinycode_pair_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An installed wheel ships no examples/: --scale says where it looked before writing anything."""
+    monkeypatch.setenv("DFLASH_TINYCODE", str(tmp_path / "nowhere"))
+    res = CliRunner().invoke(cli_main, ["bench", "--scale", "--scale-dir", str(tmp_path / "scale")])
+    assert res.exit_code == 2, res.output
+    assert "tinycode pair" in res.output and str(tmp_path / "nowhere") in res.output and "DFLASH_TINYCODE" in res.output
+    assert not (tmp_path / "scale").exists()

@@ -62,6 +62,18 @@ SCORE_TOL = 1e-4 if ON_CPU else 3e-2  # selector scores, relative to max(1, |sco
 TIE = 1e-4 if ON_CPU else 1e-2  # logits closer than this times the largest |logit| may swap order
 
 
+def assert_same_logits(got: Any, want: Any, atol: float) -> None:
+    """Two runs of one graph function with different row counts: equal within `atol` on the CPU; elsewhere
+    another row count may pick another matmul kernel (cuBLAS in TF32 on CUDA: 3.5e-3 apart at logits of
+    ~1, 0.03 at ~5), so within f16 arithmetic's bound."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape
+    if ON_CPU:
+        np.testing.assert_allclose(got, want, rtol=0, atol=atol)
+    else:
+        assert row_nmse(got, want).max() <= NMSE_F32
+
+
 def short_block_shapes(block: int) -> int:
     """The graph shapes short blocks of 1..block-1 drafted tokens use: exact rows on the CPU (it pays for
     every row), padded to 2, 3, 4, 6, 8, 12, 16 rows elsewhere."""
@@ -521,13 +533,13 @@ def test_head_rows_of_a_short_draft(case: Any, version: int) -> None:
         assert fast["first_row"] == 1
         logits = np.asarray(fast["logits"])
         assert logits.shape == (h, VOCAB)
-        np.testing.assert_allclose(logits, np.asarray(full["logits"])[1 : h + 1], rtol=0, atol=1e-5)
+        assert_same_logits(logits, np.asarray(full["logits"])[1 : h + 1], atol=1e-5)
         assert list(fast["argmax"]) == list(np.asarray(full["argmax"])[1 : h + 1])
         assert list(fast["tokens"]) == list(full["tokens"])[:n]
         assert d.draft(11, 37, n) == list(full["tokens"])[:n]  # the loop's path: tokens only
         if version == 2:
             assert np.array_equal(fast["candidates"], np.asarray(full["candidates"])[:h])
-            np.testing.assert_allclose(fast["scores"], np.asarray(full["scores"])[:h], rtol=0, atol=1e-4)
+            np.testing.assert_allclose(fast["scores"], np.asarray(full["scores"])[:h], rtol=0, atol=SCORE_TOL)
             assert np.array_equal(fast["walk_index"], np.asarray(full["walk_index"])[:h])
     built = d.counters["graphs_built"]
     for n in (1, 3, 5, 7, 2, 4, 6):  # every bucket exists already: nothing is built
@@ -695,11 +707,12 @@ def test_rollback_equals_fresh(case: Any, version: int) -> None:
     print(f"rollback DFlash{version}: logits max |rolled - fresh| = {diff:.3e} (vs before rollback {changed:.3e})")
     assert rolled["tokens"] == want["tokens"]
     assert np.array_equal(rolled["argmax"], want["argmax"])
-    assert diff <= 1e-6
+    assert_same_logits(rolled["logits"], want["logits"], atol=1e-6)
     assert changed > 1e-3, "the new rows did not change the draft: the test proves nothing"
     if version == 2:
         assert np.array_equal(rolled["candidates"], want["candidates"])
-        assert float(np.abs(np.asarray(rolled["scores"]) - np.asarray(want["scores"])).max()) <= 1e-6
+        scores_tol = 1e-6 if ON_CPU else SCORE_TOL
+        assert float(np.abs(np.asarray(rolled["scores"]) - np.asarray(want["scores"])).max()) <= scores_tol
 
 
 def test_counters_reserved_once(case: Any) -> None:

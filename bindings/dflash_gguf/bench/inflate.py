@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 GENERATOR_VERSION = 1  # part of every cached file's name: bump it when the generated files change
-TINYCODE = Path(__file__).resolve().parents[3] / "examples" / "tinycode"
 TARGET_TYPES = ("f16", "q8_0", "q4_k_m")
 DRAFT_TYPE = "q4_0"  # the fastest drafter type on a CPU (README)
 
@@ -137,11 +136,31 @@ class Source:
     context_length: int
 
 
-def load_source(folder: Path = TINYCODE) -> Source:
+def tinycode_dir() -> Path:
+    """The bundled pair that --scale inflates: $DFLASH_TINYCODE, else examples/tinycode of the checkout
+    this package runs from (an editable install) or of the working directory (an installed wheel does
+    not ship the pair)."""
+    from .options import BenchError
+
+    env = os.environ.get("DFLASH_TINYCODE")
+    checkout = Path(__file__).resolve().parents[3]
+    places = [Path(env)] if env else [checkout / "examples" / "tinycode", Path.cwd() / "examples" / "tinycode"]
+    for p in places:
+        if (p / "target-f16.gguf").is_file() and (p / "drafter-dflash2").is_dir():
+            return p
+    raise BenchError(
+        f"the bundled tinycode pair (target-f16.gguf and drafter-dflash2/) is not in "
+        f"{' or '.join(map(str, places))}: run from a dflash-gguf checkout or point $DFLASH_TINYCODE at its "
+        "examples/tinycode"
+    )
+
+
+def load_source(folder: Path | None = None) -> Source:
     from gguf import GGUFReader
 
     from dflash_convert.source import open_source
 
+    folder = folder or tinycode_dir()
     path = folder / "target-f16.gguf"
     r = GGUFReader(path)
     fields = {name: f.contents() for name, f in r.fields.items() if not name.startswith("GGUF.")}
@@ -561,7 +580,7 @@ def ensure_pair(
     *,
     target_types: tuple[str, ...] = TARGET_TYPES,
     draft_type: str = DRAFT_TYPE,
-    source: Path = TINYCODE,
+    source: Path | None = None,
     log: Callable[[str], None] = lambda m: None,
 ) -> Pair:
     """The inflated pair of size `s` in `folder` (generated unless files of the same key are there): the F16
@@ -623,4 +642,5 @@ __all__ = [
     "format_count",
     "load_source",
     "target_shapes",
+    "tinycode_dir",
 ]

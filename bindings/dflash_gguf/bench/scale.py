@@ -23,7 +23,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from .inflate import DRAFT_TYPE, SIZES, TARGET_TYPES, TINYCODE, ScaleSize, default_scale_dir, ensure_pair, format_count
+from .inflate import (
+    DRAFT_TYPE,
+    SIZES,
+    TARGET_TYPES,
+    ScaleSize,
+    default_scale_dir,
+    ensure_pair,
+    format_count,
+    tinycode_dir,
+)
 from .options import BenchError, BenchOptions, NMax, parse_n_max
 from .three_way import run_bench
 
@@ -98,12 +107,13 @@ def run_scale(
     device: str = "auto",
     systems: list[str] | None = None,
     progress: bool = True,
-    source: Path = TINYCODE,
+    source: Path | None = None,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
 ) -> dict[str, Any]:
     """Generate (or reuse) every size's inflated pair and run the three-way bench on each target type;
     the result is what --json writes."""
     folder = folder or default_scale_dir()
+    source = source or tinycode_dir()
     n_maxes = parse_n_max(n_max)
     result: dict[str, Any] = {
         "meta": {
