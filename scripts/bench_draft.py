@@ -117,9 +117,8 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench_draft_") as tmpd:
         tmp = Path(tmpd)
-        # the target first, as our runtime does (with the CUDA build, creating the drafters first can
-        # segfault in libllama's model load; not understood, since `dflash bench --scale` runs in that
-        # order on the same build)
+        # the target first, as our runtime does (with the CUDA build, libllama's model load can segfault in
+        # llama_model::print_info, its std::ostream calls served by libggml-cuda.so: docs/reliability.md)
         llc, model = load_model(args.target, n_gpu_layers=999 if gpu else 0)
         drafters = {}
         rng = np.random.default_rng(1)
