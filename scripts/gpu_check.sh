@@ -53,14 +53,16 @@ stamp "background: llama-server build, inflated pairs"
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$LOGS/server_configure.log" 2>&1 \
   && cmake --build "$LLB" --target llama-server -j "$(nproc)" > "$LOGS/server_build.log" 2>&1 ) &
 SERVER_PID=$!
-# one pair file set after another, each announced in $SCALE/ready-<size>-<type> when complete
+# the --scale runs, most important first; each pair's files are made in this order and announced in
+# $SCALE/ready-<size>-<type> when complete
+RUNS=(4B:f16 8B:f16 4B:q4_k_m 8B:q4_k_m)
 mkdir -p "$SCALE"
-python3 - "$SCALE" > "$LOGS/pairs.log" 2>&1 <<'PY' &
+python3 - "$SCALE" "${RUNS[@]}" > "$LOGS/pairs.log" 2>&1 <<'PY' &
 import sys, time
 from pathlib import Path
 from dflash_gguf.bench.inflate import SIZES, ensure_pair
 folder = Path(sys.argv[1])
-for size, t in (("4B", "f16"), ("8B", "f16"), ("4B", "q4_k_m"), ("8B", "q4_k_m")):
+for size, t in (run.split(":") for run in sys.argv[2:]):
     t0 = time.perf_counter()
     ensure_pair(SIZES[size], folder, target_types=(t,), log=print)
     (folder / f"ready-{size}-{t}").touch()
@@ -103,7 +105,7 @@ SERVER=$(find "$LLB" -name llama-server -type f -perm -u+x | head -1)
 export DFLASH_LLAMA_SERVER="$SERVER"
 SYSTEMS=ar,ours${SERVER:+,upstream}
 
-for st in 4B:f16 8B:f16 4B:q4_k_m 8B:q4_k_m; do
+for st in "${RUNS[@]}"; do
   size=${st%:*}; t=${st#*:}
   stamp "waiting for the $size $t pair"
   until [[ -e "$SCALE/ready-$size-$t" ]] || ! kill -0 $PAIRS_PID 2>/dev/null || (($(date +%s) >= DEADLINE)); do sleep 2; done
