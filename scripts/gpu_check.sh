@@ -2,14 +2,15 @@
 # The CUDA checks, run on a GPU machine with no network (the device tool of this workplace), within one
 # time budget (GPU_CHECK_BUDGET seconds, default 560: the tool allows 600 s per command and one lease
 # rarely fits two). Most important first:
-#   1. llama-cpp-python 0.3.36 built with CUDA from .gpu/llama-src.tar.xz (scripts/make_gpu_bundle.sh),
-#      our extension against it;
-#   2. in the background: llama-server from the same build tree, and the inflated 4B and 8B pairs
-#      (`dflash bench --scale`'s files: F16 first, then Q4_K_M);
+#   1. llama-cpp-python 0.3.36 with CUDA: the wheel prebuilt off the device (.gpu/prebuilt/, made by
+#      scripts/build_cuda_prebuilt.sh: seconds to install), else built here from .gpu/llama-src.tar.xz
+#      (~320 s); our extension against it (~26 s) (scripts/make_gpu_bundle.sh makes .gpu/);
+#   2. in the background: the inflated 4B and 8B pairs (`dflash bench --scale`'s files: F16 first, then
+#      Q4_K_M), and llama-server from the same build tree unless it was prebuilt too;
 #   3. the draft-graph parity tests on CUDA, each test in a pytest-xdist worker so that a crash names its
 #      test; which library serves libllama's libstdc++ calls (the loop test's crash);
 #   4. `dflash bench --scale` end to end on CUDA: 4B F16, 8B F16, 4B Q4_K_M, 8B Q4_K_M, one run (and one
-#      JSON) each, as far as the budget goes.
+#      JSON) each, as far as the budget goes (with libstdc++ preloaded if only that let a model load in 3).
 # The tool returns at most 8 files from $OUT: run it as
 #   bash scripts/gpu_check.sh 2>&1 | tee $OUT/all.txt
 # (all.txt holds every table). Carry .gpu.
@@ -34,11 +35,17 @@ stamp() { echo "== [$(($(date +%s) - T0)) s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 1
 export PYTHONPATH="$SITE"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-stamp "build llama-cpp-python (CUDA, sm_90)"
-tar xJf .gpu/llama-src.tar.xz -C /tmp
-CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=ON" \
-  timeout "$(budget 400)" python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" \
-  -C build-dir="$LLB" /tmp/llama-src > "$LOGS/build_llama.log" 2>&1 || { tail -40 "$LOGS/build_llama.log"; exit 1; }
+PREBUILT=.gpu/prebuilt  # scripts/build_cuda_prebuilt.sh: the wheel and llama-server, built off the device
+if compgen -G "$PREBUILT/llama_cpp_python-*.whl" > /dev/null; then
+  stamp "install the prebuilt llama-cpp-python (CUDA)"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREBUILT"/llama_cpp_python-*.whl || exit 1
+else
+  stamp "build llama-cpp-python (CUDA, sm_90)"
+  tar xJf .gpu/llama-src.tar.xz -C /tmp
+  CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=ON" \
+    timeout "$(budget 400)" python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" \
+    -C build-dir="$LLB" /tmp/llama-src > "$LOGS/build_llama.log" 2>&1 || { tail -40 "$LOGS/build_llama.log"; exit 1; }
+fi
 stamp "build ours"
 python3 -m pip install -q --no-deps --no-build-isolation --no-compile --target "$SITE" . > "$LOGS/build_ours.log" 2>&1 \
   || { tail -40 "$LOGS/build_ours.log"; exit 1; }
@@ -48,11 +55,18 @@ maps = open('/proc/self/maps').read()
 print(sorted(set(re.findall(r'lib(?:ggml-base|ggml|llama|ggml-cuda)\.so[.\d]*', maps))))
 PY
 
-stamp "background: llama-server build, inflated pairs"
-( cmake -S /tmp/llama-src -B "$LLB" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$LOGS/server_configure.log" 2>&1 \
-  && cmake --build "$LLB" --target llama-server -j "$(nproc)" > "$LOGS/server_build.log" 2>&1 ) &
-SERVER_PID=$!
+if [[ -x "$PREBUILT/llama-server" ]]; then
+  stamp "background: inflated pairs (llama-server prebuilt)"
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$SITE/llama_cpp/lib" "$PWD/$PREBUILT/llama-server" > /tmp/llama-server
+  chmod +x /tmp/llama-server
+  SERVER_PID=
+else
+  stamp "background: llama-server build, inflated pairs"
+  ( cmake -S /tmp/llama-src -B "$LLB" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
+      -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$LOGS/server_configure.log" 2>&1 \
+    && cmake --build "$LLB" --target llama-server -j "$(nproc)" > "$LOGS/server_build.log" 2>&1 ) &
+  SERVER_PID=$!
+fi
 # the --scale runs, most important first; each pair's files are made in this order and announced in
 # $SCALE/ready-<size>-<type> when complete
 RUNS=(4B:f16 8B:f16 4B:q4_k_m 8B:q4_k_m)
@@ -85,23 +99,32 @@ echo "libllama NEEDED: $(readelf -d "$L/libllama.so" | grep NEEDED | grep -oE '\
 echo "libggml-cuda exports $(nm -D --defined-only "$L"/libggml-cuda.so* | grep -c ' _ZN[Ss][toi]') std:: symbols," \
   "$(nm -D --defined-only "$L"/libggml-cuda.so* | grep -c '_M_insert') _M_insert ones"
 STDCXX=$(ldconfig -p | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')
+BENCH_PRELOAD=
 LOAD="llama_cpp.Llama('examples/tinycode/target-f16.gguf', verbose=False)"
 for how in "import llama_cpp" "import torch, llama_cpp" "import dflash_gguf, llama_cpp" "import torch, dflash_gguf, llama_cpp"; do
   rm -f /tmp/ldb.*
   LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ldb timeout 30 python3 -c "$how; $LOAD" > /dev/null 2>&1
   rc=$?
   LD_PRELOAD="$STDCXX" timeout 30 python3 -c "$how; $LOAD" > /dev/null 2>&1
-  echo "$how: rc $rc, with LD_PRELOAD=libstdc++ rc $?;" \
+  rc_pre=$?
+  # the bench's own imports: if only the preload loads a model, the --scale runs below get it too
+  [[ "$how" == "import dflash_gguf, llama_cpp" && $rc != 0 && $rc_pre == 0 ]] && BENCH_PRELOAD="$STDCXX"
+  echo "$how: rc $rc, with LD_PRELOAD=libstdc++ rc $rc_pre;" \
     "libllama's std::ostream calls bound $(grep -h "binding file [^ ]*libllama" /tmp/ldb.* 2>/dev/null \
     | grep "_ZNSo" | grep -oE " to [^ ]+" | sort | uniq -c | tr -s '\n ' ' ')"
 done
 DFLASH_TEST_DEVICE=CUDA0 LD_PRELOAD="$STDCXX" timeout "$(budget 60)" python3 -m pytest -q --tb=line -p no:cacheprovider \
   tests/test_device_loop.py 2>&1 | grep -E "passed|failed|^E " | tail -5
 
-stamp "waiting for llama-server"
-if ! timeout "$(budget 200)" tail --pid=$SERVER_PID -f /dev/null; then echo "llama-server build still running"; fi
-SERVER=$(find "$LLB" -name llama-server -type f -perm -u+x | head -1)
-[[ -z "$SERVER" ]] && { echo "no llama-server"; tail -15 "$LOGS/server_configure.log" "$LOGS/server_build.log"; }
+if [[ -n "$SERVER_PID" ]]; then
+  stamp "waiting for llama-server"
+  if ! timeout "$(budget 200)" tail --pid=$SERVER_PID -f /dev/null; then echo "llama-server build still running"; fi
+  SERVER=$(find "$LLB" -name llama-server -type f -perm -u+x | head -1)
+  [[ -z "$SERVER" ]] && { echo "no llama-server"; tail -15 "$LOGS/server_configure.log" "$LOGS/server_build.log"; }
+else
+  SERVER=/tmp/llama-server
+  "$SERVER" --version 2>&1 | tail -2
+fi
 export DFLASH_LLAMA_SERVER="$SERVER"
 SYSTEMS=ar,ours${SERVER:+,upstream}
 
@@ -111,7 +134,7 @@ for st in "${RUNS[@]}"; do
   until [[ -e "$SCALE/ready-$size-$t" ]] || ! kill -0 $PAIRS_PID 2>/dev/null || (($(date +%s) >= DEADLINE)); do sleep 2; done
   [[ -e "$SCALE/ready-$size-$t" ]] || { echo "pair not ready"; tail -5 "$LOGS/pairs.log"; break; }
   stamp "dflash bench --scale $size $t (CUDA)"
-  timeout "$(budget 150)" python3 -m dflash_gguf.cli bench --scale --scale-sizes "$size" --scale-types "$t" \
+  LD_PRELOAD="$BENCH_PRELOAD" timeout "$(budget 150)" python3 -m dflash_gguf.cli bench --scale --scale-sizes "$size" --scale-types "$t" \
     --scale-dir "$SCALE" -ngl 99 --threads 4 -n 128 --limit 5 --systems "$SYSTEMS" --no-progress \
     --json "$OUT/scale_${size}_$t.json" 2>&1 | grep -v "^wrote"
 done
