@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Builds llama-cpp-python 0.3.36 with CUDA and its llama-server here, on a machine with nvcc but no GPU,
-# into .gpu/prebuilt/, so that scripts/gpu_check.sh spends a device lease measuring instead of compiling
-# (that build takes ~320 s of a 900 s lease on the device's 16 cores; ~50 min on 2 cores here, in the
-# background). What a GPU-less machine lacks is fetched or stubbed for the link only: cuBLAS from PyPI
-# (nvidia-cublas of nvcc's major version) when the toolkit has none, and a libcuda.so.1 stub defining the
-# driver calls ggml-cuda makes when no driver is installed. The device's own driver and cuBLAS serve them at
-# run time (the built libraries name only libcuda.so.1, libcudart.so.N, libcublas.so.N).
+# Builds llama-cpp-python 0.3.36 with CUDA, and llama-server, on a machine with nvcc but no GPU, into
+# .gpu/prebuilt/llama-cpp-python-cuda.tar.xz (the installed package, llama-server beside it), so that
+# scripts/gpu_check.sh spends a device lease measuring instead of compiling (this build takes ~320 s of a
+# 900 s lease on the device's 16 cores; ~26 min on 2 cores, off the lease). What a GPU-less machine lacks
+# is fetched or stubbed, for the link only: cuBLAS from PyPI (nvidia-cublas of nvcc's major version) when
+# the toolkit has none, and a libcuda.so.1 defining the driver calls ggml-cuda makes when no driver is
+# installed. The device's own driver and cuBLAS serve them at run time (the libraries name only
+# libcuda.so.1, libcudart.so.N and libcublas.so.N).
 #   scripts/build_cuda_prebuilt.sh            # then scripts/make_gpu_bundle.sh (carries .gpu/prebuilt/)
-#   CUDA_ARCH=90 WORK=/tmp/cudabuild CUBLAS_DIR=$WORK/cublas CUDA_STUB_DIR=$WORK/cudastub   # the defaults
+#   CUDA_ARCH=90-real WORK=/tmp/cudabuild CUBLAS_DIR=$WORK/cublas CUDA_STUB_DIR=$WORK/cudastub   # the defaults
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VERSION=0.3.36
-ARCH="${CUDA_ARCH:-90}"
+ARCH="${CUDA_ARCH:-90-real}"  # SASS for sm_90 only: PTX for later GPUs would not fit in what the device tool carries
 WORK="${WORK:-/tmp/cudabuild}"
 PY="${PYTHON:-.venv/bin/python}"
 OUTDIR="$PWD/.gpu/prebuilt"
@@ -39,26 +40,54 @@ if ! find "$CUDA_ROOT" -name 'libcublas.so*' 2>/dev/null | grep -q .; then
             -DCMAKE_CUDA_FLAGS="-I$C/include" -DCMAKE_CXX_FLAGS="-I$C/include")
 fi
 if ! ldconfig -p | grep -q 'libcuda.so.1 ' && ! find "$CUDA_ROOT" -name 'libcuda.so' 2>/dev/null | grep -q .; then
-    # only its name goes into libggml-cuda.so (NEEDED libcuda.so.1); the driver calls stay undefined until
-    # the device's driver defines them
+    # every driver call ggml-cuda makes (cuda.h maps some to a _v2 symbol: both), defined so that the
+    # linker keeps libcuda.so.1 among libggml-cuda.so's NEEDED (it drops a library it takes nothing from);
+    # never run: the device's driver serves them
     STUB="${CUDA_STUB_DIR:-$WORK/cudastub}"
     mkdir -p "$STUB"
-    echo 'void dflash_libcuda_stub(void) {}' > "$STUB/stub.c"
+    grep -rhoE '\bcu[A-Z][A-Za-z0-9]*\(' "$SRC/vendor/llama.cpp/ggml/src/ggml-cuda" | tr -d '(' | sort -u \
+        | sed 's/.*/int &(void) { return 100; }\nint &_v2(void) { return 100; }/' > "$STUB/stub.c"
     gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$STUB/libcuda.so" "$STUB/stub.c"
+    ln -sf libcuda.so "$STUB/libcuda.so.1"  # what llama-server's link looks for
     EXTRA+=(-DCUDA_cuda_driver_LIBRARY="$STUB/libcuda.so")
 fi
 
 ARGS=(-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES="$ARCH" -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF
       -DGGML_NATIVE=OFF "${EXTRA[@]}")
 export CMAKE_ARGS="${ARGS[*]}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}"
-rm -f "$OUTDIR"/llama_cpp_python-*.whl
-nice "$PY" -m pip wheel -q --no-deps --no-build-isolation -C build-dir="$WORK/build" "$SRC" -w "$OUTDIR"
+rm -rf "$WORK/whl" "$WORK/site"
+nice "$PY" -m pip wheel -q --no-deps --no-build-isolation -C build-dir="$WORK/build" "$SRC" -w "$WORK/whl"
 
-# llama-server on the same objects; it finds the wheel's libraries through LD_LIBRARY_PATH on the device.
-# Its link may leave the libraries' driver and cuBLAS calls undefined (stubbed or fetched above).
-cmake -S "$SRC" -B "$WORK/build" -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
+# llama-server on the same objects
+cmake -S "$SRC" -B "$WORK/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
     -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$WORK/server_configure.log"
 nice cmake --build "$WORK/build" --target llama-server > "$WORK/server_build.log"
-cp "$(find "$WORK/build" -name llama-server -type f -perm -u+x | head -1)" "$OUTDIR/llama-server"
-strip "$OUTDIR/llama-server"
+
+# The wheel holds each library six times (three names, in lib/ and llama_cpp/lib/; 260 MB for sm_90), over
+# what the device tool carries: installed, each copy becomes a link to one file, packed with xz.
+"$PY" -m pip install -q --no-deps --no-compile --target "$WORK/site" "$WORK"/whl/llama_cpp_python-*.whl
+"$PY" - "$WORK/site" <<'PY'
+import hashlib, os, sys
+from pathlib import Path
+site = Path(sys.argv[1])
+files = [p for d in ("llama_cpp/lib", "lib") for p in sorted((site / d).glob("*.so*")) if not p.is_symlink()]
+groups = {}
+for p in files:
+    groups.setdefault(hashlib.sha256(p.read_bytes()).hexdigest(), []).append(p)
+for same in groups.values():  # kept: llama_cpp/lib's file of the longest name (the full version)
+    keep = max(same, key=lambda p: (p.parent == site / "llama_cpp" / "lib", len(p.name)))
+    for p in same:
+        if p != keep:
+            p.unlink()
+            p.symlink_to(os.path.relpath(keep, p.parent))
+PY
+# llama-server and the libraries it needs that the wheel lacks (gpu_check.sh runs it with LD_LIBRARY_PATH
+# = this folder, llama_cpp/lib, lib)
+SRV="$WORK/site/llama-server-bin"
+mkdir -p "$SRV" "$OUTDIR"
+cp "$WORK/build/bin/llama-server" "$WORK/build/bin/libllama-server-impl.so" "$SRV/"
+cp -L "$WORK/build/bin/libmtmd.so.0" "$SRV/"
+strip "$SRV"/* "$WORK"/site/llama_cpp/lib/*.so.*.*
+tar cJf "$OUTDIR/llama-cpp-python-cuda.tar.xz.tmp" -C "$WORK/site" .
+mv "$OUTDIR/llama-cpp-python-cuda.tar.xz.tmp" "$OUTDIR/llama-cpp-python-cuda.tar.xz"
 ls -la "$OUTDIR"

@@ -35,10 +35,10 @@ stamp() { echo "== [$(($(date +%s) - T0)) s] $*"; }
 python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .gpu/whl/*.whl || exit 1
 export PYTHONPATH="$SITE"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-PREBUILT=.gpu/prebuilt  # scripts/build_cuda_prebuilt.sh: the wheel and llama-server, built off the device
-if compgen -G "$PREBUILT/llama_cpp_python-*.whl" > /dev/null; then
-  stamp "install the prebuilt llama-cpp-python (CUDA)"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$PREBUILT"/llama_cpp_python-*.whl || exit 1
+PREBUILT=.gpu/prebuilt/llama-cpp-python-cuda.tar.xz  # scripts/build_cuda_prebuilt.sh: built off the device
+if [[ -f "$PREBUILT" ]]; then
+  stamp "unpack the prebuilt llama-cpp-python (CUDA) and llama-server"
+  tar xJf "$PREBUILT" -C "$SITE" || exit 1
 else
   stamp "build llama-cpp-python (CUDA, sm_90)"
   tar xJf .gpu/llama-src.tar.xz -C /tmp
@@ -55,9 +55,10 @@ maps = open('/proc/self/maps').read()
 print(sorted(set(re.findall(r'lib(?:ggml-base|ggml|llama|ggml-cuda)\.so[.\d]*', maps))))
 PY
 
-if [[ -x "$PREBUILT/llama-server" ]]; then
+if [[ -x "$SITE/llama-server-bin/llama-server" ]]; then
   stamp "background: inflated pairs (llama-server prebuilt)"
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$SITE/llama_cpp/lib" "$PWD/$PREBUILT/llama-server" > /tmp/llama-server
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$SITE/llama-server-bin:$SITE/llama_cpp/lib:$SITE/lib" \
+    "$SITE/llama-server-bin/llama-server" > /tmp/llama-server
   chmod +x /tmp/llama-server
   SERVER_PID=
 else

@@ -3,7 +3,7 @@
 # carries at most 64 MiB): the llama-cpp-python 0.3.36 sdist without what a CUDA build of the
 # library and of llama-server does not read (.git/, models/, docs/, media/, benches/, .github/, the UI's
 # tests, the OpenCL/SYCL/Vulkan backends) as .gpu/llama-src.tar.xz (~7 MB), and the wheels our
-# package needs there that its image lacks (gguf, diskcache). With .gpu/prebuilt/ (a CUDA wheel and
+# package needs there that its image lacks (gguf, diskcache). With .gpu/prebuilt/ (the CUDA build and
 # llama-server from scripts/build_cuda_prebuilt.sh) the sources are left out. .gpu/ is git-excluded.
 #   scripts/make_gpu_bundle.sh          # then: run with carry [".gpu"], see scripts/gpu_check.sh
 set -euo pipefail
@@ -14,8 +14,8 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 mkdir -p .gpu/whl
-if compgen -G ".gpu/prebuilt/llama_cpp_python-*.whl" > /dev/null; then
-  # scripts/build_cuda_prebuilt.sh made the CUDA wheel and llama-server: no sources to build there
+if [[ -f .gpu/prebuilt/llama-cpp-python-cuda.tar.xz ]]; then
+  # scripts/build_cuda_prebuilt.sh made the CUDA build and llama-server: no sources to build there
   rm -f .gpu/llama-src.tar.xz
 else
   sdist="${DFLASH_LLAMA_SDIST:-$HOME/.cache/dflash-gguf/llama-server-$VERSION/llama_cpp_python-$VERSION.tar.gz}"
