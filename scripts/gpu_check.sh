@@ -39,6 +39,14 @@ PREBUILT=.gpu/prebuilt/llama-cpp-python-cuda.tar.xz  # scripts/build_cuda_prebui
 if [[ -f "$PREBUILT" ]]; then
   stamp "unpack the prebuilt llama-cpp-python (CUDA) and llama-server"
   tar xJf "$PREBUILT" -C "$SITE" || exit 1
+  # built elsewhere, its RUNPATH holds no folder of this machine's CUDA libraries: find the ones it needs
+  for lib in $(readelf -d "$SITE/llama_cpp/lib/libggml-cuda.so" | grep -oE 'lib(cudart|cublas)\.so\.[0-9]+'); do
+    ldconfig -p | grep -q "$lib " && continue
+    found=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1)
+    [[ -n "$found" ]] && export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  done
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+  ldd "$SITE/llama_cpp/lib/libggml-cuda.so" | grep "not found"
 else
   stamp "build llama-cpp-python (CUDA, sm_90)"
   tar xJf .gpu/llama-src.tar.xz -C /tmp
@@ -97,8 +105,8 @@ grep -E "passed|failed|crashed|^E |Error" "$OUT/parity.txt" | tail -30
 stamp "which library serves libllama's std::ostream calls"
 L="$SITE/llama_cpp/lib"
 echo "libllama NEEDED: $(readelf -d "$L/libllama.so" | grep NEEDED | grep -oE '\[[^]]+\]' | tr '\n' ' ')"
-echo "libggml-cuda exports $(nm -D --defined-only "$L"/libggml-cuda.so* | grep -c ' _ZN[Ss][toi]') std:: symbols," \
-  "$(nm -D --defined-only "$L"/libggml-cuda.so* | grep -c '_M_insert') _M_insert ones"
+echo "libggml-cuda exports $(nm -D --defined-only "$L/libggml-cuda.so" | grep -c ' _ZN[Ss][toi]') std:: symbols," \
+  "$(nm -D --defined-only "$L/libggml-cuda.so" | grep -c ' _ZNSo9_M_insert') of them std::ostream::_M_insert<T>"
 STDCXX=$(ldconfig -p | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')
 BENCH_PRELOAD=
 LOAD="llama_cpp.Llama('examples/tinycode/target-f16.gguf', verbose=False)"
