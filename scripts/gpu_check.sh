@@ -65,8 +65,8 @@ PY
 
 if [[ -x "$SITE/llama-server-bin/llama-server" ]]; then
   stamp "background: inflated pairs (llama-server prebuilt)"
-  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$SITE/llama-server-bin:$SITE/llama_cpp/lib:$SITE/lib" \
-    "$SITE/llama-server-bin/llama-server" > /tmp/llama-server
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} exec %s "$@"\n' \
+    "$SITE/llama-server-bin:$SITE/llama_cpp/lib:$SITE/lib" "$SITE/llama-server-bin/llama-server" > /tmp/llama-server
   chmod +x /tmp/llama-server
   SERVER_PID=
 else
