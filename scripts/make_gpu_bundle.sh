@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Makes .gpu/ for scripts/gpu_check.sh (the device machine has no network, and the device tool
-# carries at most 64 MiB with the working tree): the llama-cpp-python 0.3.36 sdist without what a CUDA build of the
-# library and of llama-server does not read (.git/, models/, docs/, media/, benches/, .github/, the UI's
-# tests, the OpenCL/SYCL/Vulkan backends) as .gpu/llama-src.tar.xz (~7 MB), and the wheels our
-# package needs there that its image lacks (gguf, diskcache). With .gpu/prebuilt/ (the CUDA build and
-# llama-server from scripts/build_cuda_prebuilt.sh) the sources are left out. .gpu/ is git-excluded.
+# Makes .gpu/ for scripts/gpu_check.sh (the device machine has no network, and the device tool carries
+# at most 64 MiB, the working tree included): the wheels our package needs there that its image lacks
+# (gguf, diskcache), and either .gpu/prebuilt/ (the CUDA build and llama-server made by
+# scripts/build_cuda_prebuilt.sh, left as it is) or, without it, the llama-cpp-python 0.3.36 sdist minus
+# what a CUDA build of the library and of llama-server does not read (.git/, models/, docs/, media/,
+# benches/, .github/, the UI's tests, the OpenCL/SYCL/Vulkan backends) as .gpu/llama-src.tar.xz (~7 MB).
+# .gpu/ is git-excluded.
 #   scripts/make_gpu_bundle.sh          # then: run with carry [".gpu"], see scripts/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
