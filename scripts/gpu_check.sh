@@ -2,9 +2,9 @@
 # The CUDA checks, run on a GPU machine with no network (the device tool of this workplace), within one
 # time budget (GPU_CHECK_BUDGET seconds, default 560: the tool allows 600 s per command and one lease
 # rarely fits two). Most important first:
-#   1. llama-cpp-python 0.3.36 with CUDA: the wheel prebuilt off the device (.gpu/prebuilt/, made by
-#      scripts/build_cuda_prebuilt.sh: seconds to install), else built here from .gpu/llama-src.tar.xz
-#      (~320 s); our extension against it (~26 s) (scripts/make_gpu_bundle.sh makes .gpu/);
+#   1. llama-cpp-python 0.3.36 with CUDA: built off the device by scripts/build_cuda_prebuilt.sh
+#      (.gpu/prebuilt/llama-cpp-python-cuda.tar.xz, seconds to unpack), else built here from
+#      .gpu/llama-src.tar.xz (~320 s); our extension against it (~30 s) (scripts/make_gpu_bundle.sh makes .gpu/);
 #   2. in the background: the inflated 4B and 8B pairs (`dflash bench --scale`'s files: F16 first, then
 #      Q4_K_M), and llama-server from the same build tree unless it was prebuilt too;
 #   3. the draft-graph parity tests on CUDA, each test in a pytest-xdist worker so that a crash names its
