@@ -3,8 +3,9 @@
 # time budget (GPU_CHECK_BUDGET seconds, default 560: the tool allows 600 s per command and one lease
 # rarely fits two). Most important first:
 #   1. llama-cpp-python 0.3.36 with CUDA: built off the device by scripts/build_cuda_prebuilt.sh
-#      (.gpu/prebuilt/llama-cpp-python-cuda.tar.xz, seconds to unpack), else built here from
-#      .gpu/llama-src.tar.xz (~320 s); our extension against it (~30 s) (scripts/make_gpu_bundle.sh makes .gpu/);
+#      (.gpu/prebuilt/llama-cpp-python-cuda.tar.xz, seconds to unpack), else, or where that build does not
+#      load or sees no GPU, built here from .gpu/llama-src.tar.xz (~320 s); our extension against it (~30 s)
+#      (scripts/make_gpu_bundle.sh makes .gpu/);
 #   2. in the background: the inflated 4B and 8B pairs (`dflash bench --scale`'s files: F16 first, then
 #      Q4_K_M), and llama-server from the same build tree unless it was prebuilt too;
 #   3. the draft-graph parity tests on CUDA, each test in a pytest-xdist worker so that a crash names its
@@ -38,16 +39,27 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 PREBUILT=.gpu/prebuilt/llama-cpp-python-cuda.tar.xz  # scripts/build_cuda_prebuilt.sh: built off the device
 if [[ -f "$PREBUILT" ]]; then
   stamp "unpack the prebuilt llama-cpp-python (CUDA) and llama-server"
-  tar xJf "$PREBUILT" -C "$SITE" || exit 1
+  PRE=/tmp/prebuilt; rm -rf "$PRE"; mkdir -p "$PRE"
+  tar xJf "$PREBUILT" -C "$PRE" || exit 1
+  CUDA_LIB="$PRE/llama_cpp/lib/libggml-cuda.so"
   # built elsewhere, its RUNPATH holds no folder of this machine's CUDA libraries: find the ones it needs
-  for lib in $(readelf -d "$SITE/llama_cpp/lib/libggml-cuda.so" | grep -oE 'lib(cudart|cublas)\.so\.[0-9]+'); do
+  for lib in $(readelf -d "$CUDA_LIB" | grep -oE 'lib(cudart|cublas)\.so\.[0-9]+'); do
     ldconfig -p | grep -q "$lib " && continue
     found=$(find /usr/local /opt /usr/lib -name "$lib" 2>/dev/null | head -1)
     [[ -n "$found" ]] && export LD_LIBRARY_PATH="$(dirname "$found")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   done
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-  ldd "$SITE/llama_cpp/lib/libggml-cuda.so" | grep "not found"
-else
+  # used only if every library it needs is found and libllama sees a GPU through it
+  missing=$(ldd "$CUDA_LIB" 2>&1 | grep -E "not found|No such file")
+  gpu=$(PYTHONPATH="$PRE" timeout 60 python3 -c "import llama_cpp; print(llama_cpp.llama_supports_gpu_offload())" 2>&1 | tail -3)
+  if [[ -z "$missing" && "$gpu" == True ]]; then
+    cp -a "$PRE/." "$SITE/"
+  else
+    echo "the prebuilt build is not used: ${missing:-no library missing}; GPU offload: $gpu"
+  fi
+  rm -rf "$PRE"
+fi
+if [[ ! -d "$SITE/llama_cpp" ]]; then
   stamp "build llama-cpp-python (CUDA, sm_90)"
   tar xJf .gpu/llama-src.tar.xz -C /tmp
   CMAKE_ARGS="-DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DGGML_NATIVE=ON" \

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Makes .gpu/ for scripts/gpu_check.sh (the device machine has no network, and the device tool carries
 # at most 64 MiB, the working tree included): the wheels our package needs there that its image lacks
-# (gguf, diskcache), and either .gpu/prebuilt/ (the CUDA build and llama-server made by
-# scripts/build_cuda_prebuilt.sh, left as it is) or, without it, the llama-cpp-python 0.3.36 sdist minus
-# what a CUDA build of the library and of llama-server does not read (.git/, models/, docs/, media/,
-# benches/, .github/, the UI's tests, the OpenCL/SYCL/Vulkan backends) as .gpu/llama-src.tar.xz (~7 MB).
-# .gpu/ is git-excluded.
+# (gguf, diskcache); the llama-cpp-python 0.3.36 sdist minus what a CUDA build of the library and of
+# llama-server does not read (.git/, models/, docs/, media/, benches/, .github/, the UI's tests, the
+# OpenCL/SYCL/Vulkan backends) as .gpu/llama-src.tar.xz (~7 MB); and .gpu/prebuilt/ as it is, if
+# scripts/build_cuda_prebuilt.sh made it (the CUDA build and llama-server: gpu_check.sh builds from the
+# sources only where that build does not load). .gpu/ is git-excluded.
 #   scripts/make_gpu_bundle.sh          # then: run with carry [".gpu"], see scripts/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +15,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
 mkdir -p .gpu/whl
-if [[ -f .gpu/prebuilt/llama-cpp-python-cuda.tar.xz ]]; then
-  # scripts/build_cuda_prebuilt.sh made the CUDA build and llama-server: no sources to build there
-  rm -f .gpu/llama-src.tar.xz
-else
+if [[ ! -f .gpu/llama-src.tar.xz ]]; then
   sdist="${DFLASH_LLAMA_SDIST:-$HOME/.cache/dflash-gguf/llama-server-$VERSION/llama_cpp_python-$VERSION.tar.gz}"
   if [[ ! -f "$sdist" ]]; then
       "$PY" -m pip download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$tmp/dl"
