@@ -14,22 +14,20 @@ PY="${PYTHON:-python3}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 
-mkdir -p .gpu/whl
-if [[ ! -f .gpu/llama-src.tar.xz ]]; then
-  sdist="${DFLASH_LLAMA_SDIST:-$HOME/.cache/dflash-gguf/llama-server-$VERSION/llama_cpp_python-$VERSION.tar.gz}"
-  if [[ ! -f "$sdist" ]]; then
-      "$PY" -m pip download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$tmp/dl"
-      sdist="$tmp/dl/llama_cpp_python-$VERSION.tar.gz"
-  fi
-  tar xzf "$sdist" -C "$tmp"
-  mv "$tmp/llama_cpp_python-$VERSION" "$tmp/llama-src"
-  ll="$tmp/llama-src/vendor/llama.cpp"
-  rm -rf "$tmp/llama-src/.git" "$ll"/{models,docs,media,benches,.github} "$ll/tools/ui/tests" \
-         "$ll"/ggml/src/ggml-{opencl,sycl,vulkan}
-
-  tar cJf .gpu/llama-src.tar.xz.tmp -C "$tmp" llama-src
-  mv .gpu/llama-src.tar.xz.tmp .gpu/llama-src.tar.xz
+sdist="${DFLASH_LLAMA_SDIST:-$HOME/.cache/dflash-gguf/llama-server-$VERSION/llama_cpp_python-$VERSION.tar.gz}"
+if [[ ! -f "$sdist" ]]; then
+    "$PY" -m pip download --no-deps --no-binary llama-cpp-python "llama-cpp-python==$VERSION" -d "$tmp/dl"
+    sdist="$tmp/dl/llama_cpp_python-$VERSION.tar.gz"
 fi
+tar xzf "$sdist" -C "$tmp"
+mv "$tmp/llama_cpp_python-$VERSION" "$tmp/llama-src"
+ll="$tmp/llama-src/vendor/llama.cpp"
+rm -rf "$tmp/llama-src/.git" "$ll"/{models,docs,media,benches,.github} "$ll/tools/ui/tests" \
+       "$ll"/ggml/src/ggml-{opencl,sycl,vulkan}
+
+mkdir -p .gpu/whl
+tar cJf .gpu/llama-src.tar.xz.tmp -C "$tmp" llama-src
+mv .gpu/llama-src.tar.xz.tmp .gpu/llama-src.tar.xz
 # the device image runs Python 3.12 (see /work/.library/device/KINDS.md); both wheels are pure Python
 "$PY" -m pip download -q --no-deps --only-binary=:all: -d .gpu/whl "gguf==0.19.0" "diskcache==5.6.3"
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
