@@ -88,7 +88,11 @@ void count_draft(std::vector<double> & reached, std::vector<double> & accepted, 
 }  // namespace
 
 void DraftLengthController::Cost::observe(double x) {
-    if (n++ == 0) return;  // the first step of a shape: allocation, warm-up
+    // every timing counts, the first too: the loop times a step only when the step before built its shape's
+    // graphs, and a length the calibration did not reach is first drafted in a run of two steps (a drafting
+    // run's entry, a try one position further), so its first timing is the only one such a run gives; where
+    // a CPU's verify grows faster than linearly (a 1.7B-shaped Q4_K_M target: the calibration reaches k = 2,
+    // and 7 costs ~25% more than the line through 1 and 2 says) that timing is what corrects the guess
     recent[next] = x;
     next = (next + 1) % window;
     kept = std::min(kept + 1, window);
@@ -111,7 +115,6 @@ double DraftLengthController::Cost::fastest_kept() const {
 }
 
 void DraftLengthController::Cost::seed(double x) {
-    n = std::max<uint64_t>(n, 1);  // the graph was built: the next timing counts
     seeded = true;
     observe(x);
 }

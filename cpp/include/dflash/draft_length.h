@@ -13,9 +13,8 @@
 // length still unmeasured costs what the measured lengths around it say
 // (interpolated; above the longest, extrapolated from the shortest; below the
 // shortest, taken optimistically as a plain step), so no length is ruled out
-// untried and none looks as cheap as a short one; in the loop the first
-// measurement of each cost is not believed (a backend's first step of a new
-// shape allocates and warms up). It
+// untried and none looks as cheap as a short one; in the loop a length's
+// timings, too few to believe, still overrule a lower guess. It
 // enters a drafting run when some k pays with each a_j at an upper confidence
 // bound that shrinks as drafts are observed and widens again while plain steps
 // observe none (so that little or old evidence does not rule drafting out),
@@ -67,15 +66,14 @@ public:
     const std::vector<double> & acceptance() const { return accept_; }
 
 private:
-    // a cost: not believed on its first measurement, then the lower quartile of the last `window` once
-    // there are kMinSamples of them, or at once after a calibration's timing (seed)
+    // a cost: the lower quartile of the last `window` timings once there are kMinSamples of them, or at
+    // once after a calibration's timing (seed)
     struct Cost {
         static constexpr uint32_t kMaxWindow = 25;
         static constexpr uint32_t kMinSamples = 3;
         explicit Cost(uint32_t window = 9) : window(std::min(window, kMaxWindow)) {}
         uint32_t window;
-        double ms = -1.0;  // < 0: not measured (beyond the first)
-        uint64_t n = 0;
+        double ms = -1.0;             // < 0: not measured often enough to believe
         uint32_t kept = 0, next = 0;  // measurements in recent (counted since a restart), where the next goes
         bool seeded = false;          // recent holds a calibration's timing: believed without kMinSamples
         double recent[kMaxWindow] = {};
