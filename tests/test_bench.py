@@ -102,6 +102,11 @@ def test_json_structure(bench_run: dict[str, Any]) -> None:
     meta = r["meta"]
     assert meta["n_predict"] == N_PREDICT and meta["n_prompts"] == N_PROMPTS and meta["repeat"] == 1
     assert meta["systems"] == bench_run["systems"]
+    if (
+        "upstream" in meta["systems"]
+    ):  # the same attention kernels as ours, whose CPU target runs without flash attention
+        args = meta["server_args"]
+        assert args[args.index("-fa") + 1] == "off", args
     assert len(r["configs"]) == 1
     cfg = r["configs"][0]
     assert cfg["n_max"] == 7 and cfg["n_max_ours"] == 7

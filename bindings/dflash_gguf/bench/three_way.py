@@ -164,6 +164,11 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
                 "llama-server got --no-repack: llama.cpp 0.3.36's AMX repack crashes on quantized "
                 "weights on this CPU (docs/converting.md)"
             )
+        if o.n_gpu_layers == 0 and not {"-fa", "--flash-attn"} & set(server_extra):
+            # the same attention kernels as ours: our runtime keeps flash attention off for a CPU target
+            # (cpp/src/target.cpp), where llama-server's default (auto) turns it on
+            server_extra += ["-fa", "off"]
+            notes.append("llama-server got -fa off: the target runs on the CPU without flash attention, as ours")
 
     result: dict[str, Any] = {
         "meta": {
