@@ -102,9 +102,8 @@ def test_json_structure(bench_run: dict[str, Any]) -> None:
     meta = r["meta"]
     assert meta["n_predict"] == N_PREDICT and meta["n_prompts"] == N_PROMPTS and meta["repeat"] == 1
     assert meta["systems"] == bench_run["systems"]
-    if (
-        "upstream" in meta["systems"]
-    ):  # the same attention kernels as ours, whose CPU target runs without flash attention
+    if "upstream" in meta["systems"]:
+        # the same attention kernels as ours, whose CPU target runs without flash attention
         args = meta["server_args"]
         assert args[args.index("-fa") + 1] == "off", args
     assert len(r["configs"]) == 1
