@@ -124,6 +124,15 @@ def iid_acceptance(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
     return j
 
 
+def replayed(traces: list[np.ndarray]) -> Acceptance:
+    """What the real drafter gets accepted at each point of the bench's runs (tests/acceptance_traces.py)."""
+
+    def accept(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
+        return int(traces[seq][pos, k - 1])
+
+    return accept
+
+
 def simulate(
     costs: Costs,
     seed: int,
@@ -314,10 +323,7 @@ def test_auto_matches_the_best_fixed_length_on_the_bundled_pair(bundled_traces: 
     (hence the calibration before the first prefill) and then drafting 7 through the next; entering
     drafting on the bound of positions rarely drafted, which alternates plain and 6-token steps; and a
     single cost measured in a bad moment keeping a draft length out for good."""
-    traces = bundled_traces
-
-    def accept(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
-        return int(traces[seq][pos, k - 1])
+    accept = replayed(bundled_traces)
 
     seeds = range(6)
     fixed = {
@@ -352,12 +358,9 @@ def test_auto_leaves_a_predictable_prompts_acceptance_behind(
     drafting 6 tokens through the next, hard prompt for 15-30 steps that accept 0-2 each. A run ends
     once its steps have lost a few plain steps' time against plain decoding, and the memory restarts
     from the run's own drafts, so auto mode stays close to plain decoding."""
-    traces = bundled_traces
+    accept = replayed(bundled_traces)
 
-    def accept(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
-        return int(traces[seq][pos, k - 1])
-
-    plain = 1.0 / (costs["plain"] * NOISE_MEAN)  # type: ignore[operator]
+    plain = expected_rate(costs, 0)
     ratios = np.array([simulate(costs, s, switch=SWITCH, accept=accept, warmup=1)[0] for s in range(6)]) / plain
     print(f"{name}: auto / plain per seed", " ".join(f"{r:.3f}" for r in ratios))
     assert ratios.mean() >= 0.97 and ratios.min() >= 0.95, ratios
@@ -537,11 +540,11 @@ def test_auto_on_a_large_model_whose_calibration_times_a_few_lengths() -> None:
 # Qwen3-1.7B-shaped inflated pair, Q4_K_M target, 2 cores (docs/performance.md's verify table): a plain step
 # 47 ms; libllama's Q4_K kernels are compute-bound, so a verify of B tokens costs 1.81 / 2.41 / 2.98 / 3.90x
 # of it at B = 2..5 and 6.95x at 8, more than linear; the drafter ~18 ms + 5 ms per drafted row (its head)
-LARGE_CPU_Q4_VERIFY = [1.81, 2.41, 2.98, 3.90, 4.92, 5.93, 6.95]
+LARGE_CPU_Q4_PLAIN, LARGE_CPU_Q4_VERIFY = 47.0, [1.81, 2.41, 2.98, 3.90, 4.92, 5.93, 6.95]
 LARGE_CPU_Q4: Costs = {
-    "plain": 47.0,
+    "plain": LARGE_CPU_Q4_PLAIN,
     "draft": lambda k: 18.0 + 5.0 * k,
-    "verify": lambda k: 47.0 * LARGE_CPU_Q4_VERIFY[k - 1],
+    "verify": lambda k: LARGE_CPU_Q4_PLAIN * LARGE_CPU_Q4_VERIFY[k - 1],
 }
 
 
@@ -551,15 +554,12 @@ def test_auto_times_the_lengths_its_calibration_did_not_reach(bundled_traces: li
     the calibration times k = 0-3, and the line through them puts k = 7 at 304 ms where it takes 380. A
     length first drafted in a run of two must be charged what that run measured; otherwise auto mode keeps
     going back to long drafts that lose 5 plain steps' time each, at ~0.90x of plain decoding on average."""
-    traces = bundled_traces
-
-    def accept(rng: np.random.Generator, seq: int, pos: int, k: int) -> int:
-        return int(traces[seq][pos, k - 1])
+    accept = replayed(bundled_traces)
 
     c = DraftLengthController(7, "auto")
     assert calibrate_as_the_speculator(c, LARGE_CPU_Q4, warmup_factor=1.1) == [0, 1, 2, 3]
     assert c.expected_cost_ms(7) < 0.85 * (LARGE_CPU_Q4["draft"](7) + LARGE_CPU_Q4["verify"](7))  # type: ignore[operator]
-    plain = 1.0 / (LARGE_CPU_Q4["plain"] * NOISE_MEAN)  # type: ignore[operator]
+    plain = expected_rate(LARGE_CPU_Q4, 0)
     runs = [
         simulate(LARGE_CPU_Q4, s, n_seq=3, n_tokens=32, warmup=1, warmup_factor=1.1, accept=accept) for s in range(16)
     ]
