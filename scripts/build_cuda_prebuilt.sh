@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 VERSION=0.3.36
 ARCH="${CUDA_ARCH:-90-real}"  # SASS for sm_90 only: PTX for later GPUs would not fit in what the device tool carries
 WORK="${WORK:-/tmp/cudabuild}"
-PY="${PYTHON:-.venv/bin/python}"
+PY="${PYTHON:-$PWD/.venv/bin/python}"  # absolute: used after a cd too
 OUTDIR="$PWD/.gpu/prebuilt"
 command -v nvcc > /dev/null || { echo "build_cuda_prebuilt: no nvcc on PATH" >&2; exit 1; }
 CUDA_MAJOR=$(nvcc --version | grep -oE 'release [0-9]+' | grep -oE '[0-9]+')

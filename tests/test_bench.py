@@ -199,11 +199,21 @@ def test_upstream_figures(bench_run: dict[str, Any]) -> None:
         assert rec["mean_accepted_length"] == pytest.approx((rec["accepted"] + rec["steps"]) / rec["steps"])
         assert rec["pos_accepted"][0] <= rec["steps"]
         assert sum(rec["pos_accepted"]) == rec["accepted"]
+        # drafting time from the server's log: this request's calls (one per verify step), not the totals
+        assert rec["draft_steps"] == rec["steps"], rec
+        assert 0 < rec["draft_ms"] < rec["decode_ms"]
     s = cfg["summary"]["upstream"]
     steps = sum(x["steps"] for x in ups)
     acc = sum(x["accepted"] for x in ups)
     assert s["mean_accepted_length"] == pytest.approx((acc + steps) / steps)
     assert s["per_position_acceptance"] is not None
+    assert s["draft_ms_per_step"]["median"] == pytest.approx(statistics.median(x["draft_ms_per_step"] for x in ups))
+    ours = {(x["prompt_index"], x["round"]): x["tok_s"] for x in cfg["runs"] if x["system"] == "ours"}
+    ratios = [ours[(x["prompt_index"], x["round"])] / x["tok_s"] for x in ups]
+    paired = cfg["summary"]["ours"]["vs_upstream"]
+    assert paired["pairs"] == len(ups) and paired["faster"] == sum(r > 1 for r in ratios)
+    assert paired["median"] == pytest.approx(statistics.median(ratios))
+    assert "ours / upstream decode tok/s, paired by prompt run" in bench_run["stdout"]
 
 
 def test_progress_outside_a_terminal_is_a_line_per_configuration() -> None:

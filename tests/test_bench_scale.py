@@ -85,6 +85,10 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
                 "greedy is lossless"
             )
             assert s["acc_len"] >= 1
+            assert s["draft_ms"] == pytest.approx(statistics.median(r["draft_ms_per_step"] for r in runs))
+        up = {(r["prompt_index"], r["round"]): r["tok_s"] for r in cfg["runs"] if r["system"] == "upstream"}
+        paired = [r["tok_s"] / up[(r["prompt_index"], r["round"])] for r in cfg["runs"] if r["system"] == "ours"]
+        assert row["systems"]["ours"]["vs_upstream"] == pytest.approx(statistics.median(paired))
         ours = [r for r in cfg["runs"] if r["system"] == "ours"]
         assert row["implied_speedup"] == pytest.approx(statistics.median(r["limit_vs_ar"] for r in ours))
     assert scale_json["meta"]["threads"] == 1

@@ -87,10 +87,13 @@ def end_to_end_row(size: str, target_type: str, draft_type: str, cfg: dict[str, 
             "identical": s.get("same_as_ar"),
             "runs": s["runs"],
         }
+        if "draft_ms_per_step" in s:
+            row["systems"][system]["draft_ms"] = s["draft_ms_per_step"]["median"]
         if system == "ours" and "limit_vs_ar" in s:
             row["implied_speedup"] = s["limit_vs_ar"]["median"]
-            row["systems"]["ours"]["draft_ms"] = s["draft_ms_per_step"]["median"]
             row["systems"]["ours"]["verify_ms"] = s["verify_ms_per_step"]["median"]
+        if system == "ours" and "vs_upstream" in s:
+            row["systems"]["ours"]["vs_upstream"] = s["vs_upstream"]["median"]
     return row
 
 
@@ -196,13 +199,18 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         groups.setdefault((r["size"], r["target_type"]), []).append(r)
     ahead = [
-        (k, r["n_max"], r["systems"]["ours"]["speedup"], r["systems"]["upstream"]["speedup"])
+        (k, r["n_max"], r["systems"]["ours"], r["systems"]["upstream"]["speedup"])
         for k, rs in groups.items()
         for r in rs
         if "ours" in r["systems"] and "upstream" in r["systems"]
     ]
     if ahead:
-        behind = [f"{k[0]} {k[1]} n_max {n}: {o:.2f}x vs {u:.2f}x" for k, n, o, u in ahead if o < u]
+        behind = [
+            f"{k[0]} {k[1]} n_max {n}: {o['speedup']:.2f}x vs {u:.2f}x"
+            + (f" (paired ours / upstream {o['vs_upstream']:.2f}x)" if "vs_upstream" in o else "")
+            for k, n, o, u in ahead
+            if o["speedup"] < u
+        ]
         add("ours ahead of upstream at every size, type and n_max", not behind, "; ".join(behind) or "all ahead")
     for t in ("f16", "q4_k_m"):
         rs = groups.get(("1.7B", t))
@@ -248,25 +256,38 @@ def format_table(result: dict[str, Any]) -> str:
         )
     head = (
         f"{'size':<5} {'target':<7} {'n_max':>5} {'ar tok/s':>9}  {'ours':>6} {'implied':>8} {'acc':>5} "
-        f"{'same':>5}  {'upstream':>8} {'acc':>5} {'same':>5}"
+        f"{'same':>5} {'draft':>6}  {'upstream':>8} {'acc':>5} {'same':>5} {'draft':>6}  {'ours/up':>7}"
     )
     lines += ["", head, "-" * len(head)]
+
+    def ms(s: dict[str, Any]) -> str:
+        return f"{s['draft_ms']:>6.1f}" if "draft_ms" in s else f"{'-':>6}"
+
     for r in result["end_to_end"]:
         o, u = r["systems"].get("ours"), r["systems"].get("upstream")
         ours = (
-            f"{o['speedup']:>5.2f}x {r['implied_speedup']:>7.2f}x {o['acc_len']:>5.2f} {o['identical']:>2}/{o['runs']:<2}"
+            f"{o['speedup']:>5.2f}x {r['implied_speedup']:>7.2f}x {o['acc_len']:>5.2f} "
+            f"{o['identical']:>2}/{o['runs']:<2} {ms(o)}"
             if o
-            else f"{'-':>6} {'-':>8} {'-':>5} {'-':>5}"
+            else f"{'-':>6} {'-':>8} {'-':>5} {'-':>5} {'-':>6}"
         )
-        up = f"{u['speedup']:>7.2f}x {u['acc_len']:>5.2f} {u['identical']:>2}/{u['runs']:<2}" if u else f"{'-':>8}"
+        up = (
+            f"{u['speedup']:>7.2f}x {u['acc_len']:>5.2f} {u['identical']:>2}/{u['runs']:<2} {ms(u)}"
+            if u
+            else f"{'-':>8} {'-':>5} {'-':>5} {'-':>6}"
+        )
+        paired = f"{o['vs_upstream']:>6.2f}x" if o and "vs_upstream" in o else f"{'-':>7}"
         lines.append(
             f"{r['size']:<5} {r['target_type'].upper():<7} {str(r['n_max']):>5} {r['ar_tok_s']:>9.2f}  {ours}  {up}"
+            f"  {paired}"
         )
     lines += [
         "",
         "speedup = median over prompts of tok/s / plain (ar) tok/s on the same prompt; implied = what "
         "ours' own measured draft + verify + inject times allow (no loop overhead); acc = mean accepted "
-        "length (bonus token included); same = greedy outputs identical to ar.",
+        "length (bonus token included); same = greedy outputs identical to ar; draft = ms per drafted "
+        "step (upstream's: the drafting time llama-server logs); ours/up = median over prompt runs of "
+        "ours' tok/s over upstream's on the same prompt, run next to each other.",
     ]
     if result.get("goals"):
         lines += ["", "goals:"]

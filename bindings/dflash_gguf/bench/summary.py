@@ -98,8 +98,9 @@ def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
                 s["mean_accepted_length"] = n / max(n - accepted, 1)
                 s["mean_accepted_length_source"] = "estimate: tokens / (tokens - accepted)"
             s["per_position_acceptance"], s["per_position_reached"] = _pooled(runs)
-        if system == "ours":
+        if all("draft_ms_per_step" in r for r in runs):  # upstream: from its log (upstream.py)
             s["draft_ms_per_step"] = spread([r["draft_ms_per_step"] for r in runs])
+        if system == "ours":
             s["verify_ms_per_step"] = spread([r["verify_ms_per_step"] for r in runs])
             s["plain_steps"] = sum(r["plain_steps"] for r in runs)
             if all("limit_vs_ar" in r for r in runs):
@@ -110,7 +111,20 @@ def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if system == "ar":
             s["ms_per_token"] = 1e3 / s["tok_s"]["median"] if s["tok_s"]["median"] > 0 else float("nan")
         out[system] = s
+    if "ours" in out and "upstream" in out:
+        out["ours"]["vs_upstream"] = paired_ratio(cfg["runs"], "ours", "upstream")
     return out
+
+
+def paired_ratio(runs: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
+    """a's decode tok/s over b's on the same prompt and round (run next to each other, so drift on the
+    machine cancels as it does not between two medians of ratios to ar): the spread, and in how many
+    of the pairs a was faster."""
+    tok_s = {(r["system"], r["prompt_index"], r["round"]): r["tok_s"] for r in runs}
+    ratios = [
+        v / tok_s[(b, i, rnd)] for (sys_, i, rnd), v in tok_s.items() if sys_ == a and tok_s.get((b, i, rnd), 0) > 0
+    ]
+    return {**spread(ratios), "faster": sum(x > 1 for x in ratios), "pairs": len(ratios)}
 
 
 # --- the table -----------------------------------------------------------
@@ -171,6 +185,12 @@ def format_table(result: dict[str, Any]) -> str:
                 f"{system} per-position conditional acceptance: {txt}  "
                 f"({s['accepted']}/{s['drafted']} drafts accepted{extra})"
             )
+            if system == "ours" and "vs_upstream" in s:
+                v = s["vs_upstream"]
+                lines.append(
+                    f"ours / upstream decode tok/s, paired by prompt run: {v['median']:.2f}x "
+                    f"(p10-p90 {v['p10']:.2f}-{v['p90']:.2f}), ours faster in {v['faster']} of {v['pairs']}"
+                )
             if system == "ours" and "limit_vs_ar" in s:
                 lines.append(
                     f"ours vs the limit of its own measured costs (draft + verify + inject, no loop "
@@ -187,7 +207,8 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append(
         "decode tok/s excludes prefill; speedup = median over prompts of (tok/s / ar tok/s on the same "
         "prompt and round); acc.len = tokens per target verify pass, bonus token included "
-        "(~ = estimated); draft/verify ms = per step, medians over prompts"
+        "(~ = estimated); draft/verify ms = per step, medians over prompts (upstream's draft ms: the "
+        "drafting time llama-server logs)"
     )
     return "\n".join(lines)
 

@@ -20,6 +20,12 @@ from .options import BenchError
 LLAMA_SERVER_VERSION = "0.3.36"
 STARTUP_TIMEOUT_S = 300.0
 REQUEST_TIMEOUT_S = 600.0
+LOG_FLUSH_TIMEOUT_S = 5.0
+
+# The speculative decoder's running totals, which llama-server logs at trace verbosity (-lv 4) after every
+# request: "statistics draft-dflash: #calls(b,g,a) = 1 16 16, ... dur(b,g,a) = 0.004, 1032.543, 0.009 ms"
+# (g = drafting: the calls and the milliseconds spent in them, the drafter's forward and its sampling).
+_DRAFT_STATS = re.compile(r"statistics\s+\S+: #calls\(b,g,a\) =\s*\d+\s+(\d+)\s.*dur\(b,g,a\) = [\d.]+, ([\d.]+), ")
 
 
 def find_server_binary(explicit: str | None = None) -> Path | None:
@@ -155,12 +161,15 @@ class UpstreamServer:
                 str(threads),
                 "-ngld",
                 str(99 if n_gpu_layers > 0 else 0),
+                "-lv",
+                "4",  # the drafting statistics line (_DRAFT_STATS)
             ]
         cmd += list(extra_args)
         self.cmd = cmd
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._logf: Any = None
+        self._draft_totals: tuple[int, int, float] | None = (0, 0, 0.0) if draft is not None else None
 
     def log_tail(self, n: int = 30) -> str:
         if self.log_path is None:
@@ -212,6 +221,26 @@ class UpstreamServer:
         if self._logf is not None:
             self._logf.close()
             self._logf = None
+
+    def _drafting_since_last(self) -> tuple[int, float] | None:
+        """(drafting calls, ms) since the previous request, from the log's running totals; None if this
+        server logs none (no drafter, or a build without the line). The log is written by a thread of
+        its own, so the line of the request just answered may lag the answer a little."""
+        if self._draft_totals is None or self.log_path is None:
+            return None
+        seen, calls0, ms0 = self._draft_totals
+        deadline = time.monotonic() + LOG_FLUSH_TIMEOUT_S
+        while True:
+            found = _DRAFT_STATS.findall(self.log_path.read_text(errors="replace"))
+            if len(found) > seen or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        if len(found) <= seen:
+            self._draft_totals = None  # not logged by this build: no more waiting for it
+            return None
+        calls, ms = int(found[-1][0]), float(found[-1][1])
+        self._draft_totals = (len(found), calls, ms)
+        return calls - calls0, ms - ms0
 
     def metrics(self) -> dict[str, Any]:
         status, body = _http(self.base + "/metrics", timeout=30)
@@ -287,6 +316,10 @@ class UpstreamServer:
             rec["steps_source"] = "estimate predicted_n / (predicted_n - draft_n_accepted)"
         else:
             rec["mean_accepted_length"] = 1.0
+        drafting = self._drafting_since_last()
+        if drafting is not None and drafting[0] > 0:
+            rec["draft_steps"], rec["draft_ms"] = drafting
+            rec["draft_ms_per_step"] = drafting[1] / drafting[0]
         if rec.get("pos_accepted") and rec["steps"]:
             rec["pos_reached"] = [rec["steps"]] + rec["pos_accepted"][:-1]
             rec["per_position_acceptance"] = [
