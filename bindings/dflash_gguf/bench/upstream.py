@@ -25,7 +25,8 @@ LOG_FLUSH_TIMEOUT_S = 5.0
 # The speculative decoder's running totals, which llama-server logs at trace verbosity (-lv 4) after every
 # request: "statistics draft-dflash: #calls(b,g,a) = 1 16 16, ... dur(b,g,a) = 0.004, 1032.543, 0.009 ms"
 # (g = drafting: the calls and the milliseconds spent in them, the drafter's forward and its sampling).
-_DRAFT_STATS = re.compile(r"statistics\s+\S+: #calls\(b,g,a\) =\s*\d+\s+(\d+)\s.*dur\(b,g,a\) = [\d.]+, ([\d.]+), ")
+# A line still being written does not match: the pattern ends after the drafting milliseconds' comma.
+_DRAFT_STATS = re.compile(rb"statistics\s+\S+: #calls\(b,g,a\) =\s*\d+\s+(\d+)\s.*dur\(b,g,a\) = [\d.]+, ([\d.]+), ")
 
 
 def find_server_binary(explicit: str | None = None) -> Path | None:
@@ -169,6 +170,7 @@ class UpstreamServer:
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
         self._logf: Any = None
+        # (log bytes read, drafting calls, drafting ms) so far; None: no drafting totals to read
         self._draft_totals: tuple[int, int, float] | None = (0, 0, 0.0) if draft is not None else None
 
     def log_tail(self, n: int = 30) -> str:
@@ -228,18 +230,21 @@ class UpstreamServer:
         its own, so the line of the request just answered may lag the answer a little."""
         if self._draft_totals is None or self.log_path is None:
             return None
-        seen, calls0, ms0 = self._draft_totals
+        read_to, calls0, ms0 = self._draft_totals
         deadline = time.monotonic() + LOG_FLUSH_TIMEOUT_S
         while True:
-            found = _DRAFT_STATS.findall(self.log_path.read_text(errors="replace"))
-            if len(found) > seen or time.monotonic() > deadline:
+            with open(self.log_path, "rb") as f:
+                f.seek(read_to)
+                found = list(_DRAFT_STATS.finditer(f.read()))
+            if found or time.monotonic() > deadline:
                 break
             time.sleep(0.02)
-        if len(found) <= seen:
+        if not found:
             self._draft_totals = None  # not logged by this build: no more waiting for it
             return None
-        calls, ms = int(found[-1][0]), float(found[-1][1])
-        self._draft_totals = (len(found), calls, ms)
+        last = found[-1]
+        calls, ms = int(last[1]), float(last[2])
+        self._draft_totals = (read_to + last.end(), calls, ms)
         return calls - calls0, ms - ms0
 
     def metrics(self) -> dict[str, Any]:
