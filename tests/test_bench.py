@@ -28,6 +28,7 @@ from dflash_gguf.bench import (
     parse_prometheus,
     parse_systems,
 )
+from dflash_gguf.bench.summary import paired_ratio
 
 N_PREDICT = 16
 N_PROMPTS = 2
@@ -303,3 +304,23 @@ def test_prometheus_parsing() -> None:
     assert m["spec_decode_num_drafts_total"] == 12
     assert m["accepted_per_pos"] == [10, 7, 3]
     assert math.isclose(m["predicted_tokens_seconds"], 1500)
+
+
+def test_paired_ratio_pairs_runs_of_the_same_prompt_and_round() -> None:
+    def run(system: str, i: int, rnd: int, tok_s: float) -> dict[str, Any]:
+        return {"system": system, "prompt_index": i, "round": rnd, "tok_s": tok_s}
+
+    runs = [
+        run("ours", 0, 0, 30.0),
+        run("upstream", 0, 0, 20.0),
+        run("ours", 1, 0, 10.0),
+        run("upstream", 1, 0, 20.0),
+        run("ours", 0, 1, 44.0),
+        run("upstream", 0, 1, 40.0),
+        run("ours", 1, 1, 99.0),  # no upstream run of prompt 1 in round 1: no pair
+    ]
+    p = paired_ratio(runs, "ours", "upstream")
+    assert p is not None
+    assert (p["pairs"], p["faster"]) == (3, 2)
+    assert p["median"] == pytest.approx(1.1) and p["min"] == pytest.approx(0.5) and p["max"] == pytest.approx(1.5)
+    assert paired_ratio([r for r in runs if r["system"] == "ours"], "ours", "upstream") is None

@@ -111,19 +111,22 @@ def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if system == "ar":
             s["ms_per_token"] = 1e3 / s["tok_s"]["median"] if s["tok_s"]["median"] > 0 else float("nan")
         out[system] = s
-    if "ours" in out and "upstream" in out:
-        out["ours"]["vs_upstream"] = paired_ratio(cfg["runs"], "ours", "upstream")
+    paired = paired_ratio(cfg["runs"], "ours", "upstream")
+    if paired is not None:
+        out["ours"]["vs_upstream"] = paired
     return out
 
 
-def paired_ratio(runs: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, Any]:
+def paired_ratio(runs: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, Any] | None:
     """a's decode tok/s over b's on the same prompt and round (run next to each other, so drift on the
     machine cancels as it does not between two medians of ratios to ar): the spread, and in how many
-    of the pairs a was faster."""
+    of the pairs a was faster. None without a pair."""
     tok_s = {(r["system"], r["prompt_index"], r["round"]): r["tok_s"] for r in runs}
     ratios = [
         v / tok_s[(b, i, rnd)] for (sys_, i, rnd), v in tok_s.items() if sys_ == a and tok_s.get((b, i, rnd), 0) > 0
     ]
+    if not ratios:
+        return None
     return {**spread(ratios), "faster": sum(x > 1 for x in ratios), "pairs": len(ratios)}
 
 
