@@ -286,7 +286,8 @@ def format_table(result: dict[str, Any]) -> str:
         "speedup = median over prompts of tok/s / plain (ar) tok/s on the same prompt; implied = what "
         "ours' own measured draft + verify + inject times allow (no loop overhead); acc = mean accepted "
         "length (bonus token included); same = greedy outputs identical to ar; draft = ms per drafted "
-        "step (upstream's: the drafting time llama-server logs); ours/up = median over prompt runs of "
+        "step (upstream's: the drafting time llama-server logs, without its injection of the verified rows, "
+        "which ours' includes); ours/up = median over prompt runs of "
         "ours' tok/s over upstream's on the same prompt, run next to each other.",
     ]
     if result.get("goals"):

@@ -211,7 +211,7 @@ def format_table(result: dict[str, Any]) -> str:
         "decode tok/s excludes prefill; speedup = median over prompts of (tok/s / ar tok/s on the same "
         "prompt and round); acc.len = tokens per target verify pass, bonus token included "
         "(~ = estimated); draft/verify ms = per step, medians over prompts (upstream's draft ms: the "
-        "drafting time llama-server logs)"
+        "drafting time llama-server logs, without its injection of the verified rows, which ours' includes)"
     )
     return "\n".join(lines)
 

@@ -25,6 +25,8 @@ LOG_FLUSH_TIMEOUT_S = 5.0
 # The speculative decoder's running totals, which llama-server logs at trace verbosity (-lv 4) after every
 # request: "statistics draft-dflash: #calls(b,g,a) = 1 16 16, ... dur(b,g,a) = 0.004, 1032.543, 0.009 ms"
 # (g = drafting: the calls and the milliseconds spent in them, the drafter's forward and its sampling).
+# Not in any of them: process(), the drafter decode after each verify that writes the verified rows'
+# features into the drafter's cache; ours does that inside its draft graph, so ours' draft ms includes it.
 # A line still being written does not match: the pattern ends after the drafting milliseconds' comma.
 _DRAFT_STATS = re.compile(rb"statistics\s+\S+: #calls\(b,g,a\) =\s*\d+\s+(\d+)\s.*dur\(b,g,a\) = [\d.]+, ([\d.]+), ")
 
