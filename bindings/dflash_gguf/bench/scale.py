@@ -198,18 +198,15 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["size"], r["target_type"]), []).append(r)
-    ahead = [
-        (k, r["n_max"], r["systems"]["ours"], r["systems"]["upstream"]["speedup"])
-        for k, rs in groups.items()
-        for r in rs
-        if "ours" in r["systems"] and "upstream" in r["systems"]
+    both = [
+        (r, r["systems"]["ours"], r["systems"]["upstream"]) for r in rows if {"ours", "upstream"} <= set(r["systems"])
     ]
-    if ahead:
+    if both:
         behind = [
-            f"{k[0]} {k[1]} n_max {n}: {o['speedup']:.2f}x vs {u:.2f}x"
+            f"{r['size']} {r['target_type']} n_max {r['n_max']}: {o['speedup']:.2f}x vs {u['speedup']:.2f}x"
             + (f" (paired ours / upstream {o['vs_upstream']:.2f}x)" if "vs_upstream" in o else "")
-            for k, n, o, u in ahead
-            if o["speedup"] < u
+            for r, o, u in both
+            if o["speedup"] < u["speedup"]
         ]
         add("ours ahead of upstream at every size, type and n_max", not behind, "; ".join(behind) or "all ahead")
     for t in ("f16", "q4_k_m"):
