@@ -58,10 +58,14 @@ export CMAKE_ARGS="${ARGS[*]}" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLE
 rm -rf "$WORK/whl" "$WORK/site"
 nice "$PY" -m pip wheel -q --no-deps --no-build-isolation -C build-dir="$WORK/build" "$SRC" -w "$WORK/whl"
 
-# llama-server on the same objects
-cmake -S "$SRC" -B "$WORK/build" -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
-    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$WORK/server_configure.log"
-nice cmake --build "$WORK/build" --target llama-server > "$WORK/server_build.log"
+# llama-server needs no CUDA compile of its own: built with shared libraries and no backend but the CPU,
+# it loads the wheel's libggml.so.0 (the same sources and sonames, the CUDA backend registered in it) when
+# gpu_check.sh puts the wheel's folders on LD_LIBRARY_PATH. (Reconfiguring the wheel's build tree for
+# llama-server instead recompiles every object whose ninja deps record an interrupted build lost.)
+cmake -S "$SRC/vendor/llama.cpp" -B "$WORK/server" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+    -DGGML_NATIVE=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF \
+    -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF > "$WORK/server_configure.log"
+nice cmake --build "$WORK/server" --target llama-server > "$WORK/server_build.log"
 
 # The wheel holds each library six times (three names, in lib/ and llama_cpp/lib/; 260 MB for sm_90), over
 # what the device tool carries: installed, each copy becomes a link to one file, packed with xz.
@@ -81,12 +85,12 @@ for same in groups.values():  # kept: llama_cpp/lib's file of the longest name (
             p.unlink()
             p.symlink_to(os.path.relpath(keep, p.parent))
 PY
-# llama-server and the libraries it needs that the wheel lacks (gpu_check.sh runs it with LD_LIBRARY_PATH
-# = this folder, llama_cpp/lib, lib)
+# llama-server and the libraries of its build that the wheel lacks (gpu_check.sh runs it with
+# LD_LIBRARY_PATH = this folder, llama_cpp/lib, lib: the wheel's libggml and libllama serve it)
 SRV="$WORK/site/llama-server-bin"
 mkdir -p "$SRV" "$OUTDIR"
-cp "$WORK/build/bin/llama-server" "$WORK/build/bin/libllama-server-impl.so" "$SRV/"
-cp -L "$WORK/build/bin/libmtmd.so.0" "$SRV/"
+cp "$WORK/server/bin/llama-server" "$WORK/server/bin/libllama-server-impl.so" "$SRV/"
+cp -L "$WORK/server/bin/libmtmd.so.0" "$SRV/"
 strip "$SRV"/* "$WORK"/site/llama_cpp/lib/*.so.*.*
 tar cJf "$OUTDIR/llama-cpp-python-cuda.tar.xz.tmp" -C "$WORK/site" .
 mv "$OUTDIR/llama-cpp-python-cuda.tar.xz.tmp" "$OUTDIR/llama-cpp-python-cuda.tar.xz"

@@ -110,32 +110,34 @@ DFLASH_TEST_DEVICE=CUDA0 timeout "$(budget 90)" python3 -m pytest -q -n 4 --tb=l
   tests/test_graph_parity.py tests/test_device_loop.py > "$OUT/parity.txt" 2>&1
 grep -E "passed|failed|crashed|^E |Error" "$OUT/parity.txt" | tail -30
 
-# test_device_loop crashed (SIGSEGV) in its first llama_cpp model load: llama_model::print_info's
-# `ostream << long` ran std::ostream::_M_insert<long> from libggml-cuda.so, not libstdc++. Which library
-# serves that call decides it: find out where libllama's lookup goes and whether libstdc++ in the global
-# scope (LD_PRELOAD) or torch's import changes it.
-stamp "which library serves libllama's std::ostream calls"
-L="$SITE/llama_cpp/lib"
-echo "libllama NEEDED: $(readelf -d "$L/libllama.so" | grep NEEDED | grep -oE '\[[^]]+\]' | tr '\n' ' ')"
-echo "libggml-cuda exports $(nm -D --defined-only "$L/libggml-cuda.so" | grep -c ' _ZN[Ss][toi]') std:: symbols," \
-  "$(nm -D --defined-only "$L/libggml-cuda.so" | grep -c ' _ZNSo9_M_insert') of them std::ostream::_M_insert<T>"
-STDCXX=$(ldconfig -p | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')
+# test_device_loop crashed (SIGSEGV) in its first llama_cpp model load in a build made on the device:
+# llama_model::print_info's `ostream << long` ran std::ostream::_M_insert<long> from libggml-cuda.so, not
+# libstdc++. If a test crashes again: find out where libllama's lookup goes and whether libstdc++ in the
+# global scope (LD_PRELOAD) or torch's import changes it.
 BENCH_PRELOAD=
-LOAD="llama_cpp.Llama('examples/tinycode/target-f16.gguf', verbose=False)"
-for how in "import llama_cpp" "import torch, llama_cpp" "import dflash_gguf, llama_cpp" "import torch, dflash_gguf, llama_cpp"; do
-  rm -f /tmp/ldb.*
-  LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ldb timeout 30 python3 -c "$how; $LOAD" > /dev/null 2>&1
-  rc=$?
-  LD_PRELOAD="$STDCXX" timeout 30 python3 -c "$how; $LOAD" > /dev/null 2>&1
-  rc_pre=$?
-  # the bench's own imports: if only the preload loads a model, the --scale runs below get it too
-  [[ "$how" == "import dflash_gguf, llama_cpp" && $rc != 0 && $rc_pre == 0 ]] && BENCH_PRELOAD="$STDCXX"
-  echo "$how: rc $rc, with LD_PRELOAD=libstdc++ rc $rc_pre;" \
-    "libllama's std::ostream calls bound $(grep -h "binding file [^ ]*libllama" /tmp/ldb.* 2>/dev/null \
-    | grep "_ZNSo" | grep -oE " to [^ ]+" | sort | uniq -c | tr -s '\n ' ' ')"
-done
-DFLASH_TEST_DEVICE=CUDA0 LD_PRELOAD="$STDCXX" timeout "$(budget 60)" python3 -m pytest -q --tb=line -p no:cacheprovider \
-  tests/test_device_loop.py 2>&1 | grep -E "passed|failed|^E " | tail -5
+if grep -q "crashed" "$OUT/parity.txt"; then
+  stamp "a test crashed: which library serves libllama's std::ostream calls"
+  L="$SITE/llama_cpp/lib"
+  echo "libllama NEEDED: $(readelf -d "$L/libllama.so" | grep NEEDED | grep -oE '\[[^]]+\]' | tr '\n' ' ')"
+  echo "libggml-cuda exports $(nm -D --defined-only "$L/libggml-cuda.so" | grep -c ' _ZN[Ss][toi]') std:: symbols," \
+    "$(nm -D --defined-only "$L/libggml-cuda.so" | grep -c ' _ZNSo9_M_insert') of them std::ostream::_M_insert<T>"
+  STDCXX=$(ldconfig -p | grep -m1 'libstdc++.so.6 ' | awk '{print $NF}')
+  LOAD="llama_cpp.Llama('examples/tinycode/target-f16.gguf', verbose=False)"
+  for how in "import llama_cpp" "import torch, llama_cpp" "import dflash_gguf, llama_cpp" "import torch, dflash_gguf, llama_cpp"; do
+    rm -f /tmp/ldb.*
+    LD_DEBUG=bindings LD_DEBUG_OUTPUT=/tmp/ldb timeout 30 python3 -c "$how; $LOAD" > /dev/null 2>&1
+    rc=$?
+    LD_PRELOAD="$STDCXX" timeout 30 python3 -c "$how; $LOAD" > /dev/null 2>&1
+    rc_pre=$?
+    # the bench's own imports: if only the preload loads a model, the --scale runs below get it too
+    [[ "$how" == "import dflash_gguf, llama_cpp" && $rc != 0 && $rc_pre == 0 ]] && BENCH_PRELOAD="$STDCXX"
+    echo "$how: rc $rc, with LD_PRELOAD=libstdc++ rc $rc_pre;" \
+      "libllama's std::ostream calls bound $(grep -h "binding file [^ ]*libllama" /tmp/ldb.* 2>/dev/null \
+      | grep "_ZNSo" | grep -oE " to [^ ]+" | sort | uniq -c | tr -s '\n ' ' ')"
+  done
+  DFLASH_TEST_DEVICE=CUDA0 LD_PRELOAD="$STDCXX" timeout "$(budget 60)" python3 -m pytest -q --tb=line -p no:cacheprovider \
+    tests/test_device_loop.py 2>&1 | grep -E "passed|failed|^E " | tail -5
+fi
 
 if [[ -n "$SERVER_PID" ]]; then
   stamp "waiting for llama-server"
@@ -156,7 +158,7 @@ for st in "${RUNS[@]}"; do
   [[ -e "$SCALE/ready-$size-$t" ]] || { echo "pair not ready"; tail -5 "$LOGS/pairs.log"; break; }
   stamp "dflash bench --scale $size $t (CUDA)"
   LD_PRELOAD="$BENCH_PRELOAD" timeout "$(budget 150)" python3 -m dflash_gguf.cli bench --scale --scale-sizes "$size" --scale-types "$t" \
-    --scale-dir "$SCALE" -ngl 99 --threads 4 -n 128 --limit 5 --systems "$SYSTEMS" --no-progress \
+    --scale-dir "$SCALE" -ngl 99 --threads 4 -n 128 --limit 5 --n-max 3,7,auto --systems "$SYSTEMS" --no-progress \
     --json "$OUT/scale_${size}_$t.json" 2>&1 | grep -v "^wrote"
 done
 cat "$LOGS/pairs.log"
