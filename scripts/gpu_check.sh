@@ -51,7 +51,7 @@ if [[ -f "$PREBUILT" ]]; then
   echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
   # used only if every library it needs is found and libllama sees a GPU through it
   missing=$(ldd "$CUDA_LIB" 2>&1 | grep -E "not found|No such file")
-  gpu=$(PYTHONPATH="$PRE" timeout 60 python3 -c "import llama_cpp; print(llama_cpp.llama_supports_gpu_offload())" 2>&1 | tail -3)
+  gpu=$(PYTHONPATH="$PRE:$SITE" timeout 60 python3 -c "import llama_cpp; print(llama_cpp.llama_supports_gpu_offload())" 2>&1 | tail -1)
   if [[ -z "$missing" && "$gpu" == True ]]; then
     cp -a "$PRE/." "$SITE/"
   else
@@ -90,7 +90,7 @@ else
 fi
 # the --scale runs, most important first; each pair's files are made in this order and announced in
 # $SCALE/ready-<size>-<type> when complete
-RUNS=(4B:f16 8B:f16 4B:q4_k_m 8B:q4_k_m)
+RUNS=(${GPU_CHECK_RUNS:-4B:f16 8B:f16 4B:q4_k_m 8B:q4_k_m})
 mkdir -p "$SCALE"
 python3 - "$SCALE" "${RUNS[@]}" > "$LOGS/pairs.log" 2>&1 <<'PY' &
 import sys, time
@@ -106,7 +106,7 @@ PY
 PAIRS_PID=$!
 
 stamp "parity (CUDA), one xdist worker per test"
-DFLASH_TEST_DEVICE=CUDA0 timeout "$(budget 90)" python3 -m pytest -q -n 4 --tb=line -p no:cacheprovider \
+DFLASH_TEST_DEVICE=CUDA0 timeout "$(budget ${GPU_CHECK_PARITY_S:-90})" python3 -m pytest -q -n 4 --tb=line -p no:cacheprovider \
   tests/test_graph_parity.py tests/test_device_loop.py > "$OUT/parity.txt" 2>&1
 grep -E "passed|failed|crashed|^E |Error" "$OUT/parity.txt" | tail -30
 
@@ -158,8 +158,15 @@ for st in "${RUNS[@]}"; do
   [[ -e "$SCALE/ready-$size-$t" ]] || { echo "pair not ready"; tail -5 "$LOGS/pairs.log"; break; }
   stamp "dflash bench --scale $size $t (CUDA)"
   LD_PRELOAD="$BENCH_PRELOAD" timeout "$(budget 150)" python3 -m dflash_gguf.cli bench --scale --scale-sizes "$size" --scale-types "$t" \
-    --scale-dir "$SCALE" -ngl 99 --threads 4 -n 128 --limit 5 --n-max 3,7,auto --systems "$SYSTEMS" --no-progress \
+    --scale-dir "$SCALE" -ngl 99 --threads 4 -n 128 --limit 5 --n-max "${GPU_CHECK_NMAX:-3,7,auto}" --systems "$SYSTEMS" --no-progress \
     --json "$OUT/scale_${size}_$t.json" 2>&1 | grep -v "^wrote"
 done
+# what auto mode chose on CUDA, step by step (it drafted shorter than the best fixed n_max there), if
+# the budget leaves time
+if [[ -e "$SCALE/ready-4B-f16" ]] && (($(budget 60) >= 60)); then
+  stamp "scripts/trace_auto.py at 4B F16 (CUDA)"
+  timeout "$(budget 90)" python3 scripts/trace_auto.py --target "$(ls "$SCALE"/4B-*-target-f16.gguf)" \
+    --draft "$(ls "$SCALE"/4B-*-dflash2-q4_0-head.gguf)" -ngl 99 --threads 4 --rounds 1 --steps --json "$OUT/trace_auto_4B.json" 2>&1 | tail -40
+fi
 cat "$LOGS/pairs.log"
 stamp "done"

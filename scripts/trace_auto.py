@@ -2,7 +2,7 @@
 """What n_max="auto" did, step by step, in `dflash bench`'s pattern (per prompt: plain decoding, then ours).
 
     .venv/bin/python scripts/trace_auto.py [--target T.gguf] [--draft D.gguf] [--prompts FILE.jsonl]
-                                           [-n 128] [--rounds 2] [--threads 2] [--steps] [--json OUT]
+                                           [-n 128] [--rounds 2] [--threads 2] [-ngl 0] [--steps] [--json OUT]
 
 Per prompt it prints plain decoding's ms/token (`ar`, the bench's baseline on the same object), ours in
 auto mode, their ratio, how many steps drafted, and what the drafted steps cost against decoding
@@ -33,6 +33,7 @@ def main() -> int:
     ap.add_argument("-n", type=int, default=128, help="tokens per prompt (default 128)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on the GPU (default 0)")
     ap.add_argument("--steps", action="store_true", help="print every step")
     ap.add_argument("--json", type=Path, help="write the trace here")
     args = ap.parse_args()
@@ -40,7 +41,9 @@ def main() -> int:
     from dflash_gguf.bench import load_prompts, three_way
     from dflash_gguf.speculative import SpeculativeLlama
 
-    llm = SpeculativeLlama(args.target, args.draft, n_ctx=2048, n_threads=args.threads, n_max="auto")
+    llm = SpeculativeLlama(
+        args.target, args.draft, n_ctx=2048, n_threads=args.threads, n_max="auto", n_gpu_layers=args.n_gpu_layers
+    )
     prompts = load_prompts(args.prompts, None)
     token_lists = [llm.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
     sampling = {"n_predict": args.n, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}

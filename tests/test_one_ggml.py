@@ -6,6 +6,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 def test_one_libggml_base_and_one_libllama_are_mapped() -> None:
     # a fresh interpreter, so that nothing else this test session loaded counts
@@ -31,3 +33,17 @@ def test_extension_works_after_llama_cpp_and_alone() -> None:
     code = "import dflash_gguf; print(dflash_gguf._core.Drafter.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "Drafter"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's global symbol scope")
+def test_libstdcxx_is_searched_before_libllamas_dependencies() -> None:
+    # dflash_gguf puts libstdc++ into the global scope before libllama loads (dflash_gguf/_stdcxx_first.py):
+    # a libggml-cuda exporting its own std::ostream copies must not serve libllama's calls
+    code = (
+        "import ctypes, dflash_gguf\n"
+        "sym = '_ZNSo9_M_insertIlEERSoT_'  # std::ostream::_M_insert<long>, what llama_model::print_info calls\n"
+        "print(ctypes.cast(ctypes.CDLL(None)[sym], ctypes.c_void_p).value"
+        " == ctypes.cast(ctypes.CDLL('libstdc++.so.6')[sym], ctypes.c_void_p).value)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "True"

@@ -6,8 +6,11 @@ ships, so import llama_cpp first: its libraries are then already mapped.
 
 from __future__ import annotations
 
+# isort: off
+from . import _stdcxx_first  # noqa: F401  (before llama_cpp: see there)
 import llama_cpp  # noqa: F401  (loads libllama/libggml before our extension)
 
+# isort: on
 from ._core import DFlashError, Drafter, inspect_draft, load_draft
 from .speculative import GenerationStats, SpeculativeLlama
 from .state import SpeculativeState
