@@ -9,12 +9,15 @@
 #   2. in the background: the inflated 4B and 8B pairs (`dflash bench --scale`'s files: F16 first, then
 #      Q4_K_M), and llama-server from the same build tree unless it was prebuilt too;
 #   3. the draft-graph parity tests on CUDA, each test in a pytest-xdist worker so that a crash names its
-#      test; which library serves libllama's libstdc++ calls (the loop test's crash);
-#   4. `dflash bench --scale` end to end on CUDA: 4B F16, 8B F16, 4B Q4_K_M, 8B Q4_K_M, one run (and one
-#      JSON) each, as far as the budget goes (with libstdc++ preloaded if only that let a model load in 3).
+#      test; if one crashed, which library serves libllama's libstdc++ calls;
+#   4. `dflash bench --scale` end to end on CUDA at n_max 3, 7, auto: 4B F16, 8B F16, 4B Q4_K_M, 8B Q4_K_M,
+#      one run (and one JSON) each, as far as the budget goes (with libstdc++ preloaded if only that let a
+#      model load in 3);
+#   5. scripts/trace_auto.py at 4B F16, if time is left.
 # The tool returns at most 8 files from $OUT: run it as
 #   bash scripts/gpu_check.sh 2>&1 | tee $OUT/all.txt
-# (all.txt holds every table). Carry .gpu.
+# (all.txt holds every table). Carry .gpu. For a lease's remainder, a shorter run:
+#   GPU_CHECK_BUDGET=215 GPU_CHECK_RUNS=8B:f16 GPU_CHECK_NMAX=7,auto GPU_CHECK_PARITY_S=45 bash scripts/gpu_check.sh
 set -uo pipefail
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
 LOGS=/tmp/gpu_logs; mkdir -p "$LOGS"
@@ -110,10 +113,10 @@ DFLASH_TEST_DEVICE=CUDA0 timeout "$(budget ${GPU_CHECK_PARITY_S:-90})" python3 -
   tests/test_graph_parity.py tests/test_device_loop.py > "$OUT/parity.txt" 2>&1
 grep -E "passed|failed|crashed|^E |Error" "$OUT/parity.txt" | tail -30
 
-# test_device_loop crashed (SIGSEGV) in its first llama_cpp model load in a build made on the device:
-# llama_model::print_info's `ostream << long` ran std::ostream::_M_insert<long> from libggml-cuda.so, not
-# libstdc++. If a test crashes again: find out where libllama's lookup goes and whether libstdc++ in the
-# global scope (LD_PRELOAD) or torch's import changes it.
+# In a build made on the device, test_device_loop crashed (SIGSEGV) in its first llama_cpp model load after
+# torch's import: llama_model::print_info's `ostream << long` ran std::ostream::_M_insert<long> from
+# libggml-cuda.so, not libstdc++ (dflash_gguf now puts libstdc++ first, docs/reliability.md). If a test
+# crashes again: where libllama's lookup goes, and whether LD_PRELOAD or torch's import changes it.
 BENCH_PRELOAD=
 if grep -q "crashed" "$OUT/parity.txt"; then
   stamp "a test crashed: which library serves libllama's std::ostream calls"
