@@ -144,6 +144,12 @@ def test_json_structure(bench_run: dict[str, Any]) -> None:
         ):
             assert key in rec, key
         assert len(rec["per_position_acceptance"]) == 7
+        # a step's time split: model work, picking the target's tokens, the rest; the timed parts sit
+        # inside the decode time (a part counted twice, or one timed outside the decode, breaks this)
+        assert rec["sample_ms_per_step"] > 0, rec
+        work = rec["draft_ms"] + rec["verify_ms"] + rec["inject_ms"] + rec["sample_ms_per_step"] * rec["steps"]
+        assert work <= rec["decode_ms"], rec
+        assert rec["rest_ms_per_step"] == pytest.approx((rec["decode_ms"] - work) / rec["steps"])
         assert rec["reused_prompt_tokens"] == 0  # the bench defeats prefix reuse: prefill is the whole prompt
     s = cfg["summary"]
     assert set(s) == set(bench_run["systems"])

@@ -91,6 +91,8 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
         assert row["systems"]["ours"]["vs_upstream"] == pytest.approx(statistics.median(paired))
         ours = [r for r in cfg["runs"] if r["system"] == "ours"]
         assert row["implied_speedup"] == pytest.approx(statistics.median(r["limit_vs_ar"] for r in ours))
+        for key in ("sample_ms", "rest_ms"):
+            assert row["systems"]["ours"][key] == pytest.approx(statistics.median(r[f"{key}_per_step"] for r in ours))
     assert scale_json["meta"]["threads"] == 1
 
 

@@ -92,6 +92,9 @@ def end_to_end_row(size: str, target_type: str, draft_type: str, cfg: dict[str, 
         if system == "ours" and "limit_vs_ar" in s:
             row["implied_speedup"] = s["limit_vs_ar"]["median"]
             row["systems"]["ours"]["verify_ms"] = s["verify_ms_per_step"]["median"]
+            for key in ("sample_ms", "rest_ms"):
+                if f"{key}_per_step" in s:
+                    row["systems"]["ours"][key] = s[f"{key}_per_step"]["median"]
         if system == "ours" and "vs_upstream" in s:
             row["systems"]["ours"]["vs_upstream"] = s["vs_upstream"]["median"]
     return row

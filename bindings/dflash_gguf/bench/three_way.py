@@ -95,6 +95,12 @@ def run_ours(
         if isinstance(raw, dict) and "pos_reached" in raw:
             rec["pos_reached"] = [int(x) for x in raw["pos_reached"]]
             rec["pos_accepted"] = [int(x) for x in raw["pos_accepted"]]
+        if isinstance(raw, dict) and "sample_ms" in raw and s.steps:
+            # where a step's time goes besides the model work: picking the target's tokens from its logits,
+            # and the rest (rollback, bookkeeping, this Python loop), which the implied speedup leaves out
+            timed = s.draft_ms + s.verify_ms + s.inject_ms + raw["sample_ms"]
+            rec["sample_ms_per_step"] = raw["sample_ms"] / s.steps
+            rec["rest_ms_per_step"] = (s.decode_ms - timed) / s.steps
     return rec
 
 
