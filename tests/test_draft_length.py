@@ -28,10 +28,10 @@ from dflash_gguf._core import DraftLengthController  # noqa: E402
 ACCEPT = [0.76, 0.76, 0.76, 0.83, 0.76, 0.87, 0.82]  # bundled pair, greedy, per position (README)
 Costs = dict[str, float | Callable[[int], float]]
 GPU: Costs = {"plain": 0.23, "draft": lambda k: 0.30, "verify": lambda k: 0.33 + 0.012 * k}  # H200, ms
-# 2 cores, short blocks (dflash bench, n_max 2..4): draft 0.70 / 0.79 / 0.92 ms, verify 1.0 / 1.17 / 1.6
 # the 4B-shaped F16 target and its q4_0 drafter on CUDA (H200, `dflash bench --scale` at n_max 3 and 7:
 # draft 1.84 / 2.36 ms, verify 6.06 / 6.69 ms, plain 4.02 ms): a long draft costs little more than a short one
 CUDA_4B_F16: Costs = {"plain": 4.02, "draft": lambda k: 1.45 + 0.13 * k, "verify": lambda k: 5.59 + 0.157 * k}
+# 2 cores, short blocks (dflash bench, n_max 2..4): draft 0.70 / 0.79 / 0.92 ms, verify 1.0 / 1.17 / 1.6
 CPU: Costs = {"plain": 0.65, "draft": lambda k: 0.40 + 0.10 * k, "verify": lambda k: 0.62 + 0.19 * k}
 CHEAP_DRAFT: Costs = {"plain": 0.70, "draft": lambda k: 0.30, "verify": lambda k: 0.75 + 0.10 * k}
 # a drafter too slow to pay at any k (plain decoding ~20% ahead)
