@@ -264,6 +264,24 @@ def test_rejection_step_details() -> None:
         _core.speculative_sample_histogram(np.zeros(V, np.float32), q, 10, 0)
 
 
+def test_is_argmax_is_greedy_decodings_choice() -> None:
+    """The greedy verify accepts a row's drafted token when is_argmax says so: it must agree with argmax
+    (the first of the largest logits) for every token, ties and -inf rows included."""
+    rng = np.random.default_rng(7)
+    rows = [rng.normal(0, 3, 151_936).astype(np.float32) for _ in range(3)]
+    coarse = np.round(rng.normal(0, 1, 4_099), 0).astype(np.float32)  # many ties, the max among them
+    masked = np.full(1_000, -np.inf, np.float32)
+    masked[[3, 500, 999]] = 2.0  # a grammar-masked row: three allowed tokens tied
+    rows += [coarse, masked, np.zeros(17, np.float32)]
+    for row in rows:
+        best = int(np.argmax(row))
+        ties = np.flatnonzero(row == row[best])
+        probe = {0, best, len(row) - 1, *ties.tolist(), *rng.integers(0, len(row), 50).tolist()}
+        for token in sorted(probe):
+            assert _core.is_argmax(row, token) == (token == best), (token, best, len(ties))
+        assert not _core.is_argmax(row, -1) and not _core.is_argmax(row, len(row))
+
+
 # --------------------------------------------------------------------------- #
 # 2. target_distribution
 # --------------------------------------------------------------------------- #

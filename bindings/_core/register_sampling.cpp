@@ -93,6 +93,15 @@ void register_sampling(py::module_ & m) {
         "Positions 0..n_draws-1 drawn from p and from q with the same seeded Gumbel noise: both histograms and "
         "how often the two draws agree.");
     m.def(
+        "is_argmax",
+        [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, int32_t token) {
+            if (logits.ndim() != 1) throw dflash::Error("logits must be a 1-D array");
+            return dflash::is_argmax(logits.data(), (uint32_t)logits.shape(0), token);
+        },
+        py::arg("logits"), py::arg("token"),
+        "Whether token is greedy decoding's choice of these logits (the first of the largest), as the verify "
+        "checks an accepted row.");
+    m.def(
         "target_distribution",
         [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, float temperature, int32_t top_k,
            float top_p, float min_p, float typical_p) {

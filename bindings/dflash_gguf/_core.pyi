@@ -65,6 +65,7 @@ def speculative_sample_histogram(
 def gumbel_histogram(
     p: npt.ArrayLike, q: npt.ArrayLike, n_draws: int, seed: int = 0
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]: ...
+def is_argmax(logits: npt.ArrayLike, token: int) -> bool: ...
 def target_distribution(
     logits: npt.ArrayLike,
     temperature: float,

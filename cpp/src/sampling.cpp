@@ -96,6 +96,16 @@ int32_t argmax(const float * logits, uint32_t n_vocab) {
     return (int32_t)(std::max_element(logits, logits + n_vocab) - logits);
 }
 
+bool is_argmax(const float * logits, uint32_t n_vocab, int32_t token) {
+    if (token < 0 || (uint32_t)token >= n_vocab) return false;
+    const float t = logits[token];
+    // argmax is the first of the largest: nothing before the token as large, nothing after it larger
+    uint32_t beaten = 0;
+    for (uint32_t i = 0; i < (uint32_t)token; ++i) beaten |= (uint32_t)(logits[i] >= t);
+    for (uint32_t i = (uint32_t)token + 1; i < n_vocab; ++i) beaten |= (uint32_t)(logits[i] > t);
+    return beaten == 0;
+}
+
 TokenLogprob token_logprob(const float * logits, uint32_t n_vocab, int32_t token, uint32_t n_top,
                            std::vector<int32_t> & scratch) {
     const float mx = *std::max_element(logits, logits + n_vocab);

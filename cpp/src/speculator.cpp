@@ -392,6 +392,16 @@ int32_t Speculator::greedy_token(const float * logits, const TokenWindow & windo
     return argmax(grammar_masked(lg), V);
 }
 
+int32_t Speculator::greedy_rejects(const float * logits, const TokenWindow & window, int32_t drafted) {
+    if (grammar_) {  // the grammar may move the choice
+        const int32_t best = greedy_token(logits, window);
+        return best == drafted ? -1 : best;
+    }
+    const uint32_t V = target_->n_vocab();
+    const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);  // one processor call
+    return is_argmax(lg, V, drafted) ? -1 : argmax(lg, V);
+}
+
 void Speculator::commit_token(int32_t token) {
     generated_.push(token);
     history_.push_back(token);
@@ -510,8 +520,8 @@ StepOutput Speculator::step(uint32_t max_tokens) {
     int32_t next = -1;
     for (; j < m; ++j) {
         if (greedy) {
-            const int32_t best = greedy_token(target_->logits(j), generated_);
-            if (best != seq[j + 1]) {
+            const int32_t best = greedy_rejects(target_->logits(j), generated_, seq[j + 1]);
+            if (best >= 0) {
                 next = best;
                 break;
             }

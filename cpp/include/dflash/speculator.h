@@ -130,6 +130,9 @@ private:
     // (a grammar pass over a 150k vocabulary costs milliseconds; llama.cpp's common sampler checks its
     // chosen token first for the same reason)
     int32_t greedy_token(const float * logits, const TokenWindow & window);
+    // -1 where greedy_token(logits, window) is `drafted` (found without an argmax over the vocabulary
+    // where no grammar can move the choice), else greedy_token's choice
+    int32_t greedy_rejects(const float * logits, const TokenWindow & window, int32_t drafted);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     // (pos: the token's absolute position, which keys its draw in Gumbel mode)
     int32_t choose_token(const float * logits, const TokenWindow & window, int32_t pos);
