@@ -376,10 +376,10 @@ const float * Speculator::grammar_masked(const float * lg) {
     return shaped_.data();
 }
 
-int32_t Speculator::greedy_token(const float * logits, const TokenWindow & window) {
+int32_t Speculator::greedy_token(const float * logits, const TokenWindow & window, int32_t guess) {
     const uint32_t V = target_->n_vocab();
     const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);
-    const int32_t best = argmax(lg, V);
+    const int32_t best = is_argmax(lg, V, guess) ? guess : argmax(lg, V);  // (false for guess -1)
     if (!grammar_) return best;
     llama_token_data one{best, lg[best], 0.0f};
     llama_token_data_array just_best{&one, 1, -1, false};
@@ -390,16 +390,6 @@ int32_t Speculator::greedy_token(const float * logits, const TokenWindow & windo
         if (!top.empty()) return top[0];
     }
     return argmax(grammar_masked(lg), V);
-}
-
-int32_t Speculator::greedy_rejects(const float * logits, const TokenWindow & window, int32_t drafted) {
-    if (grammar_) {  // the grammar may move the choice
-        const int32_t best = greedy_token(logits, window);
-        return best == drafted ? -1 : best;
-    }
-    const uint32_t V = target_->n_vocab();
-    const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);  // one processor call
-    return is_argmax(lg, V, drafted) ? -1 : argmax(lg, V);
 }
 
 void Speculator::commit_token(int32_t token) {
@@ -520,8 +510,8 @@ StepOutput Speculator::step(uint32_t max_tokens) {
     int32_t next = -1;
     for (; j < m; ++j) {
         if (greedy) {
-            const int32_t best = greedy_rejects(target_->logits(j), generated_, seq[j + 1]);
-            if (best >= 0) {
+            const int32_t best = greedy_token(target_->logits(j), generated_, seq[j + 1]);
+            if (best != seq[j + 1]) {
                 next = best;
                 break;
             }

@@ -129,10 +129,9 @@ private:
     // the grammar allows that token, so the grammar only runs over the whole vocabulary when it does not
     // (a grammar pass over a 150k vocabulary costs milliseconds; llama.cpp's common sampler checks its
     // chosen token first for the same reason)
-    int32_t greedy_token(const float * logits, const TokenWindow & window);
-    // -1 where greedy_token(logits, window) is `drafted` (found without an argmax over the vocabulary
-    // where no grammar can move the choice), else greedy_token's choice
-    int32_t greedy_rejects(const float * logits, const TokenWindow & window, int32_t drafted);
+    // (guess: a token the row's argmax likely is, the verify's drafted one: checked in one vectorized
+    // pass, which saves the argmax over the vocabulary on every accepted row)
+    int32_t greedy_token(const float * logits, const TokenWindow & window, int32_t guess = -1);
     // the next token from the target's logits: plain decoding's choice (greedy or sampled)
     // (pos: the token's absolute position, which keys its draw in Gumbel mode)
     int32_t choose_token(const float * logits, const TokenWindow & window, int32_t pos);
