@@ -396,11 +396,11 @@ GOLDEN = json.loads((TINY / "golden_dflash2.json").read_text())
 
 @pytest.fixture(scope="module")
 def tiny_gguf(work: Path) -> Any:
-    made: dict[str, Path] = {}
+    made: dict[tuple[str, bool], Path] = {}
 
-    def get(outtype: str) -> Path:
-        if outtype not in made:
-            out = work / f"tinycode-drafter-{outtype}.gguf"
+    def get(outtype: str, embed_head: bool = False) -> Path:
+        if (outtype, embed_head) not in made:
+            out = work / f"tinycode-drafter-{outtype}{'-head' if embed_head else ''}.gguf"
             convert(
                 Options(
                     draft_dir=TINY / "drafter-dflash2",
@@ -409,10 +409,11 @@ def tiny_gguf(work: Path) -> Any:
                     outtype=outtype,
                     force=True,
                     progress=False,
+                    embed_target_head=embed_head,
                 )
             )
-            made[outtype] = out
-        return made[outtype]
+            made[outtype, embed_head] = out
+        return made[outtype, embed_head]
 
     return get
 
@@ -501,6 +502,45 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
         assert a["tokens"] == b["tokens"], c["prompt_id"]
         assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), c["prompt_id"]
         assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8
+
+
+def test_repacked_head_takes_rows_by_four(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
+    """ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each a pass over the
+    whole LM head, so a repacked head of 3 or 7 rows runs as 4 or 8 (a padded row, dropped after): every
+    draft length and the whole block draft as the plain layout does, and the profile shows the padded rows."""
+    skip_without_x86_repack()
+    path, target = str(tiny_gguf("q4_0", embed_head=True)), str(TINY / "target-f16.gguf")
+    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
+    plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False)
+    assert packed.repacked_weights == 2 + 9 * 2  # the head too
+    c = GOLDEN["cases"][0]
+    f = golden_features[c["prompt_id"]]
+    n = f.shape[0]
+    for d in (packed, plain):
+        d.inject(f, np.arange(n, dtype=np.int32))
+    for k in range(1, 8):
+        a, b = (d.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True) for d in (packed, plain))
+        assert a["tokens"] == b["tokens"], k
+        assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), k
+        assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), k
+        assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, k
+    code = (
+        "import sys, numpy as np, dflash_gguf\n"
+        "d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1, n_ctx=64)\n"
+        "d.inject(np.zeros((4, d.hparams['target_hidden'] * len(d.hparams['target_layers'])), np.float32), "
+        "np.arange(4, dtype=np.int32))\n"
+        "for k in (2, 3): d.draft(1, 4, k, short_block=True)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, path, target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DFLASH_PROFILE": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    head = [line.split()[2] for line in r.stderr.splitlines() if "x2048x" in line and "MUL_MAT q4_0" in line]
+    assert sorted(head) == ["256x2048x2", "256x2048x4"], r.stderr
 
 
 def test_repacking_prints_nothing(tiny_gguf: Any) -> None:
