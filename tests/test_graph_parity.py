@@ -506,8 +506,8 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
 
 def test_repacked_head_takes_rows_by_four(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
     """ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each a pass over the
-    whole LM head, so a repacked head of 3 or 7 rows runs as 4 or 8 (a padded row, dropped after): every
-    draft length and the whole block draft as the plain layout does, and the profile shows the padded rows."""
+    whole LM head, so a repacked head of 3 or 7 rows runs as 4 or 8 (a padded row, dropped after): drafts
+    of 1-7 tokens are the plain layout's, and the profile shows a draft of 3 running the head on 4 rows."""
     skip_without_x86_repack()
     path, target = str(tiny_gguf("q4_0", embed_head=True)), str(TINY / "target-f16.gguf")
     packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
