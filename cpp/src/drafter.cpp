@@ -581,9 +581,9 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.cpu_threads.bind(m.backends.back());
     m.cpu_threads.set(n_threads);
 
-    m.model = load_draft_model(
-        draft_path, ggml_backend_dev_buffer_type(m.dev),
-        m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{});
+    const std::vector<ggml_backend_buffer_type_t> repacking =
+        m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{};
+    m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev), repacking);
     const DraftHparams & h = m.hp();
 
     if (m.model.tok_embd && m.model.output) {
@@ -621,11 +621,8 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         throw Error(draft_path + ": the drafter carries no token embedding / LM head, so a target GGUF is required");
     }
     if (m.model.hp().n_vocab == 0) m.model.hp().n_vocab = (uint32_t)m.output->ne[1];
-    if (m.on_cpu() && m.output->buffer) {
-        const auto repacking = repacking_bufts(m.dev);
-        m.head_rows_by_4 = std::find(repacking.begin(), repacking.end(),
-                                     ggml_backend_buffer_get_type(m.output->buffer)) != repacking.end();
-    }
+    m.head_rows_by_4 = m.output->buffer && std::find(repacking.begin(), repacking.end(),
+                                                     ggml_backend_buffer_get_type(m.output->buffer)) != repacking.end();
     if ((uint32_t)h.mask_token_id >= m.model.hp().n_vocab) {
         throw Error(draft_path + ": tokenizer.ggml.mask_token_id " + std::to_string(h.mask_token_id) +
                     " is outside the vocabulary (" + std::to_string(m.model.hp().n_vocab) + ")");
