@@ -2,7 +2,8 @@
 """What n_max="auto" did, step by step, in `dflash bench`'s pattern (per prompt: plain decoding, then ours).
 
     .venv/bin/python scripts/trace_auto.py [--target T.gguf] [--draft D.gguf] [--prompts FILE.jsonl]
-                                           [-n 128] [--rounds 2] [--threads 2] [-ngl 0] [--steps] [--json OUT]
+                                           [-n 128] [--rounds 2] [--threads 2] [-ngl 0] [--n-max auto]
+                                           [--steps] [--json OUT]
 
 Per prompt it prints plain decoding's ms/token (`ar`, the bench's baseline on the same object), ours in
 auto mode, their ratio, how many steps drafted, and what the drafted steps cost against decoding
@@ -11,7 +12,9 @@ controller's view after the prompt: its plain-step cost estimate (`c0`, to set a
 expected cost of a drafted step of k = 1..cap. `--steps` adds every step as `ms/k:accepted` (k 0 = a
 plain step) with the plain estimate after it, `--json` writes all of it. What to look for: a plain
 estimate that stays high after a slow phase of a few steps, and drafting runs begun again one plain step
-after the estimates ended them (tests/test_draft_length.py replays both).
+after the estimates ended them (tests/test_draft_length.py replays both). `--n-max 3` traces a fixed
+length the same way, to set auto's steps beside it (its controller costs then read 0: fixed mode times
+nothing).
 
 Reading the controller after every step adds a little Python time between steps (the loop's own
 timings, which the controller sees, are taken in C++ and do not include it).
@@ -34,6 +37,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on the GPU (default 0)")
+    ap.add_argument("--n-max", default="auto", help="'auto' (default) or a fixed draft length, to compare")
     ap.add_argument("--steps", action="store_true", help="print every step")
     ap.add_argument("--json", type=Path, help="write the trace here")
     args = ap.parse_args()
@@ -42,7 +46,12 @@ def main() -> int:
     from dflash_gguf.speculative import SpeculativeLlama
 
     llm = SpeculativeLlama(
-        args.target, args.draft, n_ctx=2048, n_threads=args.threads, n_max="auto", n_gpu_layers=args.n_gpu_layers
+        args.target,
+        args.draft,
+        n_ctx=2048,
+        n_threads=args.threads,
+        n_max=args.n_max if args.n_max == "auto" else int(args.n_max),
+        n_gpu_layers=args.n_gpu_layers,
     )
     prompts = load_prompts(args.prompts, None)
     token_lists = [llm.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
