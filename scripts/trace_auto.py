@@ -13,8 +13,8 @@ expected cost of a drafted step of k = 1..cap. `--steps` adds every step as `ms/
 plain step) with the plain estimate after it, `--json` writes all of it. What to look for: a plain
 estimate that stays high after a slow phase of a few steps, and drafting runs begun again one plain step
 after the estimates ended them (tests/test_draft_length.py replays both). `--n-max 3` traces a fixed
-length the same way, to set auto's steps beside it (its controller costs then read 0: fixed mode times
-nothing).
+length the same way, to set auto's steps beside it (the controller's figures then hold only that
+length's cost: nothing else is timed).
 
 Reading the controller after every step adds a little Python time between steps (the loop's own
 timings, which the controller sees, are taken in C++ and do not include it).
