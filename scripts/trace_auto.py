@@ -43,6 +43,14 @@ def main() -> int:
     args = ap.parse_args()
 
     from dflash_gguf.bench import load_prompts, three_way
+    from dflash_gguf.bench.options import BenchError, parse_n_max
+
+    try:
+        n_max = parse_n_max(args.n_max)
+    except BenchError as e:
+        ap.error(str(e))
+    if len(n_max) != 1:
+        ap.error("--n-max takes one value")
     from dflash_gguf.speculative import SpeculativeLlama
 
     llm = SpeculativeLlama(
@@ -50,7 +58,7 @@ def main() -> int:
         args.draft,
         n_ctx=2048,
         n_threads=args.threads,
-        n_max=args.n_max if args.n_max == "auto" else int(args.n_max),
+        n_max=n_max[0],
         n_gpu_layers=args.n_gpu_layers,
     )
     prompts = load_prompts(args.prompts, None)
