@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from bench_common import TINY, pair_parser
+from bench_common import TINY, greedy_prompt_runs, n_max_values, pair_parser
 
 
 def main() -> int:
@@ -35,13 +35,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every ratio here")
     args = ap.parse_args()
 
-    from dflash_gguf.bench import load_prompts, three_way
-    from dflash_gguf.bench.options import BenchError, parse_n_max
+    from dflash_gguf.bench import three_way
 
-    try:
-        lengths = parse_n_max(args.n_max)
-    except BenchError as e:
-        ap.error(str(e))
+    lengths = n_max_values(ap, args.n_max)
     fixed = [k for k in lengths if k != "auto"]
     if "auto" not in lengths or not fixed:
         ap.error("--n-max needs 'auto' and at least one fixed length")
@@ -54,9 +50,7 @@ def main() -> int:
         )
         for s in systems
     }
-    prompts = load_prompts(args.prompts, args.limit or None)
-    token_lists = [llms["ar"].tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
-    sampling = {"n_predict": args.n, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
+    prompts, token_lists, sampling = greedy_prompt_runs(llms["ar"], args.prompts, args.limit or None, args.n)
 
     def tok_s(s: object, toks: list[int]) -> float:
         return three_way.run_ours(llms[s], toks, plain=s == "ar", **sampling)["tok_s"]
