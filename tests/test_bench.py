@@ -223,7 +223,10 @@ def test_upstream_figures(bench_run: dict[str, Any]) -> None:
     assert "ours / upstream decode tok/s, paired by prompt run" in bench_run["stdout"]
 
 
-def test_progress_outside_a_terminal_is_a_line_per_configuration() -> None:
+def test_n_max_values_run_side_by_side(tmp_path: Path) -> None:
+    """Two n_max values: one ar run per prompt run is both configurations' baseline, each configuration
+    decodes with its own length, the order rotates from prompt run to prompt run, and outside a terminal
+    the progress is a line per prompt run."""
     cmd = [
         sys.executable,
         "-m",
@@ -238,21 +241,44 @@ def test_progress_outside_a_terminal_is_a_line_per_configuration() -> None:
         "--threads",
         str(THREADS),
         "--limit",
-        "1",
+        "2",
         "-n",
-        "4",
+        "8",
         "--n-max",
         "1,2",
         "--systems",
         "ar,ours",
+        "--json",
+        str(tmp_path / "r.json"),
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # stderr is a pipe, not a terminal
     assert res.returncode == 0, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.startswith("[bench]")]
     assert "\r" not in res.stderr
-    assert [line.split(":")[0] for line in lines[:2]] == ["[bench] n_max=1", "[bench] n_max=2"]
+    assert [line.split(":")[0] for line in lines[:3]] == [
+        "[bench] warm-up",
+        "[bench] round 1/1 bench-00",
+        "[bench] round 1/1 bench-01",
+    ]
     done, total = lines[-1].removeprefix("[bench] ").removesuffix(" runs done").split("/")
-    assert len(lines) == 3 and done == total and int(total) > 0
+    assert len(lines) == 4 and done == total == str(3 * 3)
+
+    one, two = json.loads((tmp_path / "r.json").read_text())["configs"]
+    assert (one["n_max_ours"], two["n_max_ours"]) == (1, 2)
+    for i in range(2):
+        ar1, ours1 = (
+            next(r for r in one["runs"] if r["system"] == s and r["prompt_index"] == i) for s in ("ar", "ours")
+        )
+        ar2, ours2 = (
+            next(r for r in two["runs"] if r["system"] == s and r["prompt_index"] == i) for s in ("ar", "ours")
+        )
+        assert ar1 == ar2  # the same run
+        assert ours1["decode_ms"] != ours2["decode_ms"]
+        assert max(ours1["pos_reached"][1:], default=0) == 0 < ours1["pos_reached"][0]  # n_max 1 drafts one token
+        assert ours2["pos_reached"][1] > 0
+        assert sorted(r["position_in_run"] for r in (ar1, ours1, ours2)) == [0, 1, 2]
+    first_ar = [r["position_in_run"] for r in one["runs"] if r["system"] == "ar"]
+    assert first_ar == [0, 2]  # units ar, ours@1, ours@2 rotated by one per prompt run
 
 
 def test_n_max_auto_runs_or_says_so() -> None:

@@ -1,4 +1,4 @@
-"""Progress of a bench run: a live bar in a terminal, one line per configuration elsewhere."""
+"""Progress of a bench run: a live bar in a terminal, one line per prompt run elsewhere."""
 
 from __future__ import annotations
 
@@ -13,20 +13,17 @@ class _NoBar:
 
 
 class _LineProgress:
-    """Outside a terminal (CI, a log file): a line when a configuration starts, and one at the end, instead of
-    a bar whose every redraw would land in the log."""
+    """Outside a terminal (CI, a log file): a line when the warm-up or a prompt run starts, and one at the end,
+    instead of a bar whose every redraw would land in the log."""
 
     def __init__(self, total: int) -> None:
-        self.total, self.done, self.config = total, 0, ""
+        self.total, self.done = total, 0
 
     def update(self, n: int = 1) -> None:
         self.done += n
 
     def set_description(self, s: str) -> None:
-        config = s.split(" ")[0]
-        if config != self.config:
-            self.config = config
-            print(f"[bench] {config}: {self.done}/{self.total} runs done", file=sys.stderr, flush=True)
+        print(f"[bench] {s}: {self.done}/{self.total} runs done", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         print(f"[bench] {self.done}/{self.total} runs done", file=sys.stderr, flush=True)

@@ -8,21 +8,23 @@ Three systems decode the same prompts with the same GGUF files:
 - ``upstream``: ``llama-server --spec-type draft-dflash`` started by the bench on loopback;
 - ``upstream-ar`` (optional): the same server without the drafter.
 
-Runs are interleaved prompt by prompt (ar, ours, upstream, ar, ...) so that machine drift
-hits all systems alike; each system gets one warm-up request that is not counted. Speedups
-are ratios to the ``ar`` run of the same prompt and round of the same configuration.
-Every configuration (one per ``--n-max`` value) runs its own ``ar`` baseline.
+Runs are interleaved prompt by prompt so that machine drift hits all systems alike: every
+configuration (one per ``--n-max`` value, each with its own model and server, all loaded at once)
+decodes each prompt run right after the others, in an order rotated from run to run, and ``ar``
+decodes it once as the baseline of them all. Speedups are ratios to that ``ar`` run, so two n_max
+values compare on the same prompt runs minutes apart at most. Each model and server gets one
+warm-up request that is not counted.
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import platform
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -208,31 +210,43 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
         "configs": [],
     }
 
-    n_runs = len(n_maxes) * (o.repeat * len(prompts) + 1) * len(systems)
-    bar = progress_bar(n_runs, o.progress)
-    try:
-        for n_max in n_maxes:
-            result["configs"].append(_run_config(o, n_max, systems, prompts, threads, server_bin, server_extra, bar))
-            gc.collect()
-    finally:
-        bar.close()
+    with ExitStack() as stack:
+        configs = [_open_config(o, n_max, systems, server_bin, server_extra, threads, stack) for n_max in n_maxes]
+        result["configs"] = [c.record for c in configs]
+        if len(configs) > 1:
+            notes.append(
+                "n_max configurations run side by side: each prompt run is decoded by ar once and by every "
+                "configuration's systems, in an order rotated from run to run; ar's runs are every "
+                "configuration's baseline"
+            )
+        _run_interleaved(o, configs, systems, prompts, threads, server_bin, server_extra, stack)
     for cfg in result["configs"]:
         cfg["summary"] = summarize_config(cfg)
     return result
 
 
-def _run_config(
+@dataclass
+class _Config:
+    """One --n-max value: its own model (auto's controller learns only from its own steps) and servers."""
+
+    n_max: NMax
+    llm: Any
+    servers: dict[str, UpstreamServer]
+    record: dict[str, Any]
+
+
+def _open_config(
     o: BenchOptions,
     n_max: NMax,
     systems: list[str],
-    prompts: list[dict[str, str]],
-    threads: int,
     server_bin: Path | None,
     server_extra: list[str],
-    bar: Any,
-) -> dict[str, Any]:
+    threads: int,
+    stack: ExitStack,
+) -> _Config:
     llm = _make_llm(o, n_max, threads)
-    cfg: dict[str, Any] = {
+    stack.callback(llm.close)
+    record: dict[str, Any] = {
         "n_max": n_max,
         "n_max_ours": llm.n_max,
         "block_size": int(llm._spec.draft_hparams["block_size"]),
@@ -241,48 +255,87 @@ def _run_config(
         "notes": [],
     }
     up_k = _upstream_n_max(llm, n_max)
-    if any(s.startswith("upstream") for s in systems):
-        cfg["n_max_upstream"] = up_k
+    if "upstream" in systems:
+        record["n_max_upstream"] = up_k
         if n_max == "auto":
-            cfg["notes"].append(f"upstream has no adaptive n_max: it drafts {up_k} tokens (block_size - 1)")
-    token_lists = [llm.tokenize(p["text"], add_special=False, parse_special=False) for p in prompts]
+            record["notes"].append(f"upstream has no adaptive n_max: it drafts {up_k} tokens (block_size - 1)")
+    servers = stack.enter_context(
+        _servers(o, ["upstream"] if "upstream" in systems else [], server_bin, server_extra, up_k, threads)
+    )
+    return _Config(n_max, llm, servers, record)
+
+
+def _run_interleaved(
+    o: BenchOptions,
+    configs: list[_Config],
+    systems: list[str],
+    prompts: list[dict[str, str]],
+    threads: int,
+    server_bin: Path | None,
+    server_extra: list[str],
+    stack: ExitStack,
+) -> None:
+    # ar decodes on a fixed configuration's model, whose steps no controller reads; with auto alone, on its own
+    fixed = [c.llm for c in configs if c.n_max != "auto"]
+    ar_llm = fixed[0] if fixed else _make_llm(o, 0, threads)
+    if not fixed:
+        stack.callback(ar_llm.close)
+    shared = stack.enter_context(
+        _servers(o, ["upstream-ar"] if "upstream-ar" in systems else [], server_bin, server_extra, 0, threads)
+    )
+    token_lists = [ar_llm.tokenize(p["text"], add_special=False, parse_special=False) for p in prompts]
     kw = dict(n_predict=o.n_predict, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p)
 
-    with _servers(o, systems, server_bin, server_extra, up_k, threads) as servers:
+    # a unit is one system of one configuration; ar and upstream-ar are no configuration's (None)
+    units: list[tuple[str, _Config | None]] = [(s, None) for s in systems if s in ("ar", "upstream-ar")]
+    units += [(s, c) for c in configs for s in systems if s in ("ours", "upstream")]
 
-        def one(system: str, toks: list[int], seed: int) -> dict[str, Any]:
-            if system in ("ar", "ours"):
-                return run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
-            return servers[system].complete(toks, seed=seed, **kw)  # type: ignore[arg-type]
+    def one(system: str, c: _Config | None, toks: list[int], seed: int) -> dict[str, Any]:
+        if system in ("ar", "ours"):
+            llm = ar_llm if c is None else c.llm
+            return run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
+        return (shared if c is None else c.servers)[system].complete(toks, seed=seed, **kw)  # type: ignore[arg-type]
 
-        bar.set_description(f"n_max={n_max} warm-up")
-        for system in systems:  # warm-up, not counted
-            one(system, token_lists[0], _seed_for(o.seed, 0, -1))
+    bar = progress_bar(len(units) * (o.repeat * len(prompts) + 1), o.progress)
+    try:
+        bar.set_description("warm-up")
+        for system, c in units:  # one request per model and server, not counted
+            one(system, c, token_lists[0], _seed_for(o.seed, 0, -1))
             bar.update(1)
         for rnd in range(o.repeat):
             for i, (p, toks) in enumerate(zip(prompts, token_lists)):
-                bar.set_description(f"n_max={n_max} round {rnd + 1}/{o.repeat} {p['id']}")
+                bar.set_description(f"round {rnd + 1}/{o.repeat} {p['id']}")
                 seed = _seed_for(o.seed, i, rnd)
-                ar_rec: dict[str, Any] | None = None
-                for system in systems:
-                    rec = one(system, toks, seed)
-                    rec.update(system=system, prompt_id=p["id"], prompt_index=i, round=rnd, seed=seed)
-                    if system == "ar":
-                        ar_rec = rec
-                    assert ar_rec is not None
-                    rec["ar_tok_s"] = ar_rec["tok_s"]
-                    rec["speedup_vs_ar"] = rec["tok_s"] / ar_rec["tok_s"] if ar_rec["tok_s"] > 0 else 0.0
-                    if system == "ours" and ar_rec["tok_s"] > 0:
-                        # what the same steps would give with no loop overhead: only the model work counted
-                        work_ms = rec["draft_ms"] + rec["verify_ms"] + rec["inject_ms"]
-                        rec["limit_vs_ar"] = rec["tokens"] / work_ms * 1e3 / ar_rec["tok_s"] if work_ms > 0 else 0.0
-                    if o.temperature == 0.0:
-                        n = min(len(rec["output"]), len(ar_rec["output"]))
-                        rec["same_as_ar"] = rec["output"][:n] == ar_rec["output"][:n]
-                    cfg["runs"].append(rec)
+                turn = rnd * len(prompts) + i
+                recs: dict[tuple[str, int | None], dict[str, Any]] = {}
+                for position, (system, c) in enumerate(units[turn % len(units) :] + units[: turn % len(units)]):
+                    rec = one(system, c, toks, seed)
+                    rec.update(
+                        system=system, prompt_id=p["id"], prompt_index=i, round=rnd, seed=seed, position_in_run=position
+                    )
+                    recs[(system, None if c is None else id(c))] = rec
                     bar.update(1)
-    llm.close()  # the model goes before the next configuration loads its own
-    return cfg
+                ar_rec = recs[("ar", None)]
+                for rec in recs.values():
+                    _relate_to_ar(rec, ar_rec, o.temperature)
+                for c in configs:
+                    for system in systems:
+                        rec = recs[(system, id(c) if system in ("ours", "upstream") else None)]
+                        c.record["runs"].append(dict(rec))
+    finally:
+        bar.close()
+
+
+def _relate_to_ar(rec: dict[str, Any], ar_rec: dict[str, Any], temperature: float) -> None:
+    rec["ar_tok_s"] = ar_rec["tok_s"]
+    rec["speedup_vs_ar"] = rec["tok_s"] / ar_rec["tok_s"] if ar_rec["tok_s"] > 0 else 0.0
+    if rec["system"] == "ours" and ar_rec["tok_s"] > 0:
+        # what the same steps would give with no loop overhead: only the model work counted
+        work_ms = rec["draft_ms"] + rec["verify_ms"] + rec["inject_ms"]
+        rec["limit_vs_ar"] = rec["tokens"] / work_ms * 1e3 / ar_rec["tok_s"] if work_ms > 0 else 0.0
+    if temperature == 0.0:
+        n = min(len(rec["output"]), len(ar_rec["output"]))
+        rec["same_as_ar"] = rec["output"][:n] == ar_rec["output"][:n]
 
 
 @contextmanager
