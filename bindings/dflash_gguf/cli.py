@@ -399,7 +399,7 @@ def serve(
     "--n-max",
     default=None,
     help="Drafted tokens per step: an int (0 = block size - 1), a comma list (one configuration "
-    "each), or 'auto' [default: 0; --scale: 2,3,auto].",
+    "each, all run side by side on the same prompt runs), or 'auto' [default: 0; --scale: 2,3,auto].",
 )
 @click.option("--repeat", default=1, show_default=True, help="Rounds over the prompts.")
 @click.option(
