@@ -95,6 +95,15 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
         assert row["implied_speedup"] == pytest.approx(statistics.median(r["limit_vs_ar"] for r in ours))
         for key in ("sample_ms", "rest_ms"):
             assert row["systems"]["ours"][key] == pytest.approx(statistics.median(r[f"{key}_per_step"] for r in ours))
+    for res in scale_json["_raw"]:  # auto over the fixed length, paired by prompt run
+        fixed, auto = (
+            {(r["prompt_index"], r["round"]): r["tok_s"] for r in c["runs"] if r["system"] == "ours"}
+            for c in res["configs"]
+        )
+        row = next(r for r in rows if r["n_max"] == "auto" and r["target_type"] in res["meta"]["target"])
+        expected = statistics.median(auto[key] / fixed[key] for key in auto)
+        assert row["systems"]["ours"]["vs_n_max"] == {"2": pytest.approx(expected)}
+        assert "vs_n_max" not in next(r for r in rows if r["n_max"] == 2)["systems"]["ours"]
     assert scale_json["meta"]["threads"] == 1
 
 
@@ -111,6 +120,14 @@ def test_goals_follow_the_rows(scale_json: dict[str, Any]) -> None:
     ]
     unpaired[0]["systems"]["upstream"]["speedup"] = 99.0  # without the pairs, the medians decide
     assert next(g for g in goals(unpaired) if g["goal"].startswith("ours ahead"))["met"] is False
+    for g in scale_json["goals"]:
+        if g["goal"].startswith("auto within 3%"):
+            row = next(
+                r
+                for r in rows
+                if r["n_max"] == "auto" and g["goal"].endswith(f"({r['size']} {r['target_type'].upper()})")
+            )
+            assert g["met"] == (row["systems"]["ours"]["vs_n_max"]["2"] >= 0.97)
     text = format_table(scale_json)
     assert "small" in text and "goals:" in text and text.count("\nsmall ") == len(rows)
 

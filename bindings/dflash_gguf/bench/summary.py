@@ -124,13 +124,33 @@ def paired_ratio(runs: Sequence[dict[str, Any]], a: str, b: str) -> dict[str, An
     """a's decode tok/s over b's on the same prompt and round (run next to each other, so drift on the
     machine cancels as it does not between two medians of ratios to ar): the spread, and in how many
     of the pairs a was faster. None without a pair."""
-    tok_s = {(r["system"], r["prompt_index"], r["round"]): r["tok_s"] for r in runs}
+    return _paired([r for r in runs if r["system"] == a], [r for r in runs if r["system"] == b])
+
+
+def _paired(a_runs: Sequence[dict[str, Any]], b_runs: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    b_tok_s = {(r["prompt_index"], r["round"]): r["tok_s"] for r in b_runs}
     ratios = [
-        v / tok_s[(b, i, rnd)] for (sys_, i, rnd), v in tok_s.items() if sys_ == a and tok_s.get((b, i, rnd), 0) > 0
+        r["tok_s"] / b_tok_s[(r["prompt_index"], r["round"])]
+        for r in a_runs
+        if b_tok_s.get((r["prompt_index"], r["round"]), 0) > 0
     ]
     if not ratios:
         return None
     return {**spread(ratios), "faster": sum(x > 1 for x in ratios), "pairs": len(ratios)}
+
+
+def compare_auto_with_fixed(configs: Sequence[dict[str, Any]]) -> None:
+    """Into the summary of an `auto` configuration: ours' tok/s under auto over ours' at each fixed n_max,
+    paired by prompt run (the configurations run side by side), as `vs_n_max` {n_max: paired ratio}."""
+    fixed = [c for c in configs if c["n_max"] != "auto"]
+    for c in configs:
+        if c["n_max"] != "auto" or "ours" not in c["summary"]:
+            continue
+        mine = [r for r in c["runs"] if r["system"] == "ours"]
+        vs = {str(f["n_max"]): _paired(mine, [r for r in f["runs"] if r["system"] == "ours"]) for f in fixed}
+        vs = {k: v for k, v in vs.items() if v is not None}
+        if vs:
+            c["summary"]["ours"]["vs_n_max"] = vs
 
 
 # --- the table -----------------------------------------------------------
@@ -196,6 +216,11 @@ def format_table(result: dict[str, Any]) -> str:
                 lines.append(
                     f"ours / upstream decode tok/s, paired by prompt run: {v['median']:.2f}x "
                     f"(p10-p90 {v['p10']:.2f}-{v['p90']:.2f}), ours faster in {v['faster']} of {v['pairs']}"
+                )
+            for k, v in s.get("vs_n_max", {}).items():
+                lines.append(
+                    f"ours under auto / ours at n_max {k}, decode tok/s paired by prompt run: {v['median']:.2f}x "
+                    f"(p10-p90 {v['p10']:.2f}-{v['p90']:.2f}), auto faster in {v['faster']} of {v['pairs']}"
                 )
             if system == "ours" and "limit_vs_ar" in s:
                 outside = ""

@@ -31,7 +31,7 @@ from typing import Any
 from .._core import default_cpu_threads
 from .options import BenchError, BenchOptions, NMax, load_prompts, parse_n_max, parse_systems
 from .progress import progress_bar
-from .summary import summarize_config
+from .summary import compare_auto_with_fixed, summarize_config
 from .upstream import UpstreamServer, cpu_has_amx, find_server_binary, gguf_is_quantized, missing_server_message
 
 
@@ -222,6 +222,7 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
         _run_interleaved(o, configs, systems, prompts, threads, server_bin, server_extra, stack)
     for cfg in result["configs"]:
         cfg["summary"] = summarize_config(cfg)
+    compare_auto_with_fixed(result["configs"])
     return result
 
 
