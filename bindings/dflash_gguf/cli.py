@@ -382,7 +382,12 @@ def serve(
 @click.option(
     "--scale-sizes", default="0.6B,1.7B", show_default=True, help="--scale: comma list of 0.6B, 1.7B, 4B, 8B."
 )
-@click.option("--scale-types", default="f16,q8_0,q4_k_m", show_default=True, help="--scale: target types.")
+@click.option(
+    "--scale-types",
+    default="f16,q8_0,q4_k_m",
+    show_default=True,
+    help="--scale: target types (any dflash-convert --outtype libllama quantizes to, e.g. bf16, q5_k_m).",
+)
 @click.option(
     "--scale-dir",
     type=click.Path(file_okay=False),

@@ -276,7 +276,7 @@ def _run_interleaved(
     server_extra: list[str],
     stack: ExitStack,
 ) -> None:
-    # ar decodes on a fixed configuration's model, whose steps no controller reads; with auto alone, on its own
+    # ar decodes on a fixed length's model, where no step timing decides a length; with auto alone, on its own
     fixed = [c.llm for c in configs if c.n_max != "auto"]
     ar_llm = fixed[0] if fixed else _make_llm(o, 0, threads)
     if not fixed:
@@ -287,42 +287,46 @@ def _run_interleaved(
     token_lists = [ar_llm.tokenize(p["text"], add_special=False, parse_special=False) for p in prompts]
     kw = dict(n_predict=o.n_predict, temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p)
 
-    # a unit is one system of one configuration; ar and upstream-ar are no configuration's (None)
-    units: list[tuple[str, _Config | None]] = [(s, None) for s in systems if s in ("ar", "upstream-ar")]
-    units += [(s, c) for c in configs for s in systems if s in ("ours", "upstream")]
+    # a unit is a system and the index of its configuration; ar and upstream-ar are no configuration's (None)
+    Unit = tuple[str, int | None]
+    shared_units: list[Unit] = [(s, None) for s in systems if s in ("ar", "upstream-ar")]
+    units = shared_units + [(s, k) for k in range(len(configs)) for s in systems if s in ("ours", "upstream")]
 
-    def one(system: str, c: _Config | None, toks: list[int], seed: int) -> dict[str, Any]:
+    def one(unit: Unit, toks: list[int], seed: int) -> dict[str, Any]:
+        system, k = unit
         if system in ("ar", "ours"):
-            llm = ar_llm if c is None else c.llm
+            llm = ar_llm if k is None else configs[k].llm
             return run_ours(llm, toks, plain=system == "ar", seed=seed, **kw)  # type: ignore[arg-type]
-        return (shared if c is None else c.servers)[system].complete(toks, seed=seed, **kw)  # type: ignore[arg-type]
+        return (shared if k is None else configs[k].servers)[system].complete(toks, seed=seed, **kw)  # type: ignore[arg-type]
 
     bar = progress_bar(len(units) * (o.repeat * len(prompts) + 1), o.progress)
     try:
         bar.set_description("warm-up")
-        for system, c in units:  # one request per model and server, not counted
-            one(system, c, token_lists[0], _seed_for(o.seed, 0, -1))
+        for unit in units:  # one request per model and server, not counted
+            one(unit, token_lists[0], _seed_for(o.seed, 0, -1))
             bar.update(1)
         for rnd in range(o.repeat):
             for i, (p, toks) in enumerate(zip(prompts, token_lists)):
                 bar.set_description(f"round {rnd + 1}/{o.repeat} {p['id']}")
                 seed = _seed_for(o.seed, i, rnd)
                 turn = rnd * len(prompts) + i
-                recs: dict[tuple[str, int | None], dict[str, Any]] = {}
-                for position, (system, c) in enumerate(units[turn % len(units) :] + units[: turn % len(units)]):
-                    rec = one(system, c, toks, seed)
+                recs: dict[Unit, dict[str, Any]] = {}
+                for position, unit in enumerate(units[turn % len(units) :] + units[: turn % len(units)]):
+                    rec = one(unit, toks, seed)
                     rec.update(
-                        system=system, prompt_id=p["id"], prompt_index=i, round=rnd, seed=seed, position_in_run=position
+                        system=unit[0],
+                        prompt_id=p["id"],
+                        prompt_index=i,
+                        round=rnd,
+                        seed=seed,
+                        position_in_run=position,
                     )
-                    recs[(system, None if c is None else id(c))] = rec
+                    recs[unit] = rec
                     bar.update(1)
-                ar_rec = recs[("ar", None)]
                 for rec in recs.values():
-                    _relate_to_ar(rec, ar_rec, o.temperature)
-                for c in configs:
-                    for system in systems:
-                        rec = recs[(system, id(c) if system in ("ours", "upstream") else None)]
-                        c.record["runs"].append(dict(rec))
+                    _relate_to_ar(rec, recs[("ar", None)], o.temperature)
+                for k, c in enumerate(configs):  # the shared runs go into every configuration, as copies
+                    c.record["runs"] += [dict(recs[(s, None if (s, None) in shared_units else k)]) for s in systems]
     finally:
         bar.close()
 
