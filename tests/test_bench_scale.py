@@ -100,7 +100,11 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
             {(r["prompt_index"], r["round"]): r["tok_s"] for r in c["runs"] if r["system"] == "ours"}
             for c in res["configs"]
         )
-        row = next(r for r in rows if r["n_max"] == "auto" and r["target_type"] in res["meta"]["target"])
+        row = next(
+            r
+            for r in rows
+            if r["n_max"] == "auto" and res["meta"]["target"].endswith(f"-target-{r['target_type']}.gguf")
+        )
         expected = statistics.median(auto[key] / fixed[key] for key in auto)
         assert row["systems"]["ours"]["vs_n_max"] == {"2": pytest.approx(expected)}
         assert "vs_n_max" not in next(r for r in rows if r["n_max"] == 2)["systems"]["ours"]
