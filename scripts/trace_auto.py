@@ -27,7 +27,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench_common import TINY, greedy_prompt_runs, n_max_values, pair_parser
+from bench_common import TINY, pair_parser
 
 
 def main() -> int:
@@ -42,9 +42,13 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the trace here")
     args = ap.parse_args()
 
-    from dflash_gguf.bench import three_way
+    from dflash_gguf.bench import load_prompts, three_way
+    from dflash_gguf.bench.options import BenchError, parse_n_max
 
-    n_max = n_max_values(ap, args.n_max)
+    try:
+        n_max = parse_n_max(args.n_max)
+    except BenchError as e:
+        ap.error(str(e))
     if len(n_max) != 1:
         ap.error("--n-max takes one value")
     from dflash_gguf.speculative import SpeculativeLlama
@@ -57,7 +61,9 @@ def main() -> int:
         n_max=n_max[0],
         n_gpu_layers=args.n_gpu_layers,
     )
-    prompts, token_lists, sampling = greedy_prompt_runs(llm, args.prompts, None, args.n)
+    prompts = load_prompts(args.prompts, None)
+    token_lists = [llm.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
+    sampling = {"n_predict": args.n, "temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "seed": 0}
     spec = llm._spec
     trace, ratios = [], []
     for rnd in range(args.rounds):

@@ -226,6 +226,10 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
     return result
 
 
+# decoded once per prompt run, the same for every configuration (the drafter's length plays no part)
+_SHARED_SYSTEMS = ("ar", "upstream-ar")
+
+
 @dataclass
 class _Config:
     """One --n-max value: its own model (auto's controller learns only from its own steps) and servers."""
@@ -289,8 +293,8 @@ def _run_interleaved(
 
     # a unit is a system and the index of its configuration; ar and upstream-ar are no configuration's (None)
     Unit = tuple[str, int | None]
-    shared_units: list[Unit] = [(s, None) for s in systems if s in ("ar", "upstream-ar")]
-    units = shared_units + [(s, k) for k in range(len(configs)) for s in systems if s in ("ours", "upstream")]
+    units: list[Unit] = [(s, None) for s in systems if s in _SHARED_SYSTEMS]
+    units += [(s, k) for k in range(len(configs)) for s in systems if s not in _SHARED_SYSTEMS]
 
     def one(unit: Unit, toks: list[int], seed: int) -> dict[str, Any]:
         system, k = unit
@@ -326,7 +330,7 @@ def _run_interleaved(
                 for rec in recs.values():
                     _relate_to_ar(rec, recs[("ar", None)], o.temperature)
                 for k, c in enumerate(configs):  # the shared runs go into every configuration, as copies
-                    c.record["runs"] += [dict(recs[(s, None if (s, None) in shared_units else k)]) for s in systems]
+                    c.record["runs"] += [dict(recs[(s, None if s in _SHARED_SYSTEMS else k)]) for s in systems]
     finally:
         bar.close()
 
