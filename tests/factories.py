@@ -31,6 +31,26 @@ if TYPE_CHECKING:
 
 DTYPES = ("bf16", "f16", "f32")
 
+# make_checkpoint overrides for the two ways published sliding-window drafters are configured, on the
+# default 2 layers: z-lab's Qwen3.6 drafters slide in every layer but the last (HF use_sliding_window,
+# sliding_window, layer_types); ModelOpt's exports slide in every layer (dflash_config use_swa,
+# swa_window_size). Both windows are shorter than a 37-row context; 6 < B = 8 also hides a block's
+# first rows from its last ones. Each: (overrides, window, sliding layers).
+SLIDING_WINDOW_DRAFTERS: dict[str, tuple[dict[str, Any], int, list[bool]]] = {
+    "layer_types": (
+        {
+            "config_overrides": {
+                "use_sliding_window": True,
+                "sliding_window": 12,
+                "layer_types": ["sliding_attention", "full_attention"],
+            }
+        },
+        12,
+        [True, False],
+    ),
+    "use_swa": ({"dflash_overrides": {"use_swa": True, "swa_window_size": 6}}, 6, [True, True]),
+}
+
 
 # ----------------------------------------------------------------------------
 # numeric helpers

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from factories import make_checkpoint, make_target_gguf
+from factories import SLIDING_WINDOW_DRAFTERS, make_checkpoint, make_target_gguf
 from reference.dflash_ref import DraftOutput, DraftReference
 from reference.qwen3_ref import Qwen3Reference
 
@@ -151,9 +151,14 @@ class Case:
         block: int,
         conv_kernel: int = 2,
         conv_group: int = 16,
+        name: str = "",
+        config_overrides: dict[str, Any] | None = None,
+        dflash_overrides: dict[str, Any] | None = None,
     ):
         self.version, self.block = version, block
         self.dir = work / f"v{version}_b{block}" if conv_kernel == 2 else work / f"v{version}_b{block}_k{conv_kernel}"
+        if name:
+            self.dir = self.dir.with_name(f"{self.dir.name}_{name}")
         self.target_path, tt = target
         self.tensors = make_checkpoint(
             self.dir,
@@ -169,6 +174,8 @@ class Case:
             seed=100 + 10 * version + block,
             conv_kernel=conv_kernel,
             conv_group=conv_group,
+            config_overrides=config_overrides,
+            dflash_overrides=dflash_overrides,
         )
         self.config = json.loads((self.dir / "config.json").read_text())
         self.ref = DraftReference(self.config, self.tensors, tt["token_embd.weight"], tt["output.weight"])
@@ -361,6 +368,45 @@ def test_embedded_head_parity(case: Any) -> None:
     print(f"f32 DFlash2 B=8 embedded target head: worst row NMSE {e:.3e}")
     assert e <= NMSE_F32
     check_selector(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
+
+
+# Sliding-window drafters (factories.SLIDING_WINDOW_DRAFTERS): windows shorter than the 37-row context.
+@pytest.mark.parametrize("version", (1, 2))
+@pytest.mark.parametrize("kind", sorted(SLIDING_WINDOW_DRAFTERS))
+def test_sliding_window_parity(work: Path, target: tuple[Path, dict[str, np.ndarray]], kind: str, version: int) -> None:
+    overrides, window, layers = SLIDING_WINDOW_DRAFTERS[kind]
+    c = Case(work, target, version, 8, name=kind, **overrides)
+    assert (c.ref.cfg.sliding_window, list(c.ref.cfg.sliding_layers)) == (window, layers)
+    d = c.drafter("f32")
+    assert (d.hparams["sliding_window"], d.hparams["sliding_window_layers"]) == (window, layers)
+    worst = 0.0
+    for i, n_ctx_rows in enumerate(CONTEXTS):
+        ours, ref = run_both(c, d, n_ctx_rows, anchor=11 + 29 * i, seed=3000 + i)
+        e = row_nmse(np.asarray(ours["logits"]), ref.logits.numpy())
+        worst = max(worst, float(e.max()))
+        assert e.max() <= NMSE_F32, f"ctx {n_ctx_rows}: per-row logits NMSE {e}"
+        tie = TIE * float(np.abs(ref.logits.numpy()).max())
+        check_argmax(ours, ref, tie)
+        if version == 2:
+            check_selector(ours, ref, tie)
+    # the window changes the numbers: the same weights attending to everything draft other logits
+    full = DraftReference(
+        {k: v for k, v in c.config.items() if k not in ("use_sliding_window", "sliding_window", "layer_types")}
+        | {"dflash_config": {k: v for k, v in c.config["dflash_config"].items() if k != "use_swa"}},
+        c.tensors,
+        c.ref.embed,
+        c.ref.lm_head,
+    )
+    assert full.cfg.sliding_window is None
+    feats = features(37, c.width, 3002)
+    unwindowed = full.draft(full.inject(feats, range(37)), 11 + 29 * 2, 37)
+    apart = float(row_nmse(np.asarray(ours["logits"]), unwindowed.logits.numpy()).max())
+    note(f"f32 v{version} B8 sliding {kind}", worst)
+    print(
+        f"f32 DFlash{version} B=8 sliding window {window} ({kind}): worst row NMSE {worst:.3e}; "
+        f"vs no window {apart:.3e}"
+    )
+    assert apart > 1e-3
 
 
 # --------------------------------------------------------------------------- #

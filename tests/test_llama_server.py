@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -182,12 +183,11 @@ def test_llama_server_drafts_with_converted_drafter(
     llama_server: Path, tinycode: Path, tmp_path: Path, plain_completions: list[dict[str, Any]], variant: str
 ) -> None:
     outtype, _, embed = variant.partition("+")
-    target = tinycode / "target-f16.gguf"
     draft = tmp_path / f"tinycode-dflash2-{outtype}.gguf"
     convert(
         Options(
             draft_dir=tinycode / "drafter-dflash2",
-            target=target,
+            target=tinycode / "target-f16.gguf",
             outfile=draft,
             outtype=outtype,
             progress=False,
@@ -195,8 +195,31 @@ def test_llama_server_drafts_with_converted_drafter(
         )
     )
     extra = QUANTIZED_ARGS if outtype not in ("f32", "f16", "bf16") else []
+    check_drafted_run(llama_server, tinycode, tmp_path, plain_completions, draft, extra)
+
+
+def test_llama_server_drafts_with_sliding_window_drafter(
+    llama_server: Path, tinycode: Path, tmp_path: Path, plain_completions: list[dict[str, Any]]
+) -> None:
+    """The GGUF keys our converter writes for a sliding-window drafter are the ones upstream reads."""
+    from tinycode import sliding_drafter_gguf
+
+    check_drafted_run(llama_server, tinycode, tmp_path, plain_completions, sliding_drafter_gguf(16, "f16"), [])
+    # upstream read the window: its model summary prints the draft's (the target has none)
+    assert re.search(r"n_swa\s*=\s*16\b", (tmp_path / "server-draft.log").read_text(errors="replace"))
+
+
+def check_drafted_run(
+    llama_server: Path,
+    tinycode: Path,
+    tmp_path: Path,
+    plain_completions: list[dict[str, Any]],
+    draft: Path,
+    extra: list[str],
+) -> None:
+    """llama-server with `draft` decodes what it decodes alone, and accepts some of its drafts."""
     log = tmp_path / "server-draft.log"
-    with running_server(llama_server, target, log, draft=draft, extra_args=extra) as base:
+    with running_server(llama_server, tinycode / "target-f16.gguf", log, draft=draft, extra_args=extra) as base:
         drafted = [complete(base, p) for p in prompts(tinycode)]
     assert "draft-dflash" in log.read_text(errors="replace"), _tail(log)
 

@@ -416,7 +416,6 @@ BAD_VALUES = {
     "rms_eps_zero": ("dflash.attention.layer_norm_rms_epsilon", 0.0, "expected a value in (0, 1)"),
     "value_length_differs": ("dflash.attention.value_length", 32, "expected 16 (= key_length), found 32"),
     "mask_token_negative": ("tokenizer.ggml.mask_token_id", typed(T.INT32, -1), "value -1 is out of range"),
-    "sliding_window": ("dflash.attention.sliding_window", 512, "not supported"),
     "rope_scaling_yarn": ("dflash.rope.scaling.type", "yarn", 'only "linear" and "none"'),
 }
 
@@ -426,6 +425,47 @@ def test_key_with_bad_value(draft, case):
     key, value, fragment = BAD_VALUES[case]
     p = draft(version=2, key_overrides={key: value})
     expect_error(p, f"key '{key}'", fragment)
+
+
+SWA = "dflash.attention.sliding_window"
+SWA_PATTERN = "dflash.attention.sliding_window_pattern"
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [[True, False], typed(T.ARRAY, [1, 0], T.INT32), typed(T.ARRAY, [1, 0], T.UINT8)],
+    ids=["bool", "i32", "u8"],
+)
+def test_sliding_window_read(draft, pattern):
+    # llama.cpp's writers store the pattern as bools or as integers; both read as flags
+    p = draft(version=2, key_overrides={SWA: 512, SWA_PATTERN: pattern})
+    hp = dflash_gguf.inspect_draft(str(p))["hparams"]
+    assert (hp["sliding_window"], hp["sliding_window_layers"]) == (512, [True, False])
+    hp = dflash_gguf.inspect_draft(str(draft(version=2)))["hparams"]
+    assert (hp["sliding_window"], hp["sliding_window_layers"]) == (0, [])
+
+
+def test_sliding_window_without_pattern(draft):
+    p = draft(version=2, key_overrides={SWA: 512})
+    expect_error(p, f"key '{SWA_PATTERN}'", "missing", "sliding_window = 512")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "fragment"),
+    [
+        ([True], f"expected {N_LAYER} flags (block_count), found 1"),
+        ([True, False, True], f"expected {N_LAYER} flags (block_count), found 3"),
+        (typed(T.ARRAY, [1, 2], T.INT32), "element 1 = 2 is out of range"),
+        (
+            typed(T.ARRAY, [0.5, 1.0], T.FLOAT32),
+            "expected an array of bools (or of integers 0 / 1), found an array of f32",
+        ),
+        (typed(T.UINT32, 1), "expected an array of bools (or of integers 0 / 1), found u32"),
+    ],
+)
+def test_sliding_window_pattern_bad(draft, pattern, fragment):
+    p = draft(version=2, key_overrides={SWA: 512, SWA_PATTERN: pattern})
+    expect_error(p, f"key '{SWA_PATTERN}'", fragment)
 
 
 def test_odd_head_dim(draft):

@@ -32,6 +32,7 @@ from tinycode import (  # noqa: E402
     prompts,
     random_drafter_gguf,
     record,
+    sliding_drafter_gguf,
 )
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
@@ -150,6 +151,16 @@ def test_greedy_lossless_auto_draft_length(
     # the controller measured costs for plain decoding and for at least one draft length
     assert len(ctl["acceptance"]) == 7 and all(0.0 <= a <= 1.0 for a in ctl["acceptance"])
     assert all(c > 0.0 for c in ctl["expected_step_ms"]), ctl
+
+
+def test_greedy_lossless_sliding_window_drafter(ref: GreedyReference, ptoks: list[list[int]]) -> None:
+    """A drafter with sliding-window layers (window 16, shorter than every prompt) drafts from a context its
+    sliding layers see only the end of; the output stays exact and its drafts are still accepted."""
+    with _spec(str(sliding_drafter_gguf(16))) as spec:
+        s = _run_all(spec, ref, ptoks[:8], "sliding_window_drafter")
+    assert not s["problems"], "\n".join(s["problems"])
+    assert all(t["margin"] < EPS for t in s["near_ties"])
+    assert s["mean_accepted_length"] > 2.0, s["mean_accepted_length"]
 
 
 def test_greedy_lossless_random_drafter(

@@ -247,7 +247,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 dflash_gguf = pytest.importorskip("dflash_gguf", reason="the dflash_gguf extension is not built")
-from factories import make_checkpoint, make_target_gguf  # noqa: E402
+from factories import SLIDING_WINDOW_DRAFTERS, make_checkpoint, make_target_gguf  # noqa: E402
 
 from dflash_convert.convert import Options, convert  # noqa: E402
 
@@ -508,9 +508,12 @@ def random_target(work: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("version,block", [(1, 8), (2, 8), (2, 16), (1, 4)])
-def test_random_drafter_matches_upstream(work: Path, random_target: Path, version: int, block: int) -> None:
-    src = work / f"v{version}_b{block}"
+def check_random_drafter(
+    work: Path, random_target: Path, version: int, block: int, name: str = "", **overrides: Any
+) -> float:
+    """A random drafter converted to f32: ours and upstream's blocks agree on three contexts and a second step."""
+    tag = f"v{version}_b{block}" + (f"_{name}" if name else "")
+    src = work / tag
     make_checkpoint(
         src,
         version=version,
@@ -523,21 +526,36 @@ def test_random_drafter_matches_upstream(work: Path, random_target: Path, versio
         rank=8,
         dtype="f32",
         seed=7 + version + block,
+        **overrides,
     )
-    draft = work / f"v{version}_b{block}-f32.gguf"
+    draft = work / f"{tag}-f32.gguf"
     convert(Options(draft_dir=src, target=random_target, outfile=draft, outtype="f32", force=True, progress=False))
     rng = np.random.default_rng(version * 100 + block)
     cases = [(rng.standard_normal((n, 128)).astype(np.float32), int(a), n) for n, a in ((37, 9), (5, 300), (0, 77))]
     step2 = (rng.standard_normal((3, 128)).astype(np.float32), 123)  # 3 accepted rows, then the next anchor
-    up = run_upstream(
-        work, random_target, draft, block, cases, kv_f32=True, tag=f"rand_v{version}_b{block}", step2=step2
-    )
+    up = run_upstream(work, random_target, draft, block, cases, kv_f32=True, tag=f"rand_{tag}", step2=step2)
     worst = 0.0
+    suffix = f" {name}" if name else ""
     for ci, (feats, anchor, position) in enumerate(cases):
         ours, ours2 = ours_draft(draft, random_target, feats, anchor, position, step2)
-        label = f"random DFlash{version} B{block} case {ci}"
+        label = f"random DFlash{version} B{block}{suffix} case {ci}"
         worst = max(worst, compare(label, ours, up, ci, anchor, NMSE_F32, 1e-4))
         assert ours2 is not None
         worst = max(worst, compare(label + " step 2", ours2, up, f"{ci}s2", step2[1], NMSE_F32, 1e-4))
-    FIGURES.append(f"random DFlash{version} B={block} (f32): worst row logits NMSE {worst:.3e}")
-    print(f"random DFlash{version} B={block}: worst row logits NMSE vs upstream {worst:.3e}")
+    FIGURES.append(f"random DFlash{version} B={block}{suffix} (f32): worst row logits NMSE {worst:.3e}")
+    print(f"random DFlash{version} B={block}{suffix}: worst row logits NMSE vs upstream {worst:.3e}")
+    return worst
+
+
+@pytest.mark.parametrize("version,block", [(1, 8), (2, 8), (2, 16), (1, 4)])
+def test_random_drafter_matches_upstream(work: Path, random_target: Path, version: int, block: int) -> None:
+    check_random_drafter(work, random_target, version, block)
+
+
+# Sliding-window drafters (factories.SLIDING_WINDOW_DRAFTERS): upstream runs the sliding layers through its
+# own SWA KV cache and mask (LLAMA_SWA_TYPE_STANDARD).
+@pytest.mark.parametrize("version", (1, 2))
+@pytest.mark.parametrize("kind", sorted(SLIDING_WINDOW_DRAFTERS))
+def test_sliding_window_drafter_matches_upstream(work: Path, random_target: Path, kind: str, version: int) -> None:
+    overrides, _, _ = SLIDING_WINDOW_DRAFTERS[kind]
+    check_random_drafter(work, random_target, version, 8, name=f"swa_{kind}", **overrides)

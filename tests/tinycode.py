@@ -4,6 +4,8 @@
 
 * ``drafter_gguf("f32")``: the bundled DFlash2 drafter converted with
   ``dflash-convert`` (f32 / f16 / q8_0), once per test process.
+* ``sliding_drafter_gguf()``: the bundled drafter's weights with a sliding
+  window in every layer but the last (as z-lab's Qwen3.6 drafters slide).
 * ``random_drafter_gguf()``: a random DFlash2 checkpoint of the tinycode
   shape (``factories.make_checkpoint``) converted against the tinycode target;
   its drafts are useless, so acceptance is ~0 and the fallback kicks in.
@@ -155,6 +157,24 @@ def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:
 def drafter_gguf(outtype: str = "f32") -> Path:
     """The bundled trained drafter as a GGUF of the given type."""
     return convert(DRAFTER_DIR, TARGET, _workdir() / f"tinycode-drafter-{outtype}.gguf", outtype)
+
+
+@functools.cache
+def sliding_drafter_gguf(window: int = 16, outtype: str = "f32") -> Path:
+    """The bundled trained drafter's weights configured as z-lab's Qwen3.6 drafters are: a sliding window of
+    `window` positions in every layer but the last. Trained without one, it drafts worse, not uselessly."""
+    src = _workdir() / f"sliding-drafter-{window}"
+    src.mkdir()
+    cfg = json.loads((DRAFTER_DIR / "config.json").read_text())
+    n = cfg["num_hidden_layers"]
+    cfg |= {
+        "use_sliding_window": True,
+        "sliding_window": window,
+        "layer_types": ["sliding_attention"] * (n - 1) + ["full_attention"],
+    }
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "model.safetensors").symlink_to(DRAFTER_DIR / "model.safetensors")
+    return convert(src, TARGET, _workdir() / f"sliding-drafter-{window}-{outtype}.gguf", outtype)
 
 
 @functools.cache

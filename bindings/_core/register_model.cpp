@@ -29,6 +29,8 @@ py::dict hparams_dict(const dflash::DraftHparams & h) {
     d["embedding_scale"] = h.embedding_scale;
     d["attention_value_scale"] = h.attn_value_scale;
     d["causal"] = h.causal;
+    d["sliding_window"] = h.swa_window;
+    d["sliding_window_layers"] = h.swa_layers;
     d["conv_kernel_size"] = h.conv_kernel;
     d["conv_group_size"] = h.conv_group;
     d["selector_rank"] = h.selector_rank;

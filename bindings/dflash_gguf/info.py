@@ -51,6 +51,8 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
         out["scales"] = scales
     if hp["causal"]:
         out["causal"] = True
+    if hp["sliding_window"]:
+        out["sliding_window"] = {"window": hp["sliding_window"], "layers": hp["sliding_window_layers"]}
     return out
 
 
@@ -75,6 +77,10 @@ def format_text(s: dict[str, Any]) -> str:
     if "conv" in s:
         lines.append(f"conv            kernel {s['conv']['kernel_size']}  group size {s['conv']['group_size']}")
         lines.append(f"selector        rank {s['selector']['rank']}  top-k {s['selector']['top_k']}")
+    if "sliding_window" in s:
+        sw = s["sliding_window"]
+        slid = [i for i, on in enumerate(sw["layers"]) if on]
+        lines.append(f"sliding window  {sw['window']} positions in layers {slid}, the others attend to everything")
     if "scales" in s:
         lines.append("scales          " + "  ".join(f"{k} {v:g}" for k, v in s["scales"].items()))
     lines.append(

@@ -234,12 +234,17 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
     if (hp.logit_softcap < 0.0f) {
         throw Error(keys.where(p + "final_logit_softcapping") + ": expected >= 0");
     }
-    if (keys.has(p + "attention.sliding_window")) {
-        const int64_t w = keys.get_int(p + "attention.sliding_window", 0, INT32_MAX);
-        if (w != 0) {
-            throw Error(keys.where(p + "attention.sliding_window") +
-                        ": sliding-window drafters are not supported by this runtime (found window " +
-                        std::to_string(w) + ")");
+    hp.swa_window = (uint32_t)keys.find_int(p + "attention.sliding_window", 0, INT32_MAX).value_or(0);
+    if (hp.swa_window != 0) {
+        const std::string pattern = p + "attention.sliding_window_pattern";
+        if (!keys.has(pattern)) {
+            throw Error(keys.where(pattern) + ": missing; attention.sliding_window = " + std::to_string(hp.swa_window) +
+                        " needs it to say which layers slide (one flag per layer)");
+        }
+        hp.swa_layers = keys.get_flag_array(pattern);
+        if (hp.swa_layers.size() != hp.n_layer) {
+            throw Error(keys.where(pattern) + ": expected " + std::to_string(hp.n_layer) +
+                        " flags (block_count), found " + std::to_string(hp.swa_layers.size()));
         }
     }
 

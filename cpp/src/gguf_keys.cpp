@@ -187,6 +187,22 @@ std::vector<int64_t> GgufKeys::get_int_array(const std::string & key, int64_t lo
     return out;
 }
 
+std::vector<bool> GgufKeys::get_flag_array(const std::string & key) const {
+    const int64_t id = require(key);
+    const gguf_type t = gguf_get_kv_type(ctx_, id);
+    const gguf_type et = t == GGUF_TYPE_ARRAY ? gguf_get_arr_type(ctx_, id) : t;
+    if (t == GGUF_TYPE_ARRAY && et == GGUF_TYPE_BOOL) {
+        const auto * data = static_cast<const int8_t *>(gguf_get_arr_data(ctx_, id));
+        return std::vector<bool>(data, data + gguf_get_arr_n(ctx_, id));
+    }
+    if (t != GGUF_TYPE_ARRAY || !is_int_type(et)) {
+        throw Error(where(key) + ": expected an array of bools (or of integers 0 / 1), found " +
+                    (t == GGUF_TYPE_ARRAY ? "an array of " : "") + gguf_type_label(et));
+    }
+    const std::vector<int64_t> v = get_int_array(key, 0, 1);
+    return std::vector<bool>(v.begin(), v.end());
+}
+
 std::optional<size_t> GgufKeys::find_array_size(const std::string & key) const {
     const int64_t id = gguf_find_key(ctx_, key.c_str());
     if (id < 0) return std::nullopt;

@@ -27,6 +27,8 @@ public:
     float get_float(const std::string & key) const;
     std::optional<bool> find_bool(const std::string & key) const;
     std::vector<int64_t> get_int_array(const std::string & key, int64_t lo, int64_t hi) const;
+    // flags: an array of bools, or of integers 0 / 1 (writers differ, llama.cpp reads both)
+    std::vector<bool> get_flag_array(const std::string & key) const;
     // number of elements of an array key of any element type, if present
     std::optional<size_t> find_array_size(const std::string & key) const;
 

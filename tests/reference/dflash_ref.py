@@ -46,7 +46,8 @@ DraftOutput fields (B = block size, k = selector_top_k, R = selector_rank);
 Spec details implemented here: RMSNorm with rms_norm_eps everywhere; NeoX RoPE
 at absolute positions on q and k after q_norm/k_norm; GQA; attention scale
 1/sqrt(head_dim); the block attends over [cached context K/V ; block K/V]
-with no mask (block-internal causal mask if `causal`); o_proj output times
+with no mask (block-internal causal mask if `causal`; in sliding-window
+layers only keys at positions > q - sliding_window); o_proj output times
 attention_value_scale; embeddings times input_embedding_scale; logits times
 output_multiplier, then softcap s * tanh(logits / s). The DFlash 2 dynamic
 conv is block-local: c = W_proj h viewed [side][tap][group],
@@ -101,6 +102,10 @@ class DraftConfig:
     embedding_scale: float | None = None
     value_scale: float | None = None
     causal: bool = False
+    # sliding-window attention: in layer i with sliding_layers[i], a query at position q sees keys at
+    # positions > q - sliding_window (transformers' sliding-window mask; flash-attn's window_size (W-1, W-1))
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()
 
     @property
     def target_layers(self) -> tuple[int, ...]:
@@ -118,14 +123,21 @@ class DraftConfig:
                 version = 1
             else:
                 version = 2 if "selector_top_k" in dc else 1
-        if dc.get("use_swa") or cfg.get("use_sliding_window"):
-            raise NotImplementedError("sliding-window drafters are not implemented in the reference")
         n_head = int(cfg["num_attention_heads"])
         head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // n_head)
         n_layers = int(cfg["num_hidden_layers"])
         tl = dc.get("target_layer_ids")
         if tl is None:
             tl = default_target_layer_ids(int(cfg["num_target_layers"]), n_layers)
+        # dflash_config.use_swa slides every layer (ModelOpt, vLLM); else HF's use_sliding_window + layer_types
+        # (z-lab's drafters: sliding_attention layers get config.sliding_window)
+        window, sliding = None, ()
+        if dc.get("use_swa"):
+            window = int(dc.get("swa_window_size") or cfg["sliding_window"])
+            sliding = (True,) * n_layers
+        elif cfg.get("use_sliding_window") and cfg.get("sliding_window"):
+            window = int(cfg["sliding_window"])
+            sliding = tuple(t == "sliding_attention" for t in cfg["layer_types"])
         block_size = dc.get("block_size", cfg.get("block_size"))
         if block_size is None:
             raise KeyError("config: no dflash_config.block_size / block_size")
@@ -157,6 +169,8 @@ class DraftConfig:
             embedding_scale=opt("input_embedding_scale"),
             value_scale=opt("attention_value_scale"),
             causal=bool(dc.get("causal", cfg.get("causal", False))),
+            sliding_window=window,
+            sliding_layers=sliding,
         )
         if c.version == 2:
             if min(c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) <= 0:
@@ -401,10 +415,13 @@ class DraftReference:
         tokens = torch.tensor([int(anchor)] + [c.mask_token_id] * (B - 1), dtype=torch.long)
         pos = torch.arange(position, position + B, dtype=torch.long)
         n_ctx = len(cache)
-        mask = None
+        mask = torch.ones(B, n_ctx + B, dtype=torch.bool)
         if c.causal:
-            mask = torch.ones(B, n_ctx + B, dtype=torch.bool)
             mask[:, n_ctx:] = torch.ones(B, B, dtype=torch.bool).tril()
+        mask_swa = mask
+        if c.sliding_window is not None:
+            key_pos = torch.cat([cache.positions.to(torch.long), pos])
+            mask_swa = mask & (pos[:, None] - key_pos[None, :] < c.sliding_window)
         x = self.embed[tokens]
         if c.embedding_scale is not None:
             x = x * c.embedding_scale
@@ -422,7 +439,8 @@ class DraftReference:
             v = (h @ w[a + "v_proj.weight"].T).view(B, c.num_key_value_heads, c.head_dim)
             q = rope_neox(rms_norm(q, w[a + "q_norm.weight"], c.rms_norm_eps), pos, c.rope_theta, c.n_rot)
             k = rope_neox(rms_norm(k, w[a + "k_norm.weight"], c.rms_norm_eps), pos, c.rope_theta, c.n_rot)
-            o = attention(q, torch.cat([cache.k[i], k]), torch.cat([cache.v[i], v]), mask)
+            sliding = c.sliding_window is not None and c.sliding_layers[i]
+            o = attention(q, torch.cat([cache.k[i], k]), torch.cat([cache.v[i], v]), mask_swa if sliding else mask)
             o = o @ w[a + "o_proj.weight"].T
             if c.value_scale is not None:
                 o = o * c.value_scale

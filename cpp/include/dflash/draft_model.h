@@ -44,6 +44,10 @@ struct DraftHparams {
     float attn_value_scale = 0.0f;  // dflash.attention.value_scale
     float attn_scale = 0.0f;        // dflash.attention.scale (default 1/sqrt(head_dim))
     bool causal = false;            // dflash.attention.causal
+    // sliding-window attention (0 = none): in a layer swa_layers marks, a block row at position q sees only
+    // the rows at positions > q - swa_window (HF's sliding_window mask, llama.cpp's LLAMA_SWA_TYPE_STANDARD)
+    uint32_t swa_window = 0;       // dflash.attention.sliding_window
+    std::vector<bool> swa_layers;  // dflash.attention.sliding_window_pattern, one flag per layer
 
     // DFlash2
     uint32_t conv_kernel = 0;     // dflash.conv_kernel_size
@@ -51,6 +55,7 @@ struct DraftHparams {
     uint32_t selector_rank = 0;   // dflash.selector_rank
     uint32_t selector_top_k = 0;  // dflash.selector_top_k
 
+    bool is_swa(uint32_t il) const { return swa_window != 0 && swa_layers[il]; }
     uint32_t n_conv_groups() const { return conv_group ? n_embd / conv_group : 0; }
     uint32_t n_embd_q() const { return n_head * head_dim; }
     uint32_t n_embd_kv() const { return n_head_kv * head_dim; }
