@@ -31,13 +31,15 @@ if TYPE_CHECKING:
 
 DTYPES = ("bf16", "f16", "f32")
 
-# make_checkpoint overrides for the two ways published sliding-window drafters are configured, on the
-# default 2 layers: z-lab's Qwen3.6 drafters slide in every layer but the last (HF use_sliding_window,
-# sliding_window, layer_types); ModelOpt's exports slide in every layer (dflash_config use_swa,
-# swa_window_size). Both windows are shorter than a 37-row context; 6 < B = 8 also hides a block's
-# first rows from its last ones. Each: (overrides, window, sliding layers).
-SLIDING_WINDOW_DRAFTERS: dict[str, tuple[dict[str, Any], int, list[bool]]] = {
-    "layer_types": (
+# make_checkpoint overrides for drafter configurations the published checkpoints use beyond the default
+# (on its 2 layers), each with the hparams our loader must report for it:
+# - sliding windows, configured two ways: z-lab's Qwen3.6 drafters slide in every layer but the last (HF
+#   use_sliding_window, sliding_window, layer_types); ModelOpt's exports slide in every layer (dflash_config
+#   use_swa, swa_window_size). Both windows are shorter than a 37-row context; 6 < B = 8 also hides a
+#   block's first rows from its last ones.
+# - GELU MLPs (HF hidden_act), exact and tanh-approximated.
+DRAFTER_VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "swa_layer_types": (
         {
             "config_overrides": {
                 "use_sliding_window": True,
@@ -45,10 +47,17 @@ SLIDING_WINDOW_DRAFTERS: dict[str, tuple[dict[str, Any], int, list[bool]]] = {
                 "layer_types": ["sliding_attention", "full_attention"],
             }
         },
-        12,
-        [True, False],
+        {"sliding_window": 12, "sliding_window_layers": [True, False]},
     ),
-    "use_swa": ({"dflash_overrides": {"use_swa": True, "swa_window_size": 6}}, 6, [True, True]),
+    "swa_use_swa": (
+        {"dflash_overrides": {"use_swa": True, "swa_window_size": 6}},
+        {"sliding_window": 6, "sliding_window_layers": [True, True]},
+    ),
+    "gelu": ({"config_overrides": {"hidden_act": "gelu"}}, {"hidden_activation": "gelu"}),
+    "gelu_pytorch_tanh": (
+        {"config_overrides": {"hidden_act": "gelu_pytorch_tanh"}},
+        {"hidden_activation": "gelu_pytorch_tanh"},
+    ),
 }
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from factories import SLIDING_WINDOW_DRAFTERS, make_checkpoint, make_target_gguf
+from factories import DRAFTER_VARIANTS, make_checkpoint, make_target_gguf
 from reference.dflash_ref import DraftOutput, DraftReference
 from reference.qwen3_ref import Qwen3Reference
 
@@ -370,15 +370,23 @@ def test_embedded_head_parity(case: Any) -> None:
     check_selector(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
 
 
-# Sliding-window drafters (factories.SLIDING_WINDOW_DRAFTERS): windows shorter than the 37-row context.
+def without(config: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """config.json as make_checkpoint writes it without the variant's overrides."""
+    top = overrides.get("config_overrides", {})
+    dflash = overrides.get("dflash_overrides", {})
+    base = {k: v for k, v in config.items() if k not in top}
+    base["dflash_config"] = {k: v for k, v in config["dflash_config"].items() if k not in dflash}
+    return base
+
+
+# factories.DRAFTER_VARIANTS: sliding windows shorter than the 37-row context, GELU MLPs
 @pytest.mark.parametrize("version", (1, 2))
-@pytest.mark.parametrize("kind", sorted(SLIDING_WINDOW_DRAFTERS))
-def test_sliding_window_parity(work: Path, target: tuple[Path, dict[str, np.ndarray]], kind: str, version: int) -> None:
-    overrides, window, layers = SLIDING_WINDOW_DRAFTERS[kind]
-    c = Case(work, target, version, 8, name=kind, **overrides)
-    assert (c.ref.cfg.sliding_window, list(c.ref.cfg.sliding_layers)) == (window, layers)
+@pytest.mark.parametrize("variant", sorted(DRAFTER_VARIANTS))
+def test_variant_parity(work: Path, target: tuple[Path, dict[str, np.ndarray]], variant: str, version: int) -> None:
+    overrides, hparams = DRAFTER_VARIANTS[variant]
+    c = Case(work, target, version, 8, name=variant, **overrides)
     d = c.drafter("f32")
-    assert (d.hparams["sliding_window"], d.hparams["sliding_window_layers"]) == (window, layers)
+    assert {k: d.hparams[k] for k in hparams} == hparams
     worst = 0.0
     for i, n_ctx_rows in enumerate(CONTEXTS):
         ours, ref = run_both(c, d, n_ctx_rows, anchor=11 + 29 * i, seed=3000 + i)
@@ -389,23 +397,13 @@ def test_sliding_window_parity(work: Path, target: tuple[Path, dict[str, np.ndar
         check_argmax(ours, ref, tie)
         if version == 2:
             check_selector(ours, ref, tie)
-    # the window changes the numbers: the same weights attending to everything draft other logits
-    full = DraftReference(
-        {k: v for k, v in c.config.items() if k not in ("use_sliding_window", "sliding_window", "layer_types")}
-        | {"dflash_config": {k: v for k, v in c.config["dflash_config"].items() if k != "use_swa"}},
-        c.tensors,
-        c.ref.embed,
-        c.ref.lm_head,
-    )
-    assert full.cfg.sliding_window is None
-    feats = features(37, c.width, 3002)
-    unwindowed = full.draft(full.inject(feats, range(37)), 11 + 29 * 2, 37)
-    apart = float(row_nmse(np.asarray(ours["logits"]), unwindowed.logits.numpy()).max())
-    note(f"f32 v{version} B8 sliding {kind}", worst)
-    print(
-        f"f32 DFlash{version} B=8 sliding window {window} ({kind}): worst row NMSE {worst:.3e}; "
-        f"vs no window {apart:.3e}"
-    )
+    # the variant changes the numbers: the same weights without it draft other logits
+    base = DraftReference(without(c.config, overrides), c.tensors, c.ref.embed, c.ref.lm_head)
+    feats = features(37, c.width, 3000 + len(CONTEXTS) - 1)
+    plain = base.draft(base.inject(feats, range(37)), 11 + 29 * (len(CONTEXTS) - 1), 37)
+    apart = float(row_nmse(np.asarray(ours["logits"]), plain.logits.numpy()).max())
+    note(f"f32 v{version} B8 {variant}", worst)
+    print(f"f32 DFlash{version} B=8 {variant}: worst row NMSE {worst:.3e}; without it {apart:.3e}")
     assert apart > 1e-3
 
 

@@ -427,6 +427,18 @@ def test_key_with_bad_value(draft, case):
     expect_error(p, f"key '{key}'", fragment)
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_pytorch_tanh"])
+def test_hidden_activation_read(draft, act):
+    p = draft(version=2, key_overrides={"dflash.hidden_activation": act})
+    assert dflash_gguf.inspect_draft(str(p))["hparams"]["hidden_activation"] == act
+    assert dflash_gguf.inspect_draft(str(draft(version=2)))["hparams"]["hidden_activation"] == "silu"
+
+
+def test_hidden_activation_unknown(draft):
+    p = draft(version=2, key_overrides={"dflash.hidden_activation": "relu"})
+    expect_error(p, "key 'dflash.hidden_activation'", 'expected "silu", "gelu" or "gelu_pytorch_tanh", found "relu"')
+
+
 SWA = "dflash.attention.sliding_window"
 SWA_PATTERN = "dflash.attention.sliding_window_pattern"
 

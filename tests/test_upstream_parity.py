@@ -247,7 +247,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 dflash_gguf = pytest.importorskip("dflash_gguf", reason="the dflash_gguf extension is not built")
-from factories import SLIDING_WINDOW_DRAFTERS, make_checkpoint, make_target_gguf  # noqa: E402
+from factories import DRAFTER_VARIANTS, make_checkpoint, make_target_gguf  # noqa: E402
 
 from dflash_convert.convert import Options, convert  # noqa: E402
 
@@ -509,7 +509,7 @@ def random_target(work: Path) -> Path:
 
 
 def check_random_drafter(
-    work: Path, random_target: Path, version: int, block: int, name: str = "", **overrides: Any
+    work: Path, random_target: Path, version: int, block: int, name: str = "", score_tol: float = 1e-4, **overrides: Any
 ) -> float:
     """A random drafter converted to f32: ours and upstream's blocks agree on three contexts and a second step."""
     tag = f"v{version}_b{block}" + (f"_{name}" if name else "")
@@ -539,9 +539,9 @@ def check_random_drafter(
     for ci, (feats, anchor, position) in enumerate(cases):
         ours, ours2 = ours_draft(draft, random_target, feats, anchor, position, step2)
         label = f"random DFlash{version} B{block}{suffix} case {ci}"
-        worst = max(worst, compare(label, ours, up, ci, anchor, NMSE_F32, 1e-4))
+        worst = max(worst, compare(label, ours, up, ci, anchor, NMSE_F32, score_tol))
         assert ours2 is not None
-        worst = max(worst, compare(label + " step 2", ours2, up, f"{ci}s2", step2[1], NMSE_F32, 1e-4))
+        worst = max(worst, compare(label + " step 2", ours2, up, f"{ci}s2", step2[1], NMSE_F32, score_tol))
     FIGURES.append(f"random DFlash{version} B={block}{suffix} (f32): worst row logits NMSE {worst:.3e}")
     print(f"random DFlash{version} B={block}{suffix}: worst row logits NMSE vs upstream {worst:.3e}")
     return worst
@@ -552,10 +552,11 @@ def test_random_drafter_matches_upstream(work: Path, random_target: Path, versio
     check_random_drafter(work, random_target, version, block)
 
 
-# Sliding-window drafters (factories.SLIDING_WINDOW_DRAFTERS): upstream runs the sliding layers through its
-# own SWA KV cache and mask (LLAMA_SWA_TYPE_STANDARD).
+# factories.DRAFTER_VARIANTS: upstream runs sliding layers through its own SWA KV cache and mask
+# (LLAMA_SWA_TYPE_STANDARD), and both GELUs as ggml_gelu, which on the CPU reads a table indexed by its
+# input rounded to f16 (ours: f32 erf, f32 tanh form): logits NMSE up to 3e-6, selector scores up to 1e-3 apart
 @pytest.mark.parametrize("version", (1, 2))
-@pytest.mark.parametrize("kind", sorted(SLIDING_WINDOW_DRAFTERS))
-def test_sliding_window_drafter_matches_upstream(work: Path, random_target: Path, kind: str, version: int) -> None:
-    overrides, _, _ = SLIDING_WINDOW_DRAFTERS[kind]
-    check_random_drafter(work, random_target, version, 8, name=f"swa_{kind}", **overrides)
+@pytest.mark.parametrize("variant", sorted(DRAFTER_VARIANTS))
+def test_variant_drafter_matches_upstream(work: Path, random_target: Path, variant: str, version: int) -> None:
+    score_tol = 2e-3 if variant.startswith("gelu") else 1e-4
+    check_random_drafter(work, random_target, version, 8, variant, score_tol, **DRAFTER_VARIANTS[variant][0])

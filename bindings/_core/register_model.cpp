@@ -29,6 +29,9 @@ py::dict hparams_dict(const dflash::DraftHparams & h) {
     d["embedding_scale"] = h.embedding_scale;
     d["attention_value_scale"] = h.attn_value_scale;
     d["causal"] = h.causal;
+    d["hidden_activation"] = h.hidden_act == dflash::DraftHparams::Activation::gelu_erf    ? "gelu"
+                             : h.hidden_act == dflash::DraftHparams::Activation::gelu_tanh ? "gelu_pytorch_tanh"
+                                                                                           : "silu";
     d["sliding_window"] = h.swa_window;
     d["sliding_window_layers"] = h.swa_layers;
     d["conv_kernel_size"] = h.conv_kernel;

@@ -51,6 +51,8 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
         out["scales"] = scales
     if hp["causal"]:
         out["causal"] = True
+    if hp["hidden_activation"] != "silu":
+        out["hidden_activation"] = hp["hidden_activation"]
     if hp["sliding_window"]:
         out["sliding_window"] = {"window": hp["sliding_window"], "layers": hp["sliding_window_layers"]}
     return out
@@ -77,6 +79,8 @@ def format_text(s: dict[str, Any]) -> str:
     if "conv" in s:
         lines.append(f"conv            kernel {s['conv']['kernel_size']}  group size {s['conv']['group_size']}")
         lines.append(f"selector        rank {s['selector']['rank']}  top-k {s['selector']['top_k']}")
+    if "hidden_activation" in s:
+        lines.append(f"MLP activation  {s['hidden_activation']}")
     if "sliding_window" in s:
         sw = s["sliding_window"]
         slid = [i for i, on in enumerate(sw["layers"]) if on]

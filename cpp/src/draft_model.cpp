@@ -231,6 +231,16 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
     hp.attn_value_scale = keys.find_float(p + "attention.value_scale").value_or(0.0f);
     hp.attn_scale = keys.find_float(p + "attention.scale").value_or(0.0f);
     hp.causal = keys.find_bool(p + "attention.causal").value_or(false);
+    if (const auto act = keys.find_string(p + "hidden_activation")) {
+        if (*act == "gelu") {
+            hp.hidden_act = DraftHparams::Activation::gelu_erf;
+        } else if (*act == "gelu_pytorch_tanh") {
+            hp.hidden_act = DraftHparams::Activation::gelu_tanh;
+        } else if (*act != "silu") {
+            throw Error(keys.where(p + "hidden_activation") +
+                        R"(: expected "silu", "gelu" or "gelu_pytorch_tanh", found ")" + *act + "\"");
+        }
+    }
     if (hp.logit_softcap < 0.0f) {
         throw Error(keys.where(p + "final_logit_softcapping") + ": expected >= 0");
     }

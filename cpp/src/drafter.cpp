@@ -202,6 +202,23 @@ struct Drafter::Impl {
         return ggml_mul(ctx, ggml_rms_norm(ctx, x, hp().rms_eps), w);
     }
 
+    ggml_tensor * activation(ggml_context * ctx, ggml_tensor * x) const {
+        switch (hp().hidden_act) {
+            case DraftHparams::Activation::gelu_tanh: {
+                // 0.5 x (1 + tanh(z)) = x sigmoid(2z), z = sqrt(2/pi) (x + 0.044715 x^3), in f32 ops: ggml_gelu
+                // on the CPU reads a table indexed by x rounded to f16
+                const float c = 2.0f * std::sqrt(2.0f / (float)M_PI);
+                ggml_tensor * z = ggml_mul(ctx, x, ggml_scale_bias(ctx, ggml_sqr(ctx, x), c * 0.044715f, c));
+                return ggml_mul(ctx, x, ggml_sigmoid(ctx, z));
+            }
+            case DraftHparams::Activation::gelu_erf:
+                return ggml_gelu_erf(ctx, x);
+            case DraftHparams::Activation::silu:
+                break;
+        }
+        return ggml_silu(ctx, x);
+    }
+
     ggml_tensor * rope(ggml_context * ctx, ggml_tensor * x, ggml_tensor * pos) const {
         return ggml_rope_ext(ctx, x, pos, nullptr, (int)hp().n_rot, GGML_ROPE_TYPE_NEOX, (int)hp().n_ctx_train,
                              hp().rope_freq_base, hp().rope_freq_scale, 0.0f, 1.0f, 0.0f, 0.0f);
@@ -365,7 +382,7 @@ struct Drafter::Impl {
                 hcur = conv(ctx, hcur, c_ffn, 0);
             }
             ggml_tensor * m =
-                ggml_mul(ctx, ggml_silu(ctx, ggml_mul_mat(ctx, l.ffn_gate, hcur)), ggml_mul_mat(ctx, l.ffn_up, hcur));
+                ggml_mul(ctx, activation(ctx, ggml_mul_mat(ctx, l.ffn_gate, hcur)), ggml_mul_mat(ctx, l.ffn_up, hcur));
             m = ggml_mul_mat(ctx, l.ffn_down, m);
             if (h.version == 2) m = conv(ctx, m, c_ffn, 1);
             x = ggml_add(ctx, x, m);

@@ -44,7 +44,8 @@ DraftOutput fields (B = block size, k = selector_top_k, R = selector_rank);
                           (b_0 = the anchor), i.e. q_t of the greedy walk at T = 1.
 
 Spec details implemented here: RMSNorm with rms_norm_eps everywhere; NeoX RoPE
-at absolute positions on q and k after q_norm/k_norm; GQA; attention scale
+at absolute positions on q and k after q_norm/k_norm; the MLP gate's
+activation is `hidden_act` (silu, gelu, gelu_pytorch_tanh); GQA; attention scale
 1/sqrt(head_dim); the block attends over [cached context K/V ; block K/V]
 with no mask (block-internal causal mask if `causal`; in sliding-window
 layers only keys at positions > q - sliding_window); o_proj output times
@@ -68,6 +69,13 @@ import torch
 from .qwen3_ref import attention, load_safetensors_dir, n_rot_of, rms_norm, rope_neox, rope_theta_of, to_tensor
 
 __all__ = ["DraftConfig", "DraftCache", "DraftOutput", "DraftReference", "default_target_layer_ids"]
+
+# HF's ACT2FN for the hidden_act values drafters use
+ACTIVATIONS = {
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_pytorch_tanh": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+}
 
 
 def default_target_layer_ids(n_target_layers: int, n_draft_layers: int) -> list[int]:
@@ -106,6 +114,8 @@ class DraftConfig:
     # positions > q - sliding_window (transformers' sliding-window mask; flash-attn's window_size (W-1, W-1))
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()
+    # the MLP gate's activation (HF hidden_act): "silu", "gelu" (exact, erf) or "gelu_pytorch_tanh"
+    hidden_act: str = "silu"
 
     @property
     def target_layers(self) -> tuple[int, ...]:
@@ -171,6 +181,7 @@ class DraftConfig:
             causal=bool(dc.get("causal", cfg.get("causal", False))),
             sliding_window=window,
             sliding_layers=sliding,
+            hidden_act=str(cfg.get("hidden_act", "silu")),
         )
         if c.version == 2:
             if min(c.conv_kernel_size, c.conv_group_size, c.selector_rank, c.selector_top_k) <= 0:
@@ -451,7 +462,7 @@ class DraftReference:
             if c.version == 2:
                 wk = self._conv_kernel(h, p + "mlp_conv.")
                 h = self._conv(h, wk, 0)
-            m = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
+            m = ACTIVATIONS[c.hidden_act](h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)
             m = m @ w[p + "mlp.down_proj.weight"].T
             if c.version == 2:
                 m = self._conv(m, wk, 1)

@@ -44,6 +44,9 @@ struct DraftHparams {
     float attn_value_scale = 0.0f;  // dflash.attention.value_scale
     float attn_scale = 0.0f;        // dflash.attention.scale (default 1/sqrt(head_dim))
     bool causal = false;            // dflash.attention.causal
+    // the MLP's gate activation, dflash.hidden_activation (HF hidden_act): "silu" (the default),
+    // "gelu_pytorch_tanh" (tanh approximation) or "gelu" (HF: exact, erf)
+    enum class Activation { silu, gelu_tanh, gelu_erf } hidden_act = Activation::silu;
     // sliding-window attention (0 = none): in a layer swa_layers marks, a block row at position q sees only
     // the rows at positions > q - swa_window (HF's sliding_window mask, llama.cpp's LLAMA_SWA_TYPE_STANDARD)
     uint32_t swa_window = 0;       // dflash.attention.sliding_window
