@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import time
@@ -201,12 +200,11 @@ def test_llama_server_drafts_with_converted_drafter(
 def test_llama_server_drafts_with_sliding_window_drafter(
     llama_server: Path, tinycode: Path, tmp_path: Path, plain_completions: list[dict[str, Any]]
 ) -> None:
-    """The GGUF keys our converter writes for a sliding-window drafter are the ones upstream reads."""
+    """llama-server loads and drafts with a sliding-window drafter as we convert it (that upstream's libllama
+    computes its window as ours does: tests/test_upstream_parity.py)."""
     from tinycode import sliding_drafter_gguf
 
     check_drafted_run(llama_server, tinycode, tmp_path, plain_completions, sliding_drafter_gguf(16, "f16"), [])
-    # upstream read the window: its model summary prints the draft's (the target has none)
-    assert re.search(r"n_swa\s*=\s*16\b", (tmp_path / "server-draft.log").read_text(errors="replace"))
 
 
 def check_drafted_run(
