@@ -32,27 +32,36 @@ if TYPE_CHECKING:
 DTYPES = ("bf16", "f16", "f32")
 
 # make_checkpoint overrides for drafter configurations the published checkpoints use beyond the default
-# (on its 2 layers), each with the hparams our loader must report for it:
-# - sliding windows, configured two ways: z-lab's Qwen3.6 drafters slide in every layer but the last (HF
-#   use_sliding_window, sliding_window, layer_types); ModelOpt's exports slide in every layer (dflash_config
-#   use_swa, swa_window_size). Both windows are shorter than a 37-row context; 6 < B = 8 also hides a
-#   block's first rows from its last ones.
-# - GELU MLPs (HF hidden_act), exact and tanh-approximated.
+# (on its 2 layers), each with the hparams our loader must report for it. Causality follows z-lab's
+# reference: config.is_causal if set, else sliding_attention layers are causal, full_attention layers not.
+S, F = "sliding_attention", "full_attention"
 DRAFTER_VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "swa_layer_types": (
+    # z-lab's Qwen3.5 / 3.6 drafters: every layer but the last slides and is causal (no is_causal key)
+    "swa_causal_layers": (
+        {"config_overrides": {"use_sliding_window": True, "sliding_window": 12, "layer_types": [S, F]}},
+        {"sliding_window": 12, "sliding_window_layers": [True, False], "causal": False, "causal_layers": [True, False]},
+    ),
+    # the DFlash 2 release: every layer slides, is_causal false
+    "swa_not_causal": (
         {
             "config_overrides": {
                 "use_sliding_window": True,
                 "sliding_window": 12,
-                "layer_types": ["sliding_attention", "full_attention"],
+                "layer_types": [S, S],
+                "is_causal": False,
             }
         },
-        {"sliding_window": 12, "sliding_window_layers": [True, False]},
+        {"sliding_window": 12, "sliding_window_layers": [True, True], "causal": False, "causal_layers": []},
     ),
+    # ModelOpt's exports: every layer slides (dflash_config.use_swa); a window narrower than the block, which
+    # hides block rows from each other both ways
     "swa_use_swa": (
-        {"dflash_overrides": {"use_swa": True, "swa_window_size": 6}},
-        {"sliding_window": 6, "sliding_window_layers": [True, True]},
+        {"dflash_overrides": {"use_swa": True, "swa_window_size": 5}},
+        {"sliding_window": 5, "sliding_window_layers": [True, True], "causal": False},
     ),
+    # sliding_attention layer types without use_sliding_window: no window (transformers drops it), all causal
+    "causal": ({"config_overrides": {"layer_types": [S, S]}}, {"sliding_window": 0, "causal": True}),
+    # GELU MLPs (HF hidden_act), exact and tanh-approximated
     "gelu": ({"config_overrides": {"hidden_act": "gelu"}}, {"hidden_activation": "gelu"}),
     "gelu_pytorch_tanh": (
         {"config_overrides": {"hidden_act": "gelu_pytorch_tanh"}},

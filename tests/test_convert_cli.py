@@ -152,6 +152,46 @@ def test_optional_metadata(tmp_path: Path, target: Path, capsys: pytest.CaptureF
     assert kv["dflash.rope.scaling.original_context_length"] == (1024, "UINT32", None)
 
 
+S, F = "sliding_attention", "full_attention"
+# config.json -> (attention.causal, attention.causal_layers, attention.sliding_window, its pattern), None: absent.
+# Causality follows z-lab's reference: config.is_causal if given, else sliding_attention layers are causal;
+# the window follows transformers, which keeps sliding_window only with use_sliding_window.
+ATTENTION_LAYOUTS = {
+    # z-lab's Qwen3.6 drafters: slide and are causal in every layer but the last
+    "qwen3.6": (
+        {"use_sliding_window": True, "sliding_window": 64, "layer_types": [S, F]},
+        (None, [True, False], 64, [True, False]),
+    ),
+    # the DFlash 2 release: every layer slides, is_causal false
+    "dflash2_release": (
+        {"use_sliding_window": True, "sliding_window": 64, "layer_types": [S, S], "is_causal": False},
+        (False, None, 64, [True, True]),
+    ),
+    # every layer sliding_attention, no is_causal: all causal, which llama.cpp's key says too
+    "all_sliding": (
+        {"use_sliding_window": True, "sliding_window": 64, "layer_types": [S, S]},
+        (True, None, 64, [True, True]),
+    ),
+    # layer types without use_sliding_window: transformers drops the window, the causal layers stay
+    "types_only": ({"sliding_window": 64, "layer_types": [S, F]}, (None, [True, False], None, None)),
+    "full_only": ({"layer_types": [F, F]}, (None, None, None, None)),
+}
+
+
+@pytest.mark.parametrize("layout", list(ATTENTION_LAYOUTS))
+def test_attention_layout(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str], layout: str) -> None:
+    config, want = ATTENTION_LAYOUTS[layout]
+    d = tmp_path / "drafter"
+    make_checkpoint(d, config_overrides=config)
+    out = tmp_path / "o.gguf"
+    code, _, err = run_cli([str(d), "--target", str(target), "--outfile", str(out), "--no-progress"], capsys)
+    assert code == 0, err
+    kv = gguf_kv(out)
+    keys = ("causal", "causal_layers", "sliding_window", "sliding_window_pattern")
+    got = tuple(kv[f"dflash.attention.{k}"][0] if f"dflash.attention.{k}" in kv else None for k in keys)
+    assert got == want
+
+
 def test_embed_target_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "t.gguf"
     tgt = make_target_gguf(target)

@@ -166,6 +166,21 @@ def test_dflash2_hidden_too_small_for_top_k(tmp_path: Path, target: Path, capsys
     expect_failure(capsys, d, target, "selector_top_k * (selector_top_k + 1) = 72", "hidden_size 64")
 
 
+@pytest.mark.parametrize(
+    "layer_types",
+    [["sliding_attention"], ["sliding_attention", "linear_attention"], "sliding_attention"],
+    ids=["too_few", "unknown_type", "not_a_list"],
+)
+def test_bad_layer_types(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str], layer_types: Any) -> None:
+    d = ckpt(tmp_path, config_overrides={"layer_types": layer_types})
+    expect_failure(capsys, d, target, "config.json", "'layer_types' must list num_hidden_layers = 2 entries")
+
+
+def test_sliding_window_without_layer_types(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = ckpt(tmp_path, config_overrides={"use_sliding_window": True, "sliding_window": 64})
+    expect_failure(capsys, d, target, "'use_sliding_window' is set but 'layer_types' is missing")
+
+
 def test_missing_dflash_config(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, config_overrides={"dflash_config": None})
     expect_failure(capsys, d, target, "config.json", "'dflash_config'")

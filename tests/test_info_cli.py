@@ -91,21 +91,24 @@ def test_text_dflash1(files):
     assert f"tensors         {len(tensors)}  (f32: {len(tensors)} (" in r.stdout
 
 
-def test_sliding_window_and_gelu(tmp_path):
+def test_attention_variants_and_gelu(tmp_path):
     p = tmp_path / "swa.gguf"
     keys = {
         "dflash.attention.sliding_window": 512,
         "dflash.attention.sliding_window_pattern": [True, True, False],
         "dflash.hidden_activation": "gelu_pytorch_tanh",
+        "dflash.attention.causal_layers": [True, True, False],
     }
     write_draft_gguf(p, n_layer=3, target_layers=(1, 3), key_overrides=keys)
     r = run_info(str(p))
     assert r.returncode == 0, r.stderr
     assert "sliding window  512 positions in layers [0, 1], the others attend to everything" in r.stdout
     assert "MLP activation  gelu_pytorch_tanh" in r.stdout
+    assert "causal          layers [0, 1]: a block row attends to the rows before it, not after" in r.stdout
     s = json.loads(run_info(str(p), "--json").stdout)
     assert s["sliding_window"] == {"window": 512, "layers": [True, True, False]}
     assert s["hidden_activation"] == "gelu_pytorch_tanh"
+    assert s["causal_layers"] == [True, True, False]
 
 
 @pytest.mark.parametrize("which", ["v1", "v2"])
@@ -144,7 +147,7 @@ def test_json_numbers_equal_what_was_written(files, which):
         assert s["selector"] == {"rank": 8, "top_k": 4}
     else:
         assert "conv" not in s and "selector" not in s
-    assert "sliding_window" not in s and "hidden_activation" not in s
+    assert not {"sliding_window", "hidden_activation", "causal", "causal_layers"} & set(s)
     assert sum(s["bytes_by_type"].values()) == s["tensor_bytes"]
 
 

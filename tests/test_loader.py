@@ -462,6 +462,13 @@ def test_sliding_window_without_pattern(draft):
     expect_error(p, f"key '{SWA_PATTERN}'", "missing", "sliding_window = 512")
 
 
+def test_causal_layers(draft):
+    p = draft(version=2, key_overrides={"dflash.attention.causal_layers": [True, False]})
+    assert dflash_gguf.inspect_draft(str(p))["hparams"]["causal_layers"] == [True, False]
+    p = draft(version=2, key_overrides={"dflash.attention.causal_layers": [True]})
+    expect_error(p, "key 'dflash.attention.causal_layers'", f"expected {N_LAYER} flags (block_count), found 1")
+
+
 @pytest.mark.parametrize(
     ("pattern", "fragment"),
     [

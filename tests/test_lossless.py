@@ -154,8 +154,8 @@ def test_greedy_lossless_auto_draft_length(
 
 
 def test_greedy_lossless_sliding_window_drafter(ref: GreedyReference, ptoks: list[list[int]]) -> None:
-    """A drafter with sliding-window layers (window 16, shorter than every prompt) drafts from a context its
-    sliding layers see only the end of; the output stays exact and its drafts are still accepted."""
+    """A drafter with causal sliding-window layers (window 16, shorter than every prompt) drafts from a context
+    its sliding layers see only the end of; the output stays exact and its drafts are still accepted."""
     with _spec(str(sliding_drafter_gguf(16))) as spec:
         s = _run_all(spec, ref, ptoks[:8], "sliding_window_drafter")
     assert not s["problems"], "\n".join(s["problems"])

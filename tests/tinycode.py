@@ -4,8 +4,8 @@
 
 * ``drafter_gguf("f32")``: the bundled DFlash2 drafter converted with
   ``dflash-convert`` (f32 / f16 / q8_0), once per test process.
-* ``sliding_drafter_gguf()``: the bundled drafter's weights with a sliding
-  window in every layer but the last (as z-lab's Qwen3.6 drafters slide).
+* ``sliding_drafter_gguf()``: the bundled drafter's weights with a causal
+  sliding window in every layer but the last (as z-lab's Qwen3.6 drafters).
 * ``random_drafter_gguf()``: a random DFlash2 checkpoint of the tinycode
   shape (``factories.make_checkpoint``) converted against the tinycode target;
   its drafts are useless, so acceptance is ~0 and the fallback kicks in.
@@ -161,8 +161,15 @@ def drafter_gguf(outtype: str = "f32") -> Path:
 
 @functools.cache
 def sliding_drafter_gguf(window: int = 16, outtype: str = "f32") -> Path:
-    """The bundled trained drafter's weights configured as z-lab's Qwen3.6 drafters are: a sliding window of
-    `window` positions in every layer but the last. Trained without one, it drafts worse, not uselessly."""
+    """The bundled trained drafter's weights configured as z-lab's Qwen3.6 drafters are: every layer but the
+    last slides over `window` positions and is causal. Trained without either, it drafts worse, not uselessly."""
+    return convert(
+        _sliding_drafter_dir(window), TARGET, _workdir() / f"sliding-drafter-{window}-{outtype}.gguf", outtype
+    )
+
+
+@functools.cache
+def _sliding_drafter_dir(window: int) -> Path:
     src = _workdir() / f"sliding-drafter-{window}"
     src.mkdir()
     cfg = json.loads((DRAFTER_DIR / "config.json").read_text())
@@ -174,7 +181,7 @@ def sliding_drafter_gguf(window: int = 16, outtype: str = "f32") -> Path:
     }
     (src / "config.json").write_text(json.dumps(cfg))
     (src / "model.safetensors").symlink_to(DRAFTER_DIR / "model.safetensors")
-    return convert(src, TARGET, _workdir() / f"sliding-drafter-{window}-{outtype}.gguf", outtype)
+    return src
 
 
 @functools.cache

@@ -29,6 +29,7 @@ py::dict hparams_dict(const dflash::DraftHparams & h) {
     d["embedding_scale"] = h.embedding_scale;
     d["attention_value_scale"] = h.attn_value_scale;
     d["causal"] = h.causal;
+    d["causal_layers"] = h.causal_layers;
     d["hidden_activation"] = h.hidden_act == dflash::DraftHparams::Activation::gelu_erf    ? "gelu"
                              : h.hidden_act == dflash::DraftHparams::Activation::gelu_tanh ? "gelu_pytorch_tanh"
                                                                                            : "silu";

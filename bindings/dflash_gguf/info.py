@@ -51,6 +51,8 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
         out["scales"] = scales
     if hp["causal"]:
         out["causal"] = True
+    elif any(hp["causal_layers"]):
+        out["causal_layers"] = hp["causal_layers"]
     if hp["hidden_activation"] != "silu":
         out["hidden_activation"] = hp["hidden_activation"]
     if hp["sliding_window"]:
@@ -81,6 +83,11 @@ def format_text(s: dict[str, Any]) -> str:
         lines.append(f"selector        rank {s['selector']['rank']}  top-k {s['selector']['top_k']}")
     if "hidden_activation" in s:
         lines.append(f"MLP activation  {s['hidden_activation']}")
+    if s.get("causal"):
+        lines.append("causal          every layer: a block row attends to the rows before it, not after")
+    elif "causal_layers" in s:
+        causal = [i for i, on in enumerate(s["causal_layers"]) if on]
+        lines.append(f"causal          layers {causal}: a block row attends to the rows before it, not after")
     if "sliding_window" in s:
         sw = s["sliding_window"]
         slid = [i for i, on in enumerate(sw["layers"]) if on]

@@ -73,6 +73,7 @@ class DraftConfig:
     input_embedding_scale: float | None = None
     attention_value_scale: float | None = None
     causal: bool | None = None
+    causal_layers: tuple[bool, ...] | None = None  # per layer, when only some are causal
     sliding_window: int | None = None
     sliding_window_pattern: tuple[bool, ...] | None = None
     name: str = ""
@@ -329,28 +330,44 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     emb_scale = opt_scale("input_embedding_scale")
     value_scale = dc.opt_float("attention_value_scale")
 
+    # per-layer attention types (HF layer_types): which layers slide, and, when the config does not say
+    # whether attention is causal, which are: z-lab's reference makes a sliding_attention layer causal and a
+    # full_attention layer not unless config.is_causal says otherwise (their Qwen3.5 / 3.6 drafters set no
+    # is_causal; the DFlash 2 release sets is_causal false)
+    layer_types = raw.get("layer_types")
+    if layer_types is not None and (
+        not isinstance(layer_types, list)
+        or len(layer_types) != n_layers
+        or any(lt not in ("sliding_attention", "full_attention") for lt in layer_types)
+    ):
+        raise ConversionError(
+            f"{where}: 'layer_types' must list num_hidden_layers = {n_layers} entries, each "
+            f"'sliding_attention' or 'full_attention' (found {layer_types!r})"
+        )
+    sliding_layers = tuple(lt == "sliding_attention" for lt in layer_types) if layer_types else None
+
     causal = top.bool("is_causal")
     if causal is None:
         causal = dc.bool("causal")
+    causal_layers: tuple[bool, ...] | None = None
+    if causal is None and sliding_layers is not None and any(sliding_layers):
+        if all(sliding_layers):
+            causal = True
+        else:
+            causal_layers = sliding_layers
 
-    # sliding window: dflash_config.use_swa makes every layer SWA; else HF layer_types
+    # sliding window: dflash_config.use_swa makes every layer SWA; else HF's use_sliding_window (transformers
+    # drops sliding_window without it) with layer_types
     use_swa = dc.bool("use_swa") or False
-    use_sw = top.bool("use_sliding_window") or use_swa
     window = dc.opt_int("swa_window_size") or top.opt_int("sliding_window")
     sliding_window = None
     pattern: tuple[bool, ...] | None = None
-    if use_sw and window:
-        if use_swa:
-            pattern = tuple([True] * n_layers)
-        else:
-            layer_types = raw.get("layer_types")
-            if not isinstance(layer_types, list) or len(layer_types) != n_layers:
-                raise ConversionError(
-                    f"{where}: 'use_sliding_window' is set but 'layer_types' is not a list of "
-                    f"{n_layers} entries (found {layer_types!r})"
-                )
-            pattern = tuple(lt == "sliding_attention" for lt in layer_types)
-        sliding_window = window
+    if use_swa and window:
+        sliding_window, pattern = window, tuple([True] * n_layers)
+    elif top.bool("use_sliding_window") and window:
+        if sliding_layers is None:
+            raise ConversionError(f"{where}: 'use_sliding_window' is set but 'layer_types' is missing")
+        sliding_window, pattern = window, sliding_layers
 
     name = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) else ""
 
@@ -385,6 +402,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
         input_embedding_scale=emb_scale,
         attention_value_scale=value_scale,
         causal=causal,
+        causal_layers=causal_layers,
         sliding_window=sliding_window,
         sliding_window_pattern=pattern,
         name=name,

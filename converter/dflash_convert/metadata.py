@@ -85,6 +85,9 @@ def build_metadata(cfg: DraftConfig, target: TargetInfo, out: OutType, *, mask_e
         add(_k("mask_embedding"), True, T.BOOL)
     if cfg.causal is not None:
         add(_k("attention.causal"), cfg.causal, T.BOOL)
+    if cfg.causal_layers is not None:
+        # ours only: llama.cpp's dflash runs every layer non-causal unless attention.causal is true
+        add(_k("attention.causal_layers"), list(cfg.causal_layers), T.ARRAY, T.BOOL)
     if cfg.sliding_window is not None and cfg.sliding_window_pattern is not None:
         add(_k("attention.sliding_window"), cfg.sliding_window, T.UINT32)
         add(_k("attention.sliding_window_pattern"), list(cfg.sliding_window_pattern), T.ARRAY, T.BOOL)

@@ -152,6 +152,16 @@ void check_magic(const std::string & path, size_t & file_size) {
     }
 }
 
+// one flag per layer (attention.sliding_window_pattern, attention.causal_layers)
+std::vector<bool> layer_flags(const GgufKeys & keys, const std::string & key, uint32_t n_layer) {
+    std::vector<bool> flags = keys.get_flag_array(key);
+    if (flags.size() != n_layer) {
+        throw Error(keys.where(key) + ": expected " + std::to_string(n_layer) + " flags (block_count), found " +
+                    std::to_string(flags.size()));
+    }
+    return flags;
+}
+
 // hparams that must be known before the tensor table can be checked
 DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
     DraftHparams hp;
@@ -244,6 +254,9 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
     if (hp.logit_softcap < 0.0f) {
         throw Error(keys.where(p + "final_logit_softcapping") + ": expected >= 0");
     }
+    if (keys.has(p + "attention.causal_layers")) {
+        hp.causal_layers = layer_flags(keys, p + "attention.causal_layers", hp.n_layer);
+    }
     hp.swa_window = (uint32_t)keys.find_int(p + "attention.sliding_window", 0, INT32_MAX).value_or(0);
     if (hp.swa_window != 0) {
         const std::string pattern = p + "attention.sliding_window_pattern";
@@ -251,11 +264,7 @@ DraftHparams read_hparams(const GgufKeys & keys, const gguf_context * g) {
             throw Error(keys.where(pattern) + ": missing; attention.sliding_window = " + std::to_string(hp.swa_window) +
                         " needs it to say which layers slide (one flag per layer)");
         }
-        hp.swa_layers = keys.get_flag_array(pattern);
-        if (hp.swa_layers.size() != hp.n_layer) {
-            throw Error(keys.where(pattern) + ": expected " + std::to_string(hp.n_layer) +
-                        " flags (block_count), found " + std::to_string(hp.swa_layers.size()));
-        }
+        hp.swa_layers = layer_flags(keys, pattern, hp.n_layer);
     }
 
     // DFlash2 is marked by its conv/selector keys or tensors; then all of them are required.

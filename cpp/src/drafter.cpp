@@ -149,8 +149,9 @@ struct Drafter::Impl {
         // positions from a view's start aligned down to the device's storage alignment (a view 8 bytes in
         // rotated the block by the pending rows' positions)
         ggml_tensor *kv_pos, *kv_idx, *kv_vidx;
-        ggml_tensor *tokens, *pos, *mask, *anchor;
-        ggml_tensor * mask_swa = nullptr;  // the sliding-window layers' mask, when the drafter has any
+        ggml_tensor *tokens, *pos, *anchor;
+        // the attention masks [window, B] the layers use, by [causal][sliding window]; null where none does
+        ggml_tensor * mask[2][2];
         ggml_tensor *logits, *argmax;
         ggml_tensor *cand, *unary, *scores;  // DFlash2
     };
@@ -335,8 +336,12 @@ struct Drafter::Impl {
         bg.kv_vidx = input(ctx, GGML_TYPE_I64, kv_width() * (P + B), 0, "inp_kv_v_elems");
         bg.pos = ggml_view_1d(ctx, bg.kv_pos, B, 0);
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
-        bg.mask = input(ctx, GGML_TYPE_F16, window, B, "inp_mask");
-        if (h.swa_window != 0) bg.mask_swa = input(ctx, GGML_TYPE_F16, window, B, "inp_mask_swa");
+        for (uint32_t il = 0; il < h.n_layer; ++il) {
+            static const char * names[2][2] = {{"inp_mask", "inp_mask_swa"},
+                                               {"inp_mask_causal", "inp_mask_causal_swa"}};
+            const bool causal = h.is_causal(il), swa = h.is_swa(il);
+            if (!bg.mask[causal][swa]) bg.mask[causal][swa] = input(ctx, GGML_TYPE_F16, window, B, names[causal][swa]);
+        }
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float)h.head_dim);
 
         ggml_tensor * ctx_rows = context_rows(ctx, bg.ctx_feat);
@@ -367,7 +372,7 @@ struct Drafter::Impl {
             ggml_tensor * kq =
                 ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
             ggml_prec_set_acc(kq, GGML_PREC_F32);
-            kq = ggml_soft_max_ext(ctx, kq, h.is_swa(il) ? bg.mask_swa : bg.mask, kq_scale, 0.0f);
+            kq = ggml_soft_max_ext(ctx, kq, bg.mask[h.is_causal(il)][h.is_swa(il)], kq_scale, 0.0f);
             ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, kq);                                            // [hd, B, nh]
             ggml_tensor * att = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);  // [hd*nh, B]
             ggml_tensor * o = ggml_mul_mat(ctx, l.wo, att);                                              // [E, B]
@@ -483,9 +488,11 @@ struct Drafter::Impl {
             build_block(*v, window, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens, bg.mask};
+            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens};
+            for (ggml_tensor * m : {bg.mask[0][0], bg.mask[0][1], bg.mask[1][0], bg.mask[1][1]}) {
+                if (m) in.push_back(m);
+            }
             if (bg.anchor) in.push_back(bg.anchor);
-            if (bg.mask_swa) in.push_back(bg.mask_swa);
             v->in = Packed();
             v->out = Packed();  // stays unplaced when the device cannot compute every output
             v->in.place(v->ctx.get(), buft, in);
@@ -829,26 +836,32 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         }
         m.fill_rows(in.host<int64_t>(bg.kv_idx), in.host<int64_t>(bg.kv_vidx), rows, 2 * R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
-        // row i sees the context and the block's real rows (all of them, or j <= i when causal); nothing after.
-        // In a sliding-window layer it sees only the rows among those at positions > its own - swa_window: the
+        // Row i sees the context and the block's real rows (all of them, or j <= i in a causal layer); nothing
+        // after. In a sliding-window layer only those whose positions are less than swa_window from its own:
         // context rows from cache row position + i - swa_window + 1 (a context row's position is its index),
-        // the block's rows from i - swa_window + 1.
+        // block rows from i - swa_window + 1 and, in a non-causal layer, before i + swa_window (z-lab's
+        // reference and flash-attn's window slide both ways when not causal).
         const uint32_t W = bg.window;
+        const int64_t S = h.swa_window;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
-        ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask);
-        ggml_fp16_t * mask_swa = bg.mask_swa ? in.host<ggml_fp16_t>(bg.mask_swa) : nullptr;
-        for (uint32_t i = 0; i < R; ++i) {
-            ggml_fp16_t * row = mask + (size_t)i * W;
-            const uint32_t seen = ctx_end + (h.causal ? i + 1 : seen_rows);
-            std::fill(row, row + seen, zero);
-            std::fill(row + seen, row + W, ninf);
-            if (!mask_swa) continue;
-            ggml_fp16_t * swa = mask_swa + (size_t)i * W;
-            std::copy(row, row + W, swa);
-            const int64_t ctx_from = (int64_t)position + i - h.swa_window + 1;
-            std::fill(swa, swa + std::clamp<int64_t>(ctx_from, 0, ctx_end), ninf);
-            const int64_t block_from = (int64_t)i - h.swa_window + 1;
-            std::fill(swa + ctx_end, swa + ctx_end + std::clamp<int64_t>(block_from, 0, R), ninf);
+        for (int causal = 0; causal < 2; ++causal) {
+            for (int swa = 0; swa < 2; ++swa) {
+                if (!bg.mask[causal][swa]) continue;
+                ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask[causal][swa]);
+                for (uint32_t i = 0; i < R; ++i) {
+                    int64_t ctx_lo = 0, lo = 0, hi = causal ? i + 1 : seen_rows;
+                    if (swa) {
+                        ctx_lo = std::clamp<int64_t>((int64_t)position + i - S + 1, 0, ctx_end);
+                        lo = std::max<int64_t>(0, (int64_t)i - S + 1);
+                        if (!causal) hi = std::min<int64_t>(hi, i + S);
+                    }
+                    if (hi <= lo) lo = i, hi = i + 1;  // a padding row past a narrow window: itself, never nothing
+                    ggml_fp16_t * row = mask + (size_t)i * W;
+                    std::fill(row, row + W, ninf);
+                    std::fill(row + ctx_lo, row + ctx_end, zero);
+                    std::fill(row + ctx_end + lo, row + ctx_end + hi, zero);
+                }
+            }
         }
     }
     in.upload();

@@ -47,8 +47,9 @@ Spec details implemented here: RMSNorm with rms_norm_eps everywhere; NeoX RoPE
 at absolute positions on q and k after q_norm/k_norm; the MLP gate's
 activation is `hidden_act` (silu, gelu, gelu_pytorch_tanh); GQA; attention scale
 1/sqrt(head_dim); the block attends over [cached context K/V ; block K/V]
-with no mask (block-internal causal mask if `causal`; in sliding-window
-layers only keys at positions > q - sliding_window); o_proj output times
+with no mask (in a causal layer only keys at positions <= q; in a
+sliding-window layer only keys less than sliding_window positions from q,
+on both sides in a non-causal one); o_proj output times
 attention_value_scale; embeddings times input_embedding_scale; logits times
 output_multiplier, then softcap s * tanh(logits / s). The DFlash 2 dynamic
 conv is block-local: c = W_proj h viewed [side][tap][group],
@@ -109,7 +110,9 @@ class DraftConfig:
     softcap: float | None = None
     embedding_scale: float | None = None
     value_scale: float | None = None
-    causal: bool = False
+    # per layer: the block attends only to its earlier rows (z-lab's reference: config.is_causal, else
+    # sliding_attention layers are causal and full_attention layers are not)
+    causal_layers: tuple[bool, ...] = ()
     # sliding-window attention: in layer i with sliding_layers[i], a query at position q sees keys at
     # positions > q - sliding_window (transformers' sliding-window mask; flash-attn's window_size (W-1, W-1))
     sliding_window: int | None = None
@@ -140,14 +143,17 @@ class DraftConfig:
         if tl is None:
             tl = default_target_layer_ids(int(cfg["num_target_layers"]), n_layers)
         # dflash_config.use_swa slides every layer (ModelOpt, vLLM); else HF's use_sliding_window + layer_types
-        # (z-lab's drafters: sliding_attention layers get config.sliding_window)
+        # (z-lab's drafters: sliding_attention layers get config.sliding_window, which transformers keeps only
+        # with use_sliding_window)
+        types = tuple(t == "sliding_attention" for t in cfg.get("layer_types") or ["full_attention"] * n_layers)
         window, sliding = None, ()
         if dc.get("use_swa"):
             window = int(dc.get("swa_window_size") or cfg["sliding_window"])
             sliding = (True,) * n_layers
         elif cfg.get("use_sliding_window") and cfg.get("sliding_window"):
-            window = int(cfg["sliding_window"])
-            sliding = tuple(t == "sliding_attention" for t in cfg["layer_types"])
+            window, sliding = int(cfg["sliding_window"]), types
+        causal = cfg.get("is_causal", dc.get("causal"))
+        causal_layers = types if causal is None else (bool(causal),) * n_layers
         block_size = dc.get("block_size", cfg.get("block_size"))
         if block_size is None:
             raise KeyError("config: no dflash_config.block_size / block_size")
@@ -178,7 +184,7 @@ class DraftConfig:
             softcap=opt("final_logit_softcapping"),
             embedding_scale=opt("input_embedding_scale"),
             value_scale=opt("attention_value_scale"),
-            causal=bool(dc.get("causal", cfg.get("causal", False))),
+            causal_layers=causal_layers,
             sliding_window=window,
             sliding_layers=sliding,
             hidden_act=str(cfg.get("hidden_act", "silu")),
@@ -425,14 +431,18 @@ class DraftReference:
         B = c.block_size
         tokens = torch.tensor([int(anchor)] + [c.mask_token_id] * (B - 1), dtype=torch.long)
         pos = torch.arange(position, position + B, dtype=torch.long)
-        n_ctx = len(cache)
-        mask = torch.ones(B, n_ctx + B, dtype=torch.bool)
-        if c.causal:
-            mask[:, n_ctx:] = torch.ones(B, B, dtype=torch.bool).tril()
-        mask_swa = mask
-        if c.sliding_window is not None:
-            key_pos = torch.cat([cache.positions.to(torch.long), pos])
-            mask_swa = mask & (pos[:, None] - key_pos[None, :] < c.sliding_window)
+        # which keys each block row sees, per layer
+        key_pos = torch.cat([cache.positions.to(torch.long), pos])
+        ahead = key_pos[None, :] - pos[:, None]  # key position - query position, [B, n_ctx + B]
+        masks = []
+        for i in range(c.num_hidden_layers):
+            causal = c.causal_layers[i]
+            visible = ahead <= 0 if causal else torch.ones_like(ahead, dtype=torch.bool)
+            if c.sliding_window is not None and c.sliding_layers[i]:
+                visible = visible & (-ahead < c.sliding_window)
+                if not causal:
+                    visible = visible & (ahead < c.sliding_window)
+            masks.append(visible)
         x = self.embed[tokens]
         if c.embedding_scale is not None:
             x = x * c.embedding_scale
@@ -450,8 +460,7 @@ class DraftReference:
             v = (h @ w[a + "v_proj.weight"].T).view(B, c.num_key_value_heads, c.head_dim)
             q = rope_neox(rms_norm(q, w[a + "q_norm.weight"], c.rms_norm_eps), pos, c.rope_theta, c.n_rot)
             k = rope_neox(rms_norm(k, w[a + "k_norm.weight"], c.rms_norm_eps), pos, c.rope_theta, c.n_rot)
-            sliding = c.sliding_window is not None and c.sliding_layers[i]
-            o = attention(q, torch.cat([cache.k[i], k]), torch.cat([cache.v[i], v]), mask_swa if sliding else mask)
+            o = attention(q, torch.cat([cache.k[i], k]), torch.cat([cache.v[i], v]), masks[i])
             o = o @ w[a + "o_proj.weight"].T
             if c.value_scale is not None:
                 o = o * c.value_scale

@@ -38,12 +38,13 @@ struct DraftHparams {
     uint32_t target_hidden = 0;          // fc input width / n_target_layers
 
     // optional scales (0 = unset)
-    float logit_scale = 0.0f;       // dflash.logit_scale (HF output_multiplier)
-    float logit_softcap = 0.0f;     // dflash.final_logit_softcapping
-    float embedding_scale = 0.0f;   // dflash.embedding_scale
-    float attn_value_scale = 0.0f;  // dflash.attention.value_scale
-    float attn_scale = 0.0f;        // dflash.attention.scale (default 1/sqrt(head_dim))
-    bool causal = false;            // dflash.attention.causal
+    float logit_scale = 0.0f;         // dflash.logit_scale (HF output_multiplier)
+    float logit_softcap = 0.0f;       // dflash.final_logit_softcapping
+    float embedding_scale = 0.0f;     // dflash.embedding_scale
+    float attn_value_scale = 0.0f;    // dflash.attention.value_scale
+    float attn_scale = 0.0f;          // dflash.attention.scale (default 1/sqrt(head_dim))
+    bool causal = false;              // dflash.attention.causal: every layer's block attends only to earlier rows
+    std::vector<bool> causal_layers;  // dflash.attention.causal_layers: which layers do, when only some do
     // the MLP's gate activation, dflash.hidden_activation (HF hidden_act): "silu" (the default),
     // "gelu_pytorch_tanh" (tanh approximation) or "gelu" (HF: exact, erf)
     enum class Activation { silu, gelu_tanh, gelu_erf } hidden_act = Activation::silu;
@@ -59,6 +60,7 @@ struct DraftHparams {
     uint32_t selector_top_k = 0;  // dflash.selector_top_k
 
     bool is_swa(uint32_t il) const { return swa_window != 0 && swa_layers[il]; }
+    bool is_causal(uint32_t il) const { return causal || (!causal_layers.empty() && causal_layers[il]); }
     uint32_t n_conv_groups() const { return conv_group ? n_embd / conv_group : 0; }
     uint32_t n_embd_q() const { return n_head * head_dim; }
     uint32_t n_embd_kv() const { return n_head_kv * head_dim; }
