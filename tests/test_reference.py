@@ -228,7 +228,8 @@ def apply_mutant(name: str, mp: pytest.MonkeyPatch, ref: DraftReference) -> dict
     elif name == "conv_tap_side_swapped":
         mp.setattr(DraftReference, "_conv_kernel", _kernel_tap_side_swapped)
     elif name == "block_causal_mask":
-        mp.setattr(ref, "cfg", dataclasses.replace(ref.cfg, causal=True))
+        causal = (True,) * ref.cfg.num_hidden_layers
+        mp.setattr(ref, "cfg", dataclasses.replace(ref.cfg, causal_layers=causal))
     elif name == "no_hidden_norm":
         mp.setattr(DraftReference, "context_features", _features_without_hidden_norm)
     elif name == "block_position_minus_one":

@@ -31,6 +31,7 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
     d["sched_reallocs"] = c.sched_reallocs;
     d["n_splits_last"] = c.n_splits_last;
     d["window_last"] = c.window_last;
+    d["swa_first_last"] = c.swa_first_last;
     d["shapes"] = c.shapes;
     d["compute_bytes"] = c.compute_bytes;
     d["draft_threads"] = c.draft_threads;

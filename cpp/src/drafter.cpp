@@ -143,6 +143,7 @@ struct Drafter::Impl {
     struct BlockGraph {
         ggml_cgraph * gf = nullptr;
         uint32_t window = 0;     // attended cache rows; 0 = not built
+        uint32_t swa_first = 0;  // the sliding-window layers attend to rows [swa_first, window) only
         ggml_tensor * ctx_feat;  // pending context rows, padded to the block's rows (scratch row)
         // per K/V row, the block's rows then the pending context rows: position, cache row, V elements.
         // Block first so that pos, the block's part of kv_pos, starts at offset 0: ggml-vulkan's ROPE reads
@@ -318,7 +319,8 @@ struct Drafter::Impl {
     // The block [anchor, MASK x n_rows-1] at positions n.. attends to cache rows [0, window) through a mask
     // (the context, the block itself, never the stale rows after it); each layer writes the rows still pending
     // with the block's K/V before it attends.
-    void build_block(BlockVariant & v, uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
+    void build_block(BlockVariant & v, uint32_t window, uint32_t swa_first, uint32_t n_rows, uint32_t head_first,
+                     uint32_t head_rows) {
         const DraftHparams & h = hp();
         const uint32_t B = n_rows;
         v.meta.resize(meta_bytes());
@@ -327,6 +329,7 @@ struct Drafter::Impl {
         BlockGraph & bg = v.bg;
         bg = BlockGraph{};
         bg.window = window;
+        bg.swa_first = swa_first;
         bg.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
         ggml_cgraph * gf = bg.gf;
         const uint32_t P = n_rows;  // pending context rows: at most as many as the block's (else flushed first)
@@ -340,7 +343,9 @@ struct Drafter::Impl {
             static const char * names[2][2] = {{"inp_mask", "inp_mask_swa"},
                                                {"inp_mask_causal", "inp_mask_causal_swa"}};
             const bool causal = h.is_causal(il), swa = h.is_swa(il);
-            if (!bg.mask[causal][swa]) bg.mask[causal][swa] = input(ctx, GGML_TYPE_F16, window, B, names[causal][swa]);
+            if (!bg.mask[causal][swa]) {
+                bg.mask[causal][swa] = input(ctx, GGML_TYPE_F16, window - (swa ? swa_first : 0), B, names[causal][swa]);
+            }
         }
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float)h.head_dim);
 
@@ -365,10 +370,11 @@ struct Drafter::Impl {
 
             ggml_tensor * kc = cache_k[il];
             ggml_tensor * vc = cache_v[il];
-            ggml_tensor * k_win =
-                ggml_view_3d(ctx, kc, h.head_dim, window, h.n_head_kv, kc->nb[2], kc->nb[1], 0);  // [hd, W, nkv]
-            ggml_tensor * v_win =
-                ggml_view_3d(ctx, vc, window, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2], 0);  // [W, hd, nkv]
+            const uint32_t first = h.is_swa(il) ? swa_first : 0, n_keys = window - first;
+            ggml_tensor * k_win = ggml_view_3d(ctx, kc, h.head_dim, n_keys, h.n_head_kv, kc->nb[2], kc->nb[1],
+                                               first * kc->nb[2]);  // [hd, W, nkv]
+            ggml_tensor * v_win = ggml_view_3d(ctx, vc, n_keys, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2],
+                                               first * vc->nb[0]);  // [W, hd, nkv]
             ggml_tensor * kq =
                 ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
             ggml_prec_set_acc(kq, GGML_PREC_F32);
@@ -447,10 +453,24 @@ struct Drafter::Impl {
         }
     }
 
+    uint32_t window_unit() const { return on_cpu() ? kWindowCpu : kWindowGpu; }
+
     // the attention window for a block ending at row `end`, in whole units
     uint32_t window_for(uint32_t end) const {
-        const uint32_t unit = on_cpu() ? kWindowCpu : kWindowGpu;
+        const uint32_t unit = window_unit();
         return std::min(n_ctx, (end + unit - 1) / unit * unit);
+    }
+
+    // The first cache row a sliding-window layer attends to in the window window_for(ctx_end + block_size):
+    // every row before it lies swa_window or more positions before the block (at `position` >= ctx_end, so
+    // >= window - unit - block_size + 1). Derived from the window, it moves only when the window does (no
+    // more graph rebuilds); 64-row aligned (256-byte view offsets, which ggml-vulkan wants).
+    uint32_t swa_first_for(uint32_t window, int32_t position) const {
+        const int64_t S = hp().swa_window;
+        if (S == 0) return 0;
+        const int64_t first =
+            std::min<int64_t>((int64_t)window - window_unit() - hp().block_size - S + 2, (int64_t)position - S + 1);
+        return first <= 0 ? 0 : (uint32_t)(first / 64 * 64);
     }
 
     ggml_backend_sched_ptr new_sched() {
@@ -466,7 +486,8 @@ struct Drafter::Impl {
 
     // the block graph of a shape for a window: its scheduler is made (and reserved for the whole cache) at
     // the shape's first use, its graph built and allocated when the window changes; otherwise nothing to do
-    BlockVariant & ensure_block(uint32_t window, uint32_t n_rows, uint32_t head_first, uint32_t head_rows) {
+    BlockVariant & ensure_block(uint32_t window, uint32_t swa_first, uint32_t n_rows, uint32_t head_first,
+                                uint32_t head_rows) {
         const uint32_t key = n_rows << 16 | head_first << 8 | head_rows;
         if (!variants.count(key) && variants.size() >= max_shapes) {
             auto lru = std::min_element(variants.begin(), variants.end(), [](const auto & a, const auto & b) {
@@ -479,13 +500,13 @@ struct Drafter::Impl {
             v = std::make_unique<BlockVariant>();
             v->sched = new_sched();
             v->threads = &thread_picks.try_emplace(key, on_cpu() ? n_threads : 1).first->second;
-            build_block(*v, n_ctx, n_rows, head_first, head_rows);
+            build_block(*v, n_ctx, 0, n_rows, head_first, head_rows);
             if (!ggml_backend_sched_reserve(v->sched.get(), v->bg.gf)) throw Error("cannot reserve the block graph");
             v->reserved_bytes = buffer_bytes(v->sched.get());
             v->bg.window = 0;  // reserved, not allocated: built again below
         }
-        if (v->bg.window != window) {
-            build_block(*v, window, n_rows, head_first, head_rows);
+        if (v->bg.window != window || v->bg.swa_first != swa_first) {
+            build_block(*v, window, swa_first, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
             std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens};
@@ -551,7 +572,7 @@ struct Drafter::Impl {
         if (!ggml_backend_sched_reserve(sched_inject.get(), ig.gf)) throw Error("cannot reserve the inject graph");
         inject_reserved = buffer_bytes(sched_inject.get());
         max_shapes = max_block_shapes(hp().block_size, on_cpu());
-        ensure_block(n_ctx, hp().block_size, 0, hp().block_size);
+        ensure_block(n_ctx, 0, hp().block_size, 0, hp().block_size);
     }
 
     // writes rows through the inject graph in chunks (long prompts, or more rows than a block carries)
@@ -812,10 +833,12 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     }
     const auto t_setup = std::chrono::steady_clock::now();
     if (m.n_pending > R) m.flush_pending();  // the block graph writes at most R pending rows itself
-    Impl::BlockVariant & v = m.ensure_block(m.window_for(ctx_end + B), R, head_first, head_rows);
+    const uint32_t window = m.window_for(ctx_end + B);
+    Impl::BlockVariant & v = m.ensure_block(window, m.swa_first_for(window, position), R, head_first, head_rows);
     m.counters.setup_ms_last =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_setup).count();
     m.counters.window_last = v.bg.window;
+    m.counters.swa_first_last = v.bg.swa_first;
     const Impl::BlockGraph & bg = v.bg;
     // the inputs, written straight into the one upload
     Packed & in = v.in;
@@ -840,14 +863,15 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         // after. In a sliding-window layer only those whose positions are less than swa_window from its own:
         // context rows from cache row position + i - swa_window + 1 (a context row's position is its index),
         // block rows from i - swa_window + 1 and, in a non-causal layer, before i + swa_window (z-lab's
-        // reference and flash-attn's window slide both ways when not causal).
-        const uint32_t W = bg.window;
+        // reference and flash-attn's window slide both ways when not causal). A sliding layer's mask starts at
+        // cache row swa_first.
         const int64_t S = h.swa_window;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         for (int causal = 0; causal < 2; ++causal) {
             for (int swa = 0; swa < 2; ++swa) {
                 if (!bg.mask[causal][swa]) continue;
                 ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask[causal][swa]);
+                const int64_t first = swa ? bg.swa_first : 0, n_keys = bg.window - first;
                 for (uint32_t i = 0; i < R; ++i) {
                     int64_t ctx_lo = 0, lo = 0, hi = causal ? i + 1 : seen_rows;
                     if (swa) {
@@ -856,10 +880,10 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
                         if (!causal) hi = std::min<int64_t>(hi, i + S);
                     }
                     if (hi <= lo) lo = i, hi = i + 1;  // a padding row past a narrow window: itself, never nothing
-                    ggml_fp16_t * row = mask + (size_t)i * W;
-                    std::fill(row, row + W, ninf);
-                    std::fill(row + ctx_lo, row + ctx_end, zero);
-                    std::fill(row + ctx_end + lo, row + ctx_end + hi, zero);
+                    ggml_fp16_t * row = mask + (size_t)i * n_keys;  // column c: cache row first + c
+                    std::fill(row, row + n_keys, ninf);
+                    std::fill(row + (ctx_lo - first), row + (ctx_end - first), zero);
+                    std::fill(row + (ctx_end + lo - first), row + (ctx_end + hi - first), zero);
                 }
             }
         }

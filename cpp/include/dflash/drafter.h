@@ -47,6 +47,7 @@ struct DrafterCounters {
     uint64_t sched_reallocs = 0;  // compute-buffer growth after the initial reservation
     int n_splits_last = 0;        // backend splits of the last graph (1 = all on one device)
     uint32_t window_last = 0;     // cache rows the last draft step attended to (its graph's fixed window)
+    uint32_t swa_first_last = 0;  // the first of them its sliding-window layers attended to
     uint32_t shapes = 0;          // block graph shapes (block rows, head rows) held, least recently used evicted
     size_t compute_bytes = 0;     // compute buffers of the inject graph and the shapes held (all backends)
     int draft_threads = 0;        // CPU threads of the last draft step's graph, picked per graph shape by timing
