@@ -375,13 +375,21 @@ struct Drafter::Impl {
                                                first * kc->nb[2]);  // [hd, W, nkv]
             ggml_tensor * v_win = ggml_view_3d(ctx, vc, n_keys, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2],
                                                first * vc->nb[0]);  // [W, hd, nkv]
-            ggml_tensor * kq =
-                ggml_mul_mat(ctx, k_win, ggml_cont(ctx, ggml_permute(ctx, q, 0, 2, 1, 3)));  // [W, B, nh]
+            // GQA: the rep query heads that share a KV head (h = kv * rep + r) go through its keys and values in
+            // one matmul, so each cached row is read once, not once per query head (at a long context the
+            // attention is most of a draft step, and memory-bound)
+            const int64_t hd = h.head_dim, nkv = h.n_head_kv, rep = h.n_head / h.n_head_kv;
+            ggml_tensor * qg = ggml_cont(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, q, hd, rep, nkv, B), 0, 2, 3, 1));
+            ggml_tensor * kq = ggml_mul_mat(ctx, k_win, ggml_reshape_3d(ctx, qg, hd, B * rep, nkv));  // [W, B*rep, nkv]
             ggml_prec_set_acc(kq, GGML_PREC_F32);
-            kq = ggml_soft_max_ext(ctx, kq, bg.mask[h.is_causal(il)][h.is_swa(il)], kq_scale, 0.0f);
-            ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, kq);                                            // [hd, B, nh]
-            ggml_tensor * att = ggml_cont_2d(ctx, ggml_permute(ctx, kqv, 0, 2, 1, 3), h.n_embd_q(), B);  // [hd*nh, B]
-            ggml_tensor * o = ggml_mul_mat(ctx, l.wo, att);                                              // [E, B]
+            // the mask [W, B] applies to every head alike
+            kq = ggml_soft_max_ext(ctx, ggml_reshape_4d(ctx, kq, n_keys, B, rep, nkv),
+                                   bg.mask[h.is_causal(il)][h.is_swa(il)], kq_scale, 0.0f);
+            ggml_tensor * kqv = ggml_mul_mat(ctx, v_win, ggml_reshape_3d(ctx, kq, n_keys, B * rep, nkv));
+            ggml_tensor * att =
+                ggml_cont_2d(ctx, ggml_permute(ctx, ggml_reshape_4d(ctx, kqv, hd, B, rep, nkv), 0, 3, 1, 2),
+                             h.n_embd_q(), B);               // [hd*nh, B]
+            ggml_tensor * o = ggml_mul_mat(ctx, l.wo, att);  // [E, B]
             if (h.attn_value_scale != 0.0f) o = ggml_scale(ctx, o, h.attn_value_scale);
             if (h.version == 2) o = conv(ctx, o, c_attn, 1);
             x = ggml_add(ctx, x, o);
