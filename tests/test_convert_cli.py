@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -190,6 +191,45 @@ def test_attention_layout(tmp_path: Path, target: Path, capsys: pytest.CaptureFi
     keys = ("causal", "causal_layers", "sliding_window", "sliding_window_pattern")
     got = tuple(kv[f"dflash.attention.{k}"][0] if f"dflash.attention.{k}" in kv else None for k in keys)
     assert got == want
+
+
+def test_muse_glimmer_assistant(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Meta's Muse Glimmer assistant (its dflash settings at the top level, no vocab_size, bidirectional
+    sliding layers without use_sliding_window, fc and hidden_norm named encoder.*) converts to the GGUF its
+    DFlash-format twin does."""
+    from safetensors.numpy import load_file, save_file
+
+    twin = tmp_path / "drafter"
+    sliding = {"use_sliding_window": True, "sliding_window": 64, "layer_types": [S, S], "is_causal": False}
+    make_checkpoint(twin, version=1, dtype="f32", config_overrides=sliding)
+    cfg = json.loads((twin / "config.json").read_text())
+    dc = cfg.pop("dflash_config")
+    for k in ("use_sliding_window", "is_causal", "vocab_size", "num_target_layers"):
+        del cfg[k]
+    cfg |= {k: dc[k] for k in ("block_size", "mask_token_id", "target_layer_ids")}
+    cfg |= {"architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant"}
+    assistant = tmp_path / "assistant"
+    assistant.mkdir()
+    (assistant / "config.json").write_text(json.dumps(cfg))
+    renamed = {"fc.weight": "encoder.fc.weight", "hidden_norm.weight": "encoder.output_norm_enc.weight"}
+    weights = load_file(twin / "model.safetensors")
+    save_file({renamed.get(k, k): v for k, v in weights.items()}, assistant / "model.safetensors")
+
+    files = {}
+    for d in (twin, assistant):
+        files[d] = tmp_path / f"{d.name}.gguf"
+        args = [str(d), "--target", str(target), "--outfile", str(files[d]), "--no-progress"]
+        code, _, err = run_cli(args, capsys)
+        assert code == 0, err
+    kv = {d: gguf_kv(f) for d, f in files.items()}
+    assert kv[assistant].pop("general.name")[0] == "assistant"
+    kv[twin].pop("general.name")
+    assert kv[assistant] == kv[twin]
+    assert kv[twin]["dflash.attention.sliding_window"][0] == 64 and kv[twin]["dflash.attention.causal"][0] is False
+    t = {d: gguf_tensors(f) for d, f in files.items()}
+    assert t[assistant].keys() == t[twin].keys()
+    for name, a in t[assistant].items():
+        assert a.type == t[twin][name].type and np.array_equal(a.raw, t[twin][name].raw), name
 
 
 def test_embed_target_head(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

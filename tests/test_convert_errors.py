@@ -178,7 +178,7 @@ def test_bad_layer_types(tmp_path: Path, target: Path, capsys: pytest.CaptureFix
 
 def test_sliding_window_without_layer_types(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:
     d = ckpt(tmp_path, config_overrides={"use_sliding_window": True, "sliding_window": 64})
-    expect_failure(capsys, d, target, "'use_sliding_window' is set but 'layer_types' is missing")
+    expect_failure(capsys, d, target, "'sliding_window' is set but 'layer_types' (which layers slide) is missing")
 
 
 def test_missing_dflash_config(tmp_path: Path, target: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -18,7 +18,14 @@ from .errors import ConversionError
 ARCHITECTURES: dict[str, int] = {
     "DFlashDraftModel": 1,
     "DFlash2DraftModel": 2,
+    # Meta's Muse Glimmer assistant (a DFlash drafter of its own format): its dflash settings (block_size,
+    # mask_token_id, target_layer_ids) sit at the top level of config.json, which may leave out vocab_size
+    # (the target's); its attention is bidirectional and slides wherever layer_types says (its config class
+    # keeps sliding_window without use_sliding_window); fc and hidden_norm are named encoder.fc and
+    # encoder.output_norm_enc (tensor_map.ALIASES)
+    "MuseGlimmerAssistantModel": 1,
 }
+ASSISTANT = "MuseGlimmerAssistantModel"
 
 # hidden activations upstream's dflash loader accepts (dflash.hidden_activation)
 HIDDEN_ACTS = ("silu", "gelu", "gelu_pytorch_tanh")
@@ -53,7 +60,7 @@ class DraftConfig:
     rms_norm_eps: float
     rope_theta: float
     max_position_embeddings: int
-    vocab_size: int
+    vocab_size: int | None  # None: the target's (Muse Glimmer's assistant leaves it out)
     block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]
@@ -206,10 +213,14 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
         )
     version = ARCHITECTURES[arch]
 
-    dflash = top.obj("dflash_config")
-    if dflash is None:
-        raise ConversionError(f"{where}: missing required object 'dflash_config'")
-    dc = _Fields(dflash, where, prefix="dflash_config.")
+    if arch == ASSISTANT:
+        dflash, dc = raw, top
+    else:
+        dflash = top.obj("dflash_config")
+        if dflash is None:
+            raise ConversionError(f"{where}: missing required object 'dflash_config'")
+        dc = _Fields(dflash, where, prefix="dflash_config.")
+    dcp = dc.prefix  # where the dflash settings are, for messages
 
     # -- Qwen3 backbone -------------------------------------------------------
     hidden = top.int("hidden_size")
@@ -224,7 +235,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     ff = top.int("intermediate_size")
     eps = top.float("rms_norm_eps", positive=True)
     max_pos = top.int("max_position_embeddings")
-    vocab = top.int("vocab_size")
+    vocab = top.int("vocab_size") if arch != ASSISTANT or top.has("vocab_size") else None
 
     hidden_act = raw.get("hidden_act", "silu")
     if hidden_act not in HIDDEN_ACTS:
@@ -255,11 +266,11 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     # -- dflash_config -----------------------------------------------------------
     block_size = dc.int("block_size", default=top.int("block_size") if top.has("block_size") else None)
     if block_size < 2:
-        raise ConversionError(f"{where}: 'dflash_config.block_size' must be >= 2, found {block_size}")
+        raise ConversionError(f"{where}: '{dcp}block_size' must be >= 2, found {block_size}")
     mask_token_id = dc.int("mask_token_id", minimum=0)
-    if mask_token_id >= vocab:
+    if vocab is not None and mask_token_id >= vocab:
         raise ConversionError(
-            f"{where}: 'dflash_config.mask_token_id' {mask_token_id} is outside the vocabulary "
+            f"{where}: '{dcp}mask_token_id' {mask_token_id} is outside the vocabulary "
             f"(vocab_size {vocab}: expected 0..{vocab - 1})"
         )
 
@@ -269,7 +280,7 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     if ids_raw is None:
         if num_target_layers is None:
             raise ConversionError(
-                f"{where}: 'dflash_config.target_layer_ids' is absent and so is 'num_target_layers' "
+                f"{where}: '{dcp}target_layer_ids' is absent and so is 'num_target_layers' "
                 "(needed to derive the default ids)"
             )
         ids = default_target_layer_ids(num_target_layers, n_layers)
@@ -281,17 +292,17 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
             or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids_raw)
         ):
             raise ConversionError(
-                f"{where}: 'dflash_config.target_layer_ids' must be a non-empty list of integers, found {ids_raw!r}"
+                f"{where}: '{dcp}target_layer_ids' must be a non-empty list of integers, found {ids_raw!r}"
             )
         ids = list(ids_raw)
     for i in ids:
         if i < 0:
-            raise ConversionError(f"{where}: 'dflash_config.target_layer_ids' contains a negative id {i}")
+            raise ConversionError(f"{where}: '{dcp}target_layer_ids' contains a negative id {i}")
     if num_target_layers is not None:
         bad = [i for i in ids if i >= num_target_layers]
         if bad:
             raise ConversionError(
-                f"{where}: 'dflash_config.target_layer_ids' {ids} has ids {bad} outside "
+                f"{where}: '{dcp}target_layer_ids' {ids} has ids {bad} outside "
                 f"num_target_layers {num_target_layers} (expected 0..{num_target_layers - 1})"
             )
 
@@ -349,6 +360,8 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     causal = top.bool("is_causal")
     if causal is None:
         causal = dc.bool("causal")
+    if causal is None and arch == ASSISTANT:
+        causal = False
     causal_layers: tuple[bool, ...] | None = None
     if causal is None and sliding_layers is not None and any(sliding_layers):
         if all(sliding_layers):
@@ -364,9 +377,9 @@ def parse_config(raw: dict[str, Any], path: Path) -> DraftConfig:
     pattern: tuple[bool, ...] | None = None
     if use_swa and window:
         sliding_window, pattern = window, tuple([True] * n_layers)
-    elif top.bool("use_sliding_window") and window:
+    elif (top.bool("use_sliding_window") or arch == ASSISTANT) and window:
         if sliding_layers is None:
-            raise ConversionError(f"{where}: 'use_sliding_window' is set but 'layer_types' is missing")
+            raise ConversionError(f"{where}: 'sliding_window' is set but 'layer_types' (which layers slide) is missing")
         sliding_window, pattern = window, sliding_layers
 
     name = raw.get("_name_or_path") if isinstance(raw.get("_name_or_path"), str) else ""

@@ -8,7 +8,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -96,6 +96,8 @@ def build_plan(opts: Options) -> Plan:
     cfg = load_config(draft_dir)
     mask_vec = load_mask_embedding(draft_dir, cfg)
     target = load_target(Path(opts.target), want_head=opts.embed_target_head or mask_vec is not None)
+    if cfg.vocab_size is None:
+        cfg = replace(cfg, vocab_size=target.vocab_size)
     check_against_target(cfg, target)
     source = open_source(draft_dir, allow_pickle=opts.allow_pickle)
     matched, skipped = match_tensors(cfg, target, source, allow_extra=opts.allow_extra)

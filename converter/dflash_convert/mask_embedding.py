@@ -42,7 +42,7 @@ def load_mask_embedding(draft_dir: Path, cfg: DraftConfig) -> np.ndarray | None:
         raise ConversionError(
             f"{path}: mask_token_id {mask_id} does not match dflash_config.mask_token_id {cfg.mask_token_id}"
         )
-    if not 0 <= mask_id < cfg.vocab_size:
+    if cfg.vocab_size is not None and not 0 <= mask_id < cfg.vocab_size:
         raise ConversionError(f"{path}: mask_token_id {mask_id} is outside the vocabulary (0..{cfg.vocab_size - 1})")
     emb = data["embedding"]
     shape = tuple(emb.shape) if hasattr(emb, "shape") else None

@@ -191,9 +191,20 @@ def expected_tensors(cfg: DraftConfig, target_hidden: int) -> list[TensorSpec]:
 _LAYER_RE = re.compile(r"^layers\.(\d+)\.")
 
 
-def strip_prefix(key: str) -> str:
-    """HF keys may or may not carry a ``model.`` prefix."""
-    return key[len(PREFIX) :] if key.startswith(PREFIX) else key
+# other names of TABLE's keys
+ALIASES = {
+    # Muse Glimmer's assistant: fc
+    "encoder.fc.weight": "fc.weight",
+    # Muse Glimmer's assistant: hidden_norm
+    "encoder.output_norm_enc.weight": "hidden_norm.weight",
+}
+
+
+def table_key(key: str) -> str:
+    """The TABLE key of a checkpoint key: HF keys may or may not carry a ``model.`` prefix, and some
+    exports name a tensor otherwise (ALIASES)."""
+    key = key[len(PREFIX) :] if key.startswith(PREFIX) else key
+    return ALIASES.get(key, key)
 
 
 def describe_unknown(key: str, cfg: DraftConfig) -> str:

@@ -8,7 +8,7 @@ from .config import DraftConfig
 from .errors import ConversionError
 from .source import TensorRef, TensorSource
 from .target import TargetInfo
-from .tensor_map import TensorSpec, describe_unknown, expected_tensors, strip_prefix
+from .tensor_map import TensorSpec, describe_unknown, expected_tensors, table_key
 
 
 def check_against_target(cfg: DraftConfig, target: TargetInfo) -> None:
@@ -63,7 +63,7 @@ def match_tensors(
     """
     by_name: dict[str, str] = {}
     for key in source.keys():
-        name = strip_prefix(key)
+        name = table_key(key)
         if name in by_name:
             raise ConversionError(
                 f"{source[key].file}: tensors '{by_name[name]}' and '{key}' map to the same key '{name}'"
@@ -90,7 +90,7 @@ def match_tensors(
         key = extra[0]
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
         raise ConversionError(
-            f"{source[key].file}: unknown tensor '{key}' ({describe_unknown(strip_prefix(key), cfg)}){more}; "
+            f"{source[key].file}: unknown tensor '{key}' ({describe_unknown(table_key(key), cfg)}){more}; "
             "pass --allow-extra to skip unknown tensors"
         )
 
