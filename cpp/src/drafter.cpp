@@ -151,7 +151,8 @@ struct Drafter::Impl {
         // rotated the block by the pending rows' positions)
         ggml_tensor *kv_pos, *kv_idx, *kv_vidx;
         ggml_tensor *tokens, *pos, *anchor;
-        // the attention masks [window, B] the layers use, by [causal][sliding window]; null where none does
+        // the attention masks the layers use, by [causal][sliding window]: [window, B], a sliding layer's
+        // [window - swa_first, B]; null where no layer uses one
         ggml_tensor * mask[2][2];
         ggml_tensor *logits, *argmax;
         ggml_tensor *cand, *unary, *scores;  // DFlash2
@@ -316,9 +317,9 @@ struct Drafter::Impl {
         return out;
     }
 
-    // The block [anchor, MASK x n_rows-1] at positions n.. attends to cache rows [0, window) through a mask
-    // (the context, the block itself, never the stale rows after it); each layer writes the rows still pending
-    // with the block's K/V before it attends.
+    // The block [anchor, MASK x n_rows-1] at positions n.. attends to cache rows [0, window) (a sliding layer:
+    // [swa_first, window)) through a mask (the context, the block itself, never the stale rows after it);
+    // each layer writes the rows still pending with the block's K/V before it attends.
     void build_block(BlockVariant & v, uint32_t window, uint32_t swa_first, uint32_t n_rows, uint32_t head_first,
                      uint32_t head_rows) {
         const DraftHparams & h = hp();
@@ -887,7 +888,10 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
                         lo = std::max<int64_t>(0, (int64_t)i - S + 1);
                         if (!causal) hi = std::min<int64_t>(hi, i + S);
                     }
-                    if (hi <= lo) lo = i, hi = i + 1;  // a padding row past a narrow window: itself, never nothing
+                    if (hi <= lo) {  // a padding row past a narrow window: itself, never nothing
+                        lo = i;
+                        hi = i + 1;
+                    }
                     ggml_fp16_t * row = mask + (size_t)i * n_keys;  // column c: cache row first + c
                     std::fill(row, row + n_keys, ninf);
                     std::fill(row + (ctx_lo - first), row + (ctx_end - first), zero);
