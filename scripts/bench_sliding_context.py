@@ -3,6 +3,7 @@
 
     .venv/bin/python scripts/bench_sliding_context.py [--contexts 512,4096,16384] [--window 2048]
                                                       [--threads 2] [--reps 15] [--outtype q4_0]
+                                                      [--kv-type f16]
 
 Two random DFlash2 drafters shaped like the published 5-layer ones at 1.7B (hidden 2048, 16 heads, 8 KV
 heads of 128, MLP 6144, block 16), with the same weights: one attends to the whole context in every layer,
@@ -36,6 +37,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--outtype", default="q4_0")
+    ap.add_argument("--kv-type", default="f16", choices=("f16", "f32"), help="the draft cache's type")
     args = ap.parse_args()
     contexts = [int(c) for c in args.contexts.split(",")]
 
@@ -93,11 +95,19 @@ def main() -> int:
             out = src.with_suffix(".gguf")
             convert(Options(draft_dir=src, target=target, outfile=out, outtype=args.outtype, progress=False))
             drafters[name] = dflash_gguf.Drafter(
-                str(out), str(target), device="cpu", n_threads=args.threads, n_ctx=max(contexts) + 64
+                str(out),
+                str(target),
+                device="cpu",
+                n_threads=args.threads,
+                n_ctx=max(contexts) + 64,
+                kv_type=args.kv_type,
             )
 
         rng = np.random.default_rng(0)
-        print(f"draft of 3 tokens, median ms over {args.reps} ({args.threads} threads, {args.outtype})")
+        print(
+            f"draft of 3 tokens, median ms over {args.reps} ({args.threads} threads, {args.outtype}, "
+            f"{args.kv_type} cache)"
+        )
         print(f"{'context':>8}  " + "  ".join(f"{n:>14}" for n in drafters) + "  ratio")
         for n in contexts:
             feats = rng.standard_normal((n, TAPS * HIDDEN)).astype(np.float32)

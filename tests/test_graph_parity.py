@@ -200,10 +200,18 @@ class Case:
             self._gguf[key] = out
         return self._gguf[key]
 
-    def drafter(self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256, n_threads: int = 1) -> Any:
+    def drafter(
+        self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256, n_threads: int = 1, kv_type: str = "f32"
+    ) -> Any:
+        """Our Drafter of this checkpoint; its cache in F32 unless asked (the reference's arithmetic)."""
         target = "" if embed_head else str(self.target_path)
         return dflash_gguf.Drafter(
-            str(self.gguf(outtype, embed_head)), target, device=DEVICE, n_threads=n_threads, n_ctx=n_ctx
+            str(self.gguf(outtype, embed_head)),
+            target,
+            device=DEVICE,
+            n_threads=n_threads,
+            n_ctx=n_ctx,
+            kv_type=kv_type,
         )
 
 
@@ -338,6 +346,27 @@ def test_f32_parity(case: Any, version: int, block: int) -> None:
             assert ours["tokens"] == np.asarray(ours["argmax"])[1:].tolist()  # DFlash 1: each row's argmax
     note(f"f32 v{version} B{block}", worst)
     print(f"f32 DFlash{version} B={block}: worst row NMSE {worst:.3e} over contexts {CONTEXTS}")
+
+
+@pytest.mark.parametrize("version", (1, 2))
+def test_f16_cache_bounded(case: Any, version: int) -> None:
+    """The default draft cache holds K/V in F16 (as llama.cpp's): bounded against the f32 reference, the same
+    drafts but where logits nearly tie."""
+    c: Case = case(version, 8)
+    path = str(c.gguf("f32"))
+    d = dflash_gguf.Drafter(path, str(c.target_path), device=DEVICE, n_threads=1, n_ctx=256)
+    with pytest.raises(ValueError, match='kv_type must be "f16" or "f32", got "q8_0"'):
+        dflash_gguf.Drafter(path, str(c.target_path), device=DEVICE, n_ctx=256, kv_type="q8_0")
+    worst = 0.0
+    for i, n_ctx_rows in enumerate(CONTEXTS):
+        ours, ref = run_both(c, d, n_ctx_rows, anchor=7 + 31 * i, seed=1000 + i)
+        e = row_nmse(np.asarray(ours["logits"]), ref.logits.numpy())
+        worst = max(worst, float(e.max()))
+        tie = 1e-2 * float(np.abs(ref.logits.numpy()).max())
+        check_argmax(ours, ref, tie)
+    note(f"f32 weights, f16 cache v{version} B8", worst)
+    print(f"f32 weights, F16 cache, DFlash{version} B=8: worst row NMSE {worst:.3e}")
+    assert 0.0 < worst <= 1e-4  # above 0: the cache is F16 (measured up to ~2e-6)
 
 
 @pytest.mark.parametrize("version", (1, 2))
@@ -484,7 +513,8 @@ def golden_features() -> dict[str, np.ndarray]:
 
 
 def tiny_drafter(path: Path) -> Any:
-    return dflash_gguf.Drafter(str(path), str(TINY / "target-f16.gguf"), device=DEVICE, n_threads=1, n_ctx=512)
+    target = str(TINY / "target-f16.gguf")
+    return dflash_gguf.Drafter(str(path), target, device=DEVICE, n_threads=1, n_ctx=512, kv_type="f32")
 
 
 def draft_case(d: Any, c: dict[str, Any], feats: np.ndarray) -> dict[str, Any]:
@@ -544,8 +574,8 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
     every one of them, the same draft as the plain layout; F16 weights have no such layout."""
     skip_without_x86_repack()
     path, target = str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")
-    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
-    plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False)
+    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, kv_type="f32")
+    plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False, kv_type="f32")
     assert packed.repacked_weights == 1 + 9 * 2  # fc and, per layer, q k v o gate up down and both conv projections
     assert plain.repacked_weights == 0
     assert tiny_drafter(tiny_gguf("f16")).repacked_weights == 0
@@ -563,8 +593,8 @@ def test_repacked_head_takes_rows_by_four(tiny_gguf: Any, golden_features: dict[
     of 1-7 tokens are the plain layout's, and the profile shows a draft of 3 running the head on 4 rows."""
     skip_without_x86_repack()
     path, target = str(tiny_gguf("q4_0", embed_head=True)), str(TINY / "target-f16.gguf")
-    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512)
-    plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False)
+    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, kv_type="f32")
+    plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False, kv_type="f32")
     assert packed.repacked_weights == 2 + 9 * 2  # the head too
     c = GOLDEN["cases"][0]
     f = golden_features[c["prompt_id"]]

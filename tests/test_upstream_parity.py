@@ -333,7 +333,7 @@ def ours_draft(
     step2: tuple[np.ndarray, int] | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Our Drafter on the same inputs; with step2, also the next step's draft (on the same drafter)."""
-    d = dflash_gguf.Drafter(str(draft), str(target), device="cpu", n_threads=1, n_ctx=1024)
+    d = dflash_gguf.Drafter(str(draft), str(target), device="cpu", n_threads=1, n_ctx=1024, kv_type="f32")
     if len(feats):
         d.inject(np.ascontiguousarray(feats, np.float32), np.arange(len(feats), dtype=np.int32))
     first = d.draft(anchor, position, details=True)

@@ -41,19 +41,23 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
 void register_drafter(py::module_ & m) {
     py::class_<PyDrafter>(m, "Drafter")
         .def(py::init([](const std::string & draft, const std::string & target, const std::string & device,
-                         int n_threads, uint32_t n_ctx, bool repack) {
+                         int n_threads, uint32_t n_ctx, bool repack, const std::string & kv_type) {
                  dflash::DrafterOptions o;
                  o.device = device;
                  o.n_threads = n_threads;
                  o.n_ctx = n_ctx;
                  o.repack = repack;
+                 if (kv_type != "f16" && kv_type != "f32") {
+                     throw py::value_error("kv_type must be \"f16\" or \"f32\", got \"" + kv_type + "\"");
+                 }
+                 o.kv_type = kv_type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
                  auto p = std::make_unique<PyDrafter>();
                  py::gil_scoped_release nogil;
                  p->d = std::make_unique<dflash::Drafter>(draft, target, o);
                  return p;
              }),
              py::arg("draft"), py::arg("target") = "", py::arg("device") = "auto", py::arg("n_threads") = 0,
-             py::arg("n_ctx") = 4096, py::arg("repack") = true)
+             py::arg("n_ctx") = 4096, py::arg("repack") = true, py::arg("kv_type") = "f16")
         .def_property_readonly("hparams", [](PyDrafter & p) { return hparams_dict(p.d->hparams()); })
         .def_property_readonly("n_vocab", [](PyDrafter & p) { return p.d->n_vocab(); })
         .def_property_readonly("n_ctx", [](PyDrafter & p) { return p.d->n_ctx(); })

@@ -18,6 +18,7 @@ class Drafter:
         n_threads: int = 0,
         n_ctx: int = 4096,
         repack: bool = True,
+        kv_type: str = "f16",
     ) -> None: ...
     @property
     def hparams(self) -> dict[str, Any]: ...

@@ -690,14 +690,17 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
                     "..1048576)");
     }
     m.n_ctx = opts.n_ctx;
+    if (opts.kv_type != GGML_TYPE_F16 && opts.kv_type != GGML_TYPE_F32) {
+        throw Error(std::string("the draft cache's type must be f16 or f32, not ") + ggml_type_name(opts.kv_type));
+    }
     {
         ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
         m.cache_ctx.reset(ggml_init(ip));
         for (uint32_t il = 0; il < h.n_layer; ++il) {
             m.cache_k.push_back(
-                ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, h.head_dim, h.n_head_kv, m.n_ctx + 1));
+                ggml_new_tensor_3d(m.cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, m.n_ctx + 1));
             m.cache_v.push_back(
-                ggml_new_tensor_3d(m.cache_ctx.get(), GGML_TYPE_F32, m.n_ctx + 1, h.head_dim, h.n_head_kv));
+                ggml_new_tensor_3d(m.cache_ctx.get(), opts.kv_type, m.n_ctx + 1, h.head_dim, h.n_head_kv));
         }
         m.cache_buf.reset(
             ggml_backend_alloc_ctx_tensors_from_buft(m.cache_ctx.get(), ggml_backend_dev_buffer_type(m.dev)));
@@ -761,18 +764,19 @@ void Drafter::truncate(uint32_t n) {
 }
 
 // K rows are contiguous per position ([width] each); V is stored transposed (positions innermost per
-// channel), so its rows are copied channel by channel. Layers in order, K then V.
+// channel), so its rows are copied channel by channel. Layers in order, K then V, in the cache's type.
 std::vector<uint8_t> Drafter::save_cache() {
     Impl & m = *impl_;
     m.flush_pending();
-    const size_t n = m.n_cached, width = (size_t)m.kv_width(), row_bytes = width * sizeof(float);
+    const size_t n = m.n_cached, width = (size_t)m.kv_width(), elem = ggml_type_size(m.cache_k[0]->type);
+    const size_t row_bytes = width * elem;
     std::vector<uint8_t> bytes(2 * m.cache_k.size() * n * row_bytes);
     uint8_t * out = bytes.data();
     for (size_t il = 0; il < m.cache_k.size(); ++il) {
         ggml_backend_tensor_get(m.cache_k[il], out, 0, n * row_bytes);
         out += n * row_bytes;
-        for (size_t c = 0; c < width; ++c, out += n * sizeof(float)) {
-            ggml_backend_tensor_get(m.cache_v[il], out, c * m.cache_v[il]->nb[1], n * sizeof(float));
+        for (size_t c = 0; c < width; ++c, out += n * elem) {
+            ggml_backend_tensor_get(m.cache_v[il], out, c * m.cache_v[il]->nb[1], n * elem);
         }
     }
     return bytes;
@@ -780,7 +784,7 @@ std::vector<uint8_t> Drafter::save_cache() {
 
 void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
     Impl & m = *impl_;
-    const size_t width = (size_t)m.kv_width(), row_bytes = width * sizeof(float);
+    const size_t width = (size_t)m.kv_width(), elem = ggml_type_size(m.cache_k[0]->type), row_bytes = width * elem;
     if ((uint64_t)n + m.hp().block_size > m.n_ctx) {
         throw Error("the saved draft cache holds " + std::to_string(n) + " rows; this drafter's n_ctx = " +
                     std::to_string(m.n_ctx) + " holds " + std::to_string(m.n_ctx - m.hp().block_size) + " and a block");
@@ -794,8 +798,8 @@ void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
     for (size_t il = 0; il < m.cache_k.size(); ++il) {
         ggml_backend_tensor_set(m.cache_k[il], in, 0, n * row_bytes);
         in += n * row_bytes;
-        for (size_t c = 0; c < width; ++c, in += n * sizeof(float)) {
-            ggml_backend_tensor_set(m.cache_v[il], in, c * m.cache_v[il]->nb[1], n * sizeof(float));
+        for (size_t c = 0; c < width; ++c, in += n * elem) {
+            ggml_backend_tensor_set(m.cache_v[il], in, c * m.cache_v[il]->nb[1], n * elem);
         }
     }
     m.n_cached = n;

@@ -17,6 +17,9 @@ struct DrafterOptions {
     int n_threads = 0;            // CPU threads; 0 = default_cpu_threads() (physical cores we may use)
     uint32_t n_ctx = 4096;        // draft cache capacity in context rows
     bool repack = true;           // on the CPU, quantized matmul weights in ggml's repacked layouts where one exists
+    // the draft cache's K/V: F16 as llama.cpp's default cache (half the memory, and the attention, which at a long
+    // context is most of a draft step, reads half the bytes), or F32 (to match a reference exactly)
+    ggml_type kv_type = GGML_TYPE_F16;
 };
 
 // Rows: a draft of n tokens computes the LM head and the selector for block rows 1..n only; with
