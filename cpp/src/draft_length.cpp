@@ -34,9 +34,15 @@ constexpr uint32_t kExploreSteps = 2;
 // process) would otherwise keep a drafter drafting through a whole round slower than plain; a check is
 // kPlainCheckTimed timed plain steps after the untimed warm ones (plain_warm_steps), and its timings
 // replace the earlier ones. Where drafting pays 2x, a check per 256 drafted steps costs about 1% of the speed.
+// The interval doubles only after a check that agreed with the estimate before it (within
+// kPlainCheckAgree): a plain step is memory-bound and a shared VM's bandwidth comes in phases (a
+// 1.7B-shaped F16 target's plain steps 73-76 ms in one, 105-115 ms in the next, its verify the same in
+// both), so a check that lands in a slow phase would otherwise keep the slow cost for 64, then 128
+// drafted steps, drafting longer than pays all along (`scripts/trace_auto.py --steps` shows it)
 constexpr uint32_t kPlainCheckFirst = 32;
 constexpr uint32_t kPlainCheckMax = 256;
 constexpr uint32_t kPlainCheckTimed = 3;
+constexpr double kPlainCheckAgree = 0.10;
 // plain steps are plentiful: their cost is taken from more timings than a draft length's, so that a slow
 // phase of a few steps does not move it (4.58, 3.60, 1.89, 1.34 ms among 0.43-0.64 ms steps make the
 // median of 9 say 1.33 ms, which would have auto mode draft slower than plain until the next re-timing)
@@ -247,8 +253,8 @@ uint32_t DraftLengthController::choose() {
         // would alternate plain and drafted steps for as long as plain decoding lies between bound and
         // estimate (each switch a graph rebuild); leaving on the bound would keep drafting where plain is ahead.
         if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
-            plain_check_every_ = std::min(2 * plain_check_every_, kPlainCheckMax);
-            t_plain_.restart();  // joining a slow phase's timings, a check would be outvoted by them
+            checked_plain_ms_ = t_plain_.ms;  // observe_plain sets the next interval once the check is timed
+            t_plain_.restart();               // joining a slow phase's timings, a check would be outvoted by them
             // still a drafting run: judged again after the check
             return hold(0, plain_warm_steps() + kPlainCheckTimed, false);
         }
@@ -369,6 +375,11 @@ void DraftLengthController::observe_plain(double ms, bool steady) {
     if (++plain_streak_ > plain_warm_steps() && steady) {
         t_plain_.observe(ms);
         drafted_untimed_ = 0;
+        if (checked_plain_ms_ != 0.0 && t_plain_.kept >= kPlainCheckTimed) {
+            const bool agreed = std::abs(t_plain_.ms / checked_plain_ms_ - 1.0) <= kPlainCheckAgree;
+            plain_check_every_ = agreed ? std::min(2 * plain_check_every_, kPlainCheckMax) : kPlainCheckFirst;
+            checked_plain_ms_ = 0.0;
+        }
     }
 }
 

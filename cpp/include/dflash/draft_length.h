@@ -29,9 +29,9 @@
 // still probes a drafted step now and then (less often while it keeps deciding
 // against drafting; auto mode spaces probes by their cost), so a change of
 // content is noticed (auto mode's first probe comes at once). A long drafting
-// run re-times plain decoding now and then (a few plain steps, ever more rarely,
-// whose timings replace the earlier ones), so a plain cost measured in a bad
-// moment does not keep it drafting.
+// run re-times plain decoding now and then (a few plain steps, more rarely after
+// each check that agreed with the estimate, whose timings replace the earlier
+// ones), so a plain cost measured in a bad moment does not keep it drafting.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -108,9 +108,10 @@ private:
     uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
     uint32_t plain_streak_ = 0;     // plain steps since the last drafted one
     uint32_t plain_check_every_;
-    bool run_favoured_ = false;  // the estimates favoured drafting at some step of the current run
-    bool seen_draft_ = false;    // a drafted step was observed (until then auto mode probes)
-    uint32_t entry_wait_ = 0;    // plain steps before the bound may begin another run
+    double checked_plain_ms_ = 0.0;  // the plain cost before the check being timed (0: none)
+    bool run_favoured_ = false;      // the estimates favoured drafting at some step of the current run
+    bool seen_draft_ = false;        // a drafted step was observed (until then auto mode probes)
+    uint32_t entry_wait_ = 0;        // plain steps before the bound may begin another run
     // what the current drafting run's steps lost against plain decoding (a CUSUM, ms) and the run's own
     // acceptance counts, which replace the memory when that loss ends the run
     double run_loss_ = 0.0;
