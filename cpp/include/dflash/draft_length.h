@@ -108,7 +108,9 @@ private:
     uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
     uint32_t plain_streak_ = 0;     // plain steps since the last drafted one
     uint32_t plain_check_every_;
-    double checked_plain_ms_ = 0.0;  // the plain cost before the check being timed (0: none)
+    // the plain estimate when the check being timed began (0: no check; -1: plain never timed, so any
+    // result counts as moved)
+    double checked_plain_ms_ = 0.0;
     bool run_favoured_ = false;      // the estimates favoured drafting at some step of the current run
     bool seen_draft_ = false;        // a drafted step was observed (until then auto mode probes)
     uint32_t entry_wait_ = 0;        // plain steps before the bound may begin another run
