@@ -111,9 +111,9 @@ private:
     // the plain estimate when the check being timed began (0: no check; -1: plain never timed, so any
     // result counts as moved)
     double checked_plain_ms_ = 0.0;
-    bool run_favoured_ = false;      // the estimates favoured drafting at some step of the current run
-    bool seen_draft_ = false;        // a drafted step was observed (until then auto mode probes)
-    uint32_t entry_wait_ = 0;        // plain steps before the bound may begin another run
+    bool run_favoured_ = false;  // the estimates favoured drafting at some step of the current run
+    bool seen_draft_ = false;    // a drafted step was observed (until then auto mode probes)
+    uint32_t entry_wait_ = 0;    // plain steps before the bound may begin another run
     // what the current drafting run's steps lost against plain decoding (a CUSUM, ms) and the run's own
     // acceptance counts, which replace the memory when that loss ends the run
     double run_loss_ = 0.0;
