@@ -113,7 +113,14 @@ def main() -> int:
 
     import dflash_gguf
     from dflash_gguf.bench import spread
-    from dflash_gguf.bench.verify_timing import FLASH_ATTN_AUTO, FLASH_ATTN_OFF, FLASH_ATTN_ON, Verifier, load_model
+    from dflash_gguf.bench.verify_timing import (
+        FLASH_ATTN_AUTO,
+        FLASH_ATTN_OFF,
+        FLASH_ATTN_ON,
+        Verifier,
+        load_model,
+        runtime_flash_attn,
+    )
 
     with tempfile.TemporaryDirectory(prefix="bench_draft_") as tmpd:
         tmp = Path(tmpd)
@@ -174,7 +181,7 @@ def main() -> int:
             return time.perf_counter() - t0
 
         loop_ks = range(1, blocks[0])
-        runtime_mode = "auto" if gpu else "off"  # what our runtime sets (verify_timing.runtime_flash_attn)
+        runtime_mode = {v: k for k, v in fa_modes.items()}[runtime_flash_attn(999 if gpu else 0)]
         loop_verifier = verifiers[runtime_mode if runtime_mode in verifiers else modes[0]]
         for _ in range(args.warmup):
             for b in blocks:

@@ -12,6 +12,7 @@
 #include "busy.h"
 #include "dflash/cpu_threads.h"
 #include "dflash/speculator.h"
+#include "dflash/target.h"
 #include "register.h"
 
 namespace {
@@ -135,6 +136,10 @@ void register_speculator(py::module_ & m) {
           "Hand back the calling thread's OpenMP worker pool (see dflash/cpu_threads.h); false without OpenMP");
     m.def("default_cpu_threads", &dflash::default_cpu_threads,
           "The CPU threads n_threads = 0 means: the physical cores this process may run on");
+    m.def(
+        "target_flash_attn", [](int n_gpu_layers) { return (int)dflash::target_flash_attn(n_gpu_layers); },
+        py::arg("n_gpu_layers"),
+        "The llama_context_params.flash_attn_type the target's context gets with n_gpu_layers offloaded");
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,

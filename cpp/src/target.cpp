@@ -98,6 +98,13 @@ std::string gguf_architecture(const std::string & path) {
     return gguf_get_val_str(g.get(), k);
 }
 
+llama_flash_attn_type target_flash_attn(int n_gpu_layers) {
+    // flash attention on the CPU verifies more slowly once the context is more than a few hundred tokens
+    // (2 cores, 1024 tokens: a 1.7B-shaped Q4_K_M target 11-16% slower at 1-4 tokens, 0.6B F16 11-33%, the
+    // bundled pair 3-24%; within 4% either way at 100 tokens); on a GPU let libllama decide
+    return n_gpu_layers == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
+}
+
 Target::Target(const std::string & path, const TargetOptions & opts) {
     struct stat st{};
     if (stat(path.c_str(), &st) != 0) {
@@ -121,10 +128,7 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     cp.n_threads_batch = n_threads;
     cp.no_perf = true;
     cp.n_rs_seq = opts.n_rs_seq;  // libllama clamps it to 0 for archs without snapshot rollback
-    // flash attention on the CPU verifies more slowly once the context is more than a few hundred tokens
-    // (2 cores, 1024 tokens: a 1.7B-shaped Q4_K_M target 11-16% slower at 1-4 tokens, 0.6B F16 11-33%, the
-    // bundled pair 3-24%; within 4% either way at 100 tokens); on a GPU let libllama decide
-    cp.flash_attn_type = opts.n_gpu_layers == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
+    cp.flash_attn_type = target_flash_attn(opts.n_gpu_layers);
     ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
         llama_model_free(model_);

@@ -33,6 +33,7 @@ from .options import BenchError, BenchOptions, NMax, load_prompts, parse_n_max, 
 from .progress import progress_bar
 from .summary import compare_auto_with_fixed, summarize_config
 from .upstream import UpstreamServer, cpu_has_amx, find_server_binary, gguf_is_quantized, missing_server_message
+from .verify_timing import FLASH_ATTN_OFF, runtime_flash_attn
 
 
 def fresh_prefill(llm: Any, prompt: list[int]) -> None:
@@ -172,9 +173,9 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
                 "llama-server got --no-repack: llama.cpp 0.3.36's AMX repack crashes on quantized "
                 "weights on this CPU (docs/converting.md)"
             )
-        if o.n_gpu_layers == 0 and not {"-fa", "--flash-attn"} & set(server_extra):
-            # the same attention kernels as ours: our runtime keeps flash attention off for a CPU target
-            # (cpp/src/target.cpp), where llama-server's default (auto) turns it on
+        if runtime_flash_attn(o.n_gpu_layers) == FLASH_ATTN_OFF and not {"-fa", "--flash-attn"} & set(server_extra):
+            # the same attention kernels as ours, where our runtime turns flash attention off and llama-server's
+            # default (auto) would turn it on
             server_extra += ["-fa", "off"]
             notes.append("llama-server got -fa off: the target runs on the CPU without flash attention, as ours")
 

@@ -30,9 +30,10 @@ _quiet_callback: Any = None  # libllama keeps the pointer: the callback must out
 
 
 def runtime_flash_attn(n_gpu_layers: int) -> int:
-    """What our runtime uses (cpp/src/target.cpp): off on the CPU, where it slows multi-token
-    decodes of small models; libllama's choice when layers are offloaded."""
-    return FLASH_ATTN_OFF if n_gpu_layers == 0 else FLASH_ATTN_AUTO
+    """The flash_attn_type our runtime gives the target's context (dflash::target_flash_attn)."""
+    from .._core import target_flash_attn
+
+    return target_flash_attn(n_gpu_layers)
 
 
 def load_model(path: str | Path, n_gpu_layers: int = 0, quiet: bool = True) -> tuple[Any, Any]:

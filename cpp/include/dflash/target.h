@@ -42,6 +42,9 @@ bool arch_exposes_layer_inputs(const std::string & arch);
 const std::vector<std::string> & archs_exposing_layer_inputs();
 // The arch string of a GGUF file (general.architecture), read from its header alone.
 std::string gguf_architecture(const std::string & path);
+// The flash-attention setting the target's context gets (llama_context_params.flash_attn_type). The bench
+// gives it to its own verify timing and to llama-server, so that all systems run the same kernels.
+llama_flash_attn_type target_flash_attn(int n_gpu_layers);
 
 class Target {
 public:
