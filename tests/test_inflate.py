@@ -1,4 +1,6 @@
-"""The inflated pairs of `dflash bench --scale` (bindings/dflash_gguf/bench/inflate.py) at the smallest size, 0.6B.
+"""The inflated pairs of `dflash bench --scale` (bindings/dflash_gguf/bench/inflate.py) at the smallest size, 0.6B,
+and a small Qwen3.5 hybrid (Gated DeltaNet layers, gated attention over a partly rotated wide head) built the
+way the 2.8B-hybrid size is.
 
 The inflated target must compute the tinycode target's function: the same greedy text on the bundled
 prompts (near-ties reported), the same logits over the real vocabulary, and every padded token's logit
@@ -7,11 +9,12 @@ far below. The inflated drafter must be accepted as often as the bundled one (wi
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tinycode import EOS, TARGET, THREADS, GreedyReference, drafter_gguf, prompts, record
+from tinycode import EOS, TARGET, THREADS, GreedyReference, drafter_gguf, inflated_hybrid, prompts, record
 
 from dflash_gguf import SpeculativeLlama
 from dflash_gguf.bench.inflate import SIZES, Inflation, ScaleSize, ensure_pair, load_source
@@ -22,8 +25,14 @@ REAL_VOCAB = 2048
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def dense_pair(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     return ensure_pair(SIZE, tmp_path_factory.mktemp("inflated"), target_types=("f16", "q8_0", "q4_k_m"))
+
+
+@pytest.fixture(params=["dense", "hybrid"])
+def sized_pair(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """(the size, its inflated pair)"""
+    return inflated_hybrid() if request.param == "hybrid" else (SIZE, request.getfixturevalue("dense_pair"))
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +55,14 @@ def _greedy_with_logits(ref: GreedyReference, prefix: list[int], n: int) -> tupl
     return tokens, logits
 
 
-def test_f16_target_computes_tinycodes_function(pair, reference: GreedyReference) -> None:  # type: ignore[no-untyped-def]
+def test_f16_target_computes_tinycodes_function(sized_pair, reference: GreedyReference) -> None:  # type: ignore[no-untyped-def]
+    from gguf import GGUFReader
+
+    size, pair = sized_pair
     inflated = GreedyReference(pair.targets["f16"])
-    assert inflated.llm.n_vocab() == SIZE.vocab
+    assert inflated.llm.n_vocab() == size.vocab
+    arch = GGUFReader(pair.targets["f16"]).fields["general.architecture"].contents()
+    assert arch == size.arch
     near_ties, worst_diff, top_pad = [], 0.0, -np.inf
     identical = 0
     for p in prompts():
@@ -69,7 +83,7 @@ def test_f16_target_computes_tinycodes_function(pair, reference: GreedyReference
             want = reference.logits_after(toks + ref.tokens[: same - 1])
             worst_diff = max(worst_diff, float(np.abs(logits[same - 1][:REAL_VOCAB] - want).max()))
     record(
-        "inflate_f16",
+        f"inflate_f16_{size.arch}",
         {
             "identical": identical,
             "near_ties": near_ties,
@@ -97,11 +111,12 @@ def _same_prefix(reference: GreedyReference, target: GreedyReference) -> tuple[i
     return same, top_pad
 
 
-@pytest.mark.parametrize("ftype", ["q8_0", "q4_k_m"])
+@pytest.mark.parametrize("which,ftype", [("dense", "q8_0"), ("dense", "q4_k_m"), ("hybrid", "q4_k_m")])
 def test_quantized_targets_keep_the_text(
-    pair,
+    request: pytest.FixtureRequest,
     reference: GreedyReference,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    which: str,
     ftype: str,
 ) -> None:
     """Quantized, the inflated target is not bit-for-bit tinycode's quantized the same way (its blocks
@@ -109,11 +124,12 @@ def test_quantized_targets_keep_the_text(
     long as tinycode's own quantization does, and padded tokens stay out."""
     from dflash_convert.quantize import llama_quantize, parse_outtype
 
+    pair = inflated_hybrid()[1] if which == "hybrid" else request.getfixturevalue("dense_pair")
     llama_quantize(TARGET, tmp_path / f"tinycode-{ftype}.gguf", parse_outtype(ftype))
     baseline, _ = _same_prefix(reference, GreedyReference(tmp_path / f"tinycode-{ftype}.gguf"))
     same, top_pad = _same_prefix(reference, GreedyReference(pair.targets[ftype]))
     record(
-        f"inflate_{ftype}",
+        f"inflate_{which}_{ftype}",
         {
             "same_prefix_tokens": same,
             "tinycode_quantized_same_prefix_tokens": baseline,
@@ -137,10 +153,11 @@ def _acceptance(target: Path | str, draft: Path | str) -> tuple[float, int]:
     return (accepted + steps) / steps
 
 
-def test_inflated_drafter_is_accepted_as_the_bundled_one(pair) -> None:  # type: ignore[no-untyped-def]
+def test_inflated_drafter_is_accepted_as_the_bundled_one(sized_pair) -> None:  # type: ignore[no-untyped-def]
+    size, pair = sized_pair
     bundled = _acceptance(TARGET, drafter_gguf("q4_0"))
     inflated = _acceptance(pair.targets["f16"], pair.draft)
-    record("inflate_acceptance", {"bundled": bundled, "inflated": inflated})
+    record(f"inflate_acceptance_{size.arch}", {"bundled": bundled, "inflated": inflated})
     assert abs(inflated / bundled - 1) <= 0.05, (inflated, bundled)
 
 
@@ -151,3 +168,12 @@ def test_sizes_that_cannot_hold_the_pair_are_refused() -> None:
     with pytest.raises(ValueError, match=r"7 layers cannot hold the 6 real ones"):
         Inflation(src, ScaleSize("bad", hidden=512, n_layers=7, n_heads=16, n_kv_heads=8, head_dim=128, ff=1024))
     assert Inflation(src, SIZE).real_layers == [0, 7, 8, 19, 20, 21]
+    # the hybrid's real layers sit on attention layers, the real feature layers' outputs reach the new feature
+    # layers [8, 22] through added layers only, and the last layer (it writes d*) is an added one
+    hybrid = SIZES["2.8B-hybrid"]
+    assert Inflation(src, hybrid).real_layers == [3, 7, 11, 19, 23, 27]
+    assert hybrid.layer_ids()[1::2] == [8, 22] and hybrid.is_attention(hybrid.n_layers - 1)
+    with pytest.raises(ValueError, match=r"rotary dimensions 32 must be 256 or 64"):
+        Inflation(src, dataclasses.replace(hybrid, n_rot=32))
+    with pytest.raises(ValueError, match=r"12 layers cannot hold the 6 real ones"):
+        Inflation(src, dataclasses.replace(hybrid, n_layers=12))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tinycode import inflated_hybrid
 
 from dflash_gguf.bench.verify_timing import FLASH_ATTN_OFF, Verifier, load_model
 
@@ -64,3 +65,23 @@ def test_each_size_decodes_after_the_prefilled_prefix(target) -> None:
     finally:
         v.close()
         ref.close()
+
+
+def test_a_hybrid_target_verifies_from_the_prefix_every_time() -> None:
+    """A recurrent state cannot drop every token of the decode just timed (libllama's snapshots keep one): the
+    timer restores the prefilled sequence, so each verify of a Qwen3.5 hybrid starts from the same state."""
+    _, pair = inflated_hybrid()
+    llc, model = load_model(pair.targets["f16"])
+    v = Verifier(llc, model, context=40, max_block=8, n_threads=1, flash_attn=FLASH_ATTN_OFF)
+    try:
+        assert v.recurrent
+        rows = []
+        for b in (4, 1, 4, 4):
+            assert v.verify(b) > 0
+            if b == 4:
+                rows.append(np.ctypeslib.as_array(llc.llama_get_logits(v.ctxs[4]), shape=(4, v.n_vocab)).copy())
+        for later in rows[1:]:
+            np.testing.assert_array_equal(later, rows[0])
+    finally:
+        v.close()
+        llc.llama_model_free(model)

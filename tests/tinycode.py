@@ -154,6 +154,31 @@ def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:
 
 
 @functools.cache
+def inflated_hybrid() -> tuple[Any, Any]:
+    """(ScaleSize, Pair): `dflash bench --scale`'s 2.8B-hybrid layout (Qwen3.5: Gated DeltaNet layers, gated
+    attention over a partly rotated wide head) inflated from the bundled pair at a width that builds in
+    seconds, with F16 and Q4_K_M targets."""
+    import dataclasses
+
+    from dflash_gguf.bench.inflate import SIZES, ensure_pair
+
+    size = dataclasses.replace(
+        SIZES["2.8B-hybrid"],
+        name="hybrid-test",
+        hidden=272,
+        n_heads=4,
+        n_kv_heads=2,
+        ff=768,
+        vocab=4096,
+        ssm_k_heads=2,
+        ssm_v_heads=4,
+        ssm_head_dim=64,
+        draft_heads=(8, 4, 128),
+    )
+    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+
+
+@functools.cache
 def drafter_gguf(outtype: str = "f32") -> Path:
     """The bundled trained drafter as a GGUF of the given type."""
     return convert(DRAFTER_DIR, TARGET, _workdir() / f"tinycode-drafter-{outtype}.gguf", outtype)

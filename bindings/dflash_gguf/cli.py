@@ -380,7 +380,10 @@ def serve(
     "shapes (generated and cached; docs/performance.md).",
 )
 @click.option(
-    "--scale-sizes", default="0.6B,1.7B", show_default=True, help="--scale: comma list of 0.6B, 1.7B, 4B, 8B."
+    "--scale-sizes",
+    default="0.6B,1.7B",
+    show_default=True,
+    help="--scale: comma list of 0.6B, 1.7B, 4B, 8B (Qwen3 shapes) and 2.8B-hybrid (a Qwen3.5 hybrid).",
 )
 @click.option(
     "--scale-types",

@@ -28,6 +28,16 @@ weights sit inside, and what is added cannot change the result:
   default spread of the target's layers) of which two carry the real features, the conv kernels of the
   added channels the identity, the selector codebooks' padded rows zero.
 
+The Qwen3.5 hybrid (`arch` qwen35, as libllama 0.3.36 loads it): tinycode's layers are the attention layers
+(every `attention_every`-th), the rest Gated DeltaNet layers with zero weights (a zero input, so a zero
+state: their cost and their recurrent state, which a rejected draft rolls back, are a hybrid's, their
+output nothing). Its attention is gated (the query projection's gate rows zero: sigmoid(0) = 1/2, made up by
+a doubled output projection) and rotates `n_rot` of each head's dimensions: with `n_rot` = the source's head
+size, a source head's dimensions sit first in the head as they are (the rotated part keeps their
+frequencies), the same norm and scale corrections as above for the rest. A real feature layer sits on the
+last attention layer at or before its new feature layer (the added layers up to it change nothing). The
+drafter keeps Qwen3's attention, of a shape of its own (`draft_heads`).
+
 Left as is: rope_theta (10,000, the pair's), block size 8 (what the drafter was trained for), and one
 eps for all norms, so q_norm and k_norm see eps * h/H where eps/2 would be exact (a relative change
 below 1e-6 in their output). Files are cached under names with a hash of everything that shapes them.
@@ -42,7 +52,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +68,14 @@ SPARE_NORM_WEIGHT = 1e4  # G, in an F32 norm
 SPARE_TARGET = 2.0**-10  # M
 
 
+_HYBRID_FIELDS = {"arch", "n_rot", "attention_every", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "draft_heads"}
+
+
 @dataclass(frozen=True)
 class ScaleSize:
-    """A Qwen3 target shape and its 5-layer DFlash2 drafter (same hidden size, heads and FFN width)."""
+    """A target shape and its 5-layer DFlash2 drafter (same hidden size and FFN width): a Qwen3 (`qwen3`), or a
+    Qwen3.5 hybrid (`qwen35`: Gated DeltaNet layers with attention every `attention_every`-th layer, gated
+    attention over `n_rot` of `head_dim` dimensions, the drafter's attention of its own shape)."""
 
     name: str
     hidden: int
@@ -71,6 +86,13 @@ class ScaleSize:
     ff: int
     vocab: int = 151936
     draft_layers: int = 5
+    arch: str = "qwen3"
+    n_rot: int = 0  # rotated dimensions of a head; 0: all of them
+    attention_every: int = 1
+    ssm_k_heads: int = 0  # Gated DeltaNet key heads (and query heads), value heads, their head size
+    ssm_v_heads: int = 0
+    ssm_head_dim: int = 0
+    draft_heads: tuple[int, int, int] = (0, 0, 0)  # the drafter's query heads, KV heads, head size; 0s: the target's
 
     def layer_ids(self) -> list[int]:
         """The drafter's feature layers (HF ids): the DFlash default spread."""
@@ -79,19 +101,40 @@ class ScaleSize:
         return default_target_layer_ids(self.n_layers, self.draft_layers)
 
     def key(self) -> str:
-        """Short hash of everything that shapes the generated files (the name aside)."""
-        blob = json.dumps([GENERATOR_VERSION, asdict(self) | {"name": ""}], sort_keys=True)
+        """Short hash of everything that shapes the generated files (the name aside; the hybrid's fields only
+        where set, so that the Qwen3 sizes keep the names of their files)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        shape = {k: v for k, v in asdict(self).items() if k not in _HYBRID_FIELDS or v != defaults[k]}
+        blob = json.dumps([GENERATOR_VERSION, shape | {"name": ""}], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
+    def is_attention(self, layer: int) -> bool:
+        return (layer + 1) % self.attention_every == 0
+
+    def draft_shape(self) -> tuple[int, int, int]:
+        return self.draft_heads if self.draft_heads[0] else (self.n_heads, self.n_kv_heads, self.head_dim)
+
+    def ssm_dims(self) -> tuple[int, int]:
+        """(the QKV projection's rows = the conv's channels, the value width) of a Gated DeltaNet layer."""
+        value = self.ssm_v_heads * self.ssm_head_dim
+        return 2 * self.ssm_k_heads * self.ssm_head_dim + value, value
+
+    def _attention_params(self, heads: int, kv_heads: int, head_dim: int, gated: bool) -> int:
+        q, kv = heads * head_dim, kv_heads * head_dim
+        return self.hidden * (q * (2 if gated else 1) + 2 * kv + q)
+
     def target_params(self) -> int:
-        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        per_layer = 2 * self.hidden * (q + kv) + 3 * self.hidden * self.ff
-        return 2 * self.vocab * self.hidden + self.n_layers * per_layer
+        gated = self.arch == "qwen35"
+        attention = self._attention_params(self.n_heads, self.n_kv_heads, self.head_dim, gated)
+        qkv, value = self.ssm_dims()
+        delta_net = self.hidden * (qkv + 2 * value + 2 * self.ssm_v_heads)
+        n_attention = sum(self.is_attention(i) for i in range(self.n_layers))
+        mixers = n_attention * attention + (self.n_layers - n_attention) * delta_net
+        return 2 * self.vocab * self.hidden + mixers + self.n_layers * 3 * self.hidden * self.ff
 
     def draft_params(self) -> int:
         """The drafter's own weights (the LM head is the target's)."""
-        q, kv = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        per_layer = 2 * self.hidden * (q + kv) + 3 * self.hidden * self.ff
+        per_layer = self._attention_params(*self.draft_shape(), gated=False) + 3 * self.hidden * self.ff
         return self.draft_layers * per_layer + self.hidden * self.hidden * len(self.layer_ids())
 
 
@@ -101,6 +144,25 @@ SIZES = {
     "1.7B": ScaleSize("1.7B", hidden=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ff=6144),
     "4B": ScaleSize("4B", hidden=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ff=9728),
     "8B": ScaleSize("8B", hidden=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ff=12288),
+    # a Qwen3.5-style hybrid (3 Gated DeltaNet layers per attention layer, gated attention with 64 of 256
+    # dimensions rotated, Qwen3.5's vocabulary) of 2.8B parameters; the drafter's attention as Qwen3's
+    "2.8B-hybrid": ScaleSize(
+        "2.8B-hybrid",
+        hidden=2048,
+        n_layers=32,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=256,
+        ff=6144,
+        vocab=248320,
+        arch="qwen35",
+        n_rot=64,
+        attention_every=4,
+        ssm_k_heads=16,
+        ssm_v_heads=16,
+        ssm_head_dim=128,
+        draft_heads=(16, 8, 128),
+    ),
 }
 
 
@@ -196,6 +258,57 @@ def load_source(folder: Path | None = None) -> Source:
 # --- the inflation -----------------------------------------------------------------------------
 
 
+@dataclass
+class HeadMap:
+    """Where the source's attention sits in `heads` query heads of `head_dim` dimensions over `kv_heads` KV
+    heads: its query heads spread over the groups (GQA), each source dimension at `dims` of a head; a gated
+    query projection (Qwen3.5) has each head's gate rows after its query rows."""
+
+    heads: int
+    kv_heads: int
+    head_dim: int
+    gated: bool
+    dims: np.ndarray  # a source head's dimensions in a head
+    scale: int  # head_dim / the source's
+    q_rows: np.ndarray  # rows of the query projection
+    o_cols: np.ndarray  # columns of the output projection
+    kv_rows: np.ndarray  # rows of the K and V projections
+
+    @classmethod
+    def build(cls, src: Source, heads: int, kv_heads: int, head_dim: int, n_rot: int, gated: bool) -> HeadMap:
+        m = head_dim // src.head_dim
+        half_src, half = src.head_dim // 2, head_dim // 2
+        if n_rot == src.head_dim:  # rotated dimensions first, as the source's: the frequencies match as they are
+            dims = np.arange(src.head_dim)
+        else:  # all rotated: NeoX pairs (i, i + half); source pair i at 2i keeps its frequency (module docstring)
+            dims = np.array([(j // half_src) * half + m * (j % half_src) for j in range(src.head_dim)])
+        group_src, group = src.n_heads // src.n_kv_heads, heads // kv_heads
+        q_heads = [(i // group_src) * group + i % group_src for i in range(src.n_heads)]
+        stride = head_dim * (2 if gated else 1)
+        return cls(
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            gated=gated,
+            dims=dims,
+            scale=m,
+            q_rows=np.concatenate([q * stride + dims for q in q_heads]),
+            o_cols=np.concatenate([q * head_dim + dims for q in q_heads]),
+            kv_rows=np.concatenate([k * head_dim + dims for k in range(src.n_kv_heads)]),
+        )
+
+    @staticmethod
+    def problems(src: Source, what: str, heads: int, kv_heads: int, head_dim: int, n_rot: int) -> list[str]:
+        out = []
+        if head_dim % src.head_dim:
+            out.append(f"{what}head_dim {head_dim} must be a multiple of {src.head_dim}")
+        if n_rot not in (head_dim, src.head_dim):
+            out.append(f"{what}rotary dimensions {n_rot} must be {head_dim} or {src.head_dim}")
+        if kv_heads < src.n_kv_heads or heads // kv_heads < src.n_heads // src.n_kv_heads:
+            out.append(f"{what}{heads}/{kv_heads} heads cannot hold {src.n_heads}/{src.n_kv_heads}")
+        return out
+
+
 class Inflation:
     """Index maps from the source's dimensions into a size's, and the inflated tensors by name."""
 
@@ -205,11 +318,12 @@ class Inflation:
         problems = []
         if H < h + 1 or H % 16:
             problems.append(f"hidden {H} must be a multiple of 16 above {h}")
-        if s.head_dim % src.head_dim:
-            problems.append(f"head_dim {s.head_dim} must be a multiple of {src.head_dim}")
-        group_src, group = src.n_heads // src.n_kv_heads, s.n_heads // s.n_kv_heads
-        if s.n_kv_heads < src.n_kv_heads or group < group_src:
-            problems.append(f"{s.n_heads}/{s.n_kv_heads} heads cannot hold {src.n_heads}/{src.n_kv_heads}")
+        n_rot = s.n_rot or s.head_dim
+        problems += HeadMap.problems(src, "", s.n_heads, s.n_kv_heads, s.head_dim, n_rot)
+        dh, dkv, dd = s.draft_shape()
+        problems += HeadMap.problems(src, "drafter ", dh, dkv, dd, dd)
+        if s.arch not in ("qwen3", "qwen35"):
+            problems.append(f"arch {s.arch!r} must be qwen3 or qwen35")
         if s.ff < src.ff or s.ff < 2 * h:
             problems.append(f"ff {s.ff} must be >= {max(src.ff, 2 * h)}")
         if s.vocab < src.vocab:
@@ -226,13 +340,8 @@ class Inflation:
         self.spare = H - 1
         self.norm_scale = math.sqrt(h / H)
         self.eps = src.eps * h / H
-        m = s.head_dim // src.head_dim
-        self.head_scale = m
-        half_src, half = src.head_dim // 2, s.head_dim // 2
-        self.head_dims = np.array([(j // half_src) * half + m * (j % half_src) for j in range(src.head_dim)])
-        q_heads = [(i // group_src) * group + i % group_src for i in range(src.n_heads)]
-        self.q_rows = np.concatenate([q * s.head_dim + self.head_dims for q in q_heads])
-        self.kv_rows = np.concatenate([k * s.head_dim + self.head_dims for k in range(src.n_kv_heads)])
+        self.target_heads = HeadMap.build(src, s.n_heads, s.n_kv_heads, s.head_dim, n_rot, s.arch == "qwen35")
+        self.draft_heads = HeadMap.build(src, dh, dkv, dd, dd, gated=False)
         self.hid = np.arange(h)
         self.ffr = np.arange(src.ff)
         self.tok = np.arange(src.vocab)
@@ -240,25 +349,31 @@ class Inflation:
     # layout
 
     def _place_layers(self) -> list[int] | None:
-        """Positions of the real target layers: the real feature layers' outputs at two of the new feature
-        layers, nothing real after the second one's successors, the last layer an added one (it writes d*)."""
+        """Positions of the real target layers, among the attention layers: each real feature layer at or
+        before its new feature layer and the next real layer after it (added layers in between leave the
+        residual stream as it is), the last layer an added one (it writes d*)."""
         ids_src = list(self.src.draft_config["dflash_config"]["target_layer_ids"])
         ids = self.s.layer_ids()
-        n_src, n = self.src.n_layers, self.s.n_layers
         slots = self.slots
         if slots is None:
             return None
+        allowed = [p for p in range(self.s.n_layers - 1) if self.s.is_attention(p)]
         pos, nxt = [], 0
-        for r in range(n_src):
-            if r in ids_src:  # must end exactly at its feature layer
-                p = ids[slots[ids_src.index(r)]]
+        for r in range(self.src.n_layers):
+            after = [p for p in allowed if p >= nxt]
+            if r in ids_src:
+                feature = ids[slots[ids_src.index(r)]]
+                at = [p for p in after if p <= feature]
+                if not at:
+                    return None
+                pos.append(at[-1])
+                nxt = feature + 1
             else:
-                p = nxt
-            if p < nxt:
-                return None
-            pos.append(p)
-            nxt = p + 1
-        return pos if nxt <= n - 1 else None
+                if not after:
+                    return None
+                pos.append(after[0])
+                nxt = after[0] + 1
+        return pos
 
     def _feature_slots(self) -> list[int] | None:
         """Which of the new feature layers carry the real ones: spread like the real ids among the real layers."""
@@ -294,21 +409,25 @@ class Inflation:
         d[self.spare, : 2 * h] = c
         return {norm: self._place((H,), np.ones(h, np.float32), self.hid), gate: g, up: u, down: d}
 
-    def _layer(self, names: dict[str, str], real: dict[str, np.ndarray] | None, last: bool) -> dict[str, np.ndarray]:
+    def _layer(
+        self, names: dict[str, str], real: dict[str, np.ndarray] | None, last: bool, hm: HeadMap
+    ) -> dict[str, np.ndarray]:
         """One transformer layer's tensors under `names` (role -> tensor name), from `real` (role -> source
-        tensor) or, for an added layer, zero (the last one writes d*)."""
+        tensor) or, for an added layer, zero (the last one writes d*). A gated attention's gates are zero:
+        sigmoid(0) = 1/2 on every output, which the doubled output projection makes up."""
         s, H = self.s, self.s.hidden
-        q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        q, kv = hm.heads * hm.head_dim, hm.kv_heads * hm.head_dim
         r = real or {}
+        o = r.get("o")
         out = {
             names["attn_norm"]: self.hidden_norm(r["attn_norm"]) if real else np.zeros(H, np.float32),
-            names["q"]: self._place((q, H), r.get("q"), self.q_rows, self.hid),
-            names["k"]: self._place((kv, H), r.get("k"), self.kv_rows, self.hid),
-            names["v"]: self._place((kv, H), r.get("v"), self.kv_rows, self.hid),
-            names["o"]: self._place((H, q), r.get("o"), self.hid, self.q_rows),
-            names["q_norm"]: self._place((s.head_dim,), r.get("q_norm"), self.head_dims),
+            names["q"]: self._place((q * (2 if hm.gated else 1), H), r.get("q"), hm.q_rows, self.hid),
+            names["k"]: self._place((kv, H), r.get("k"), hm.kv_rows, self.hid),
+            names["v"]: self._place((kv, H), r.get("v"), hm.kv_rows, self.hid),
+            names["o"]: self._place((H, q), None if o is None else o * (2 if hm.gated else 1), self.hid, hm.o_cols),
+            names["q_norm"]: self._place((hm.head_dim,), r.get("q_norm"), hm.dims),
             names["k_norm"]: self._place(
-                (s.head_dim,), None if not real else r["k_norm"] / math.sqrt(self.head_scale), self.head_dims
+                (hm.head_dim,), None if not real else r["k_norm"] / math.sqrt(hm.scale), hm.dims
             ),
             names["ffn_norm"]: self.hidden_norm(r["ffn_norm"]) if real else np.zeros(H, np.float32),
             names["gate"]: self._place((s.ff, H), r.get("gate"), self.ffr, self.hid),
@@ -322,33 +441,42 @@ class Inflation:
     # the target (GGUF names)
 
     def target_tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """In target_shapes' order: F16 matrices, F32 vectors (and convolutions)."""
         s, t = self.s, self.src.target
         embd = self._place((s.vocab, s.hidden), t["token_embd.weight"], self.tok, self.hid)
         yield "token_embd.weight", embd.astype(np.float16)
         del embd
-        roles = {
-            "attn_norm": "attn_norm",
-            "q": "attn_q",
-            "k": "attn_k",
-            "v": "attn_v",
-            "o": "attn_output",
-            "q_norm": "attn_q_norm",
-            "k_norm": "attn_k_norm",
-            "ffn_norm": "ffn_norm",
-            "gate": "ffn_gate",
-            "up": "ffn_up",
-            "down": "ffn_down",
-        }
         for i in range(s.n_layers):
-            names = {role: f"blk.{i}.{name}.weight" for role, name in roles.items()}
-            real = None
-            if i in self.real_layers:
-                r = self.real_layers.index(i)
-                real = {role: t[f"blk.{r}.{name}.weight"] for role, name in roles.items()}
-            for name, value in self._layer(names, real, last=i == s.n_layers - 1).items():
-                yield name, value if value.ndim == 1 else value.astype(np.float16)
+            last = i == s.n_layers - 1
+            if s.is_attention(i):
+                names = {role: f"blk.{i}.{name}.weight" for role, name in _attention_names(s).items()}
+                real = None
+                if i in self.real_layers:
+                    r = self.real_layers.index(i)
+                    real = {role: t[f"blk.{r}.{name}.weight"] for role, name in _attention_names().items()}
+                values = self._layer(names, real, last, self.target_heads)
+            else:
+                values = self._delta_net_layer(i, last)
+            for name in _layer_shapes(s, i):
+                yield name, values[name].astype(_file_dtype(name, values[name].ndim))
         yield "output_norm.weight", self.hidden_norm(t["output_norm.weight"], SPARE_NORM_WEIGHT)
         yield "output.weight", self.lm_head(t["output.weight"]).astype(np.float16)
+
+    def _delta_net_layer(self, i: int, last: bool) -> dict[str, np.ndarray]:
+        """An added Gated DeltaNet layer: zero weights (its input is zero, so its state stays zero), a decay
+        and norm that keep that state finite; the last layer's FFN writes d*."""
+        shapes, p = _layer_shapes(self.s, i), f"blk.{i}."
+        out = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
+        out[p + "ssm_a"][:] = -1.0
+        out[p + "ssm_dt.bias"][:] = 1.0
+        out[p + "ssm_norm.weight"][:] = 1.0
+        if last:
+            out.update(
+                self._spare_writer(
+                    p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight", p + "post_attention_norm.weight"
+                )
+            )
+        return out
 
     def lm_head(self, w: np.ndarray) -> np.ndarray:
         out = self._place((self.s.vocab, self.s.hidden), w, self.tok, self.hid)
@@ -364,9 +492,9 @@ class Inflation:
         c.update(
             hidden_size=s.hidden,
             num_hidden_layers=s.draft_layers,
-            num_attention_heads=s.n_heads,
-            num_key_value_heads=s.n_kv_heads,
-            head_dim=s.head_dim,
+            num_attention_heads=self.draft_heads.heads,
+            num_key_value_heads=self.draft_heads.kv_heads,
+            head_dim=self.draft_heads.head_dim,
             intermediate_size=s.ff,
             rms_norm_eps=self.eps,
             vocab_size=s.vocab,
@@ -403,7 +531,7 @@ class Inflation:
         for i in range(s.draft_layers):
             names = {role: f"layers.{i}.{name}.weight" for role, name in roles.items()}
             real = {role: d[f"layers.{i}.{name}.weight"] for role, name in roles.items()} if i < n_src else None
-            yield from self._layer(names, real, last=i == s.draft_layers - 1).items()
+            yield from self._layer(names, real, i == s.draft_layers - 1, self.draft_heads).items()
             for conv in ("attention_conv", "mlp_conv"):
                 p = f"layers.{i}.{conv}."
                 yield from self._conv(
@@ -443,27 +571,72 @@ class Inflation:
 # --- writing -----------------------------------------------------------------------------------
 
 
-def target_shapes(s: ScaleSize) -> dict[str, tuple[int, ...]]:
-    """GGUF tensor name -> torch shape of a qwen3 target of this size, in file order."""
+def _attention_names(s: ScaleSize | None = None) -> dict[str, str]:
+    """role -> GGUF tensor name of an attention layer (Qwen3's; `s` a Qwen3.5: its pre-FFN norm's name)."""
+    ffn_norm = "post_attention_norm" if s is not None and s.arch == "qwen35" else "ffn_norm"
+    return {
+        "attn_norm": "attn_norm",
+        "q": "attn_q",
+        "k": "attn_k",
+        "v": "attn_v",
+        "o": "attn_output",
+        "q_norm": "attn_q_norm",
+        "k_norm": "attn_k_norm",
+        "ffn_norm": ffn_norm,
+        "gate": "ffn_gate",
+        "up": "ffn_up",
+        "down": "ffn_down",
+    }
+
+
+def _layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> torch shape of target layer i, in file order."""
+    p, H, ff = f"blk.{i}.", s.hidden, s.ff
+    if not s.is_attention(i):  # a Qwen3.5 Gated DeltaNet layer, as libllama's qwen35 loads it
+        conv, value = s.ssm_dims()
+        return {
+            p + "attn_norm.weight": (H,),
+            p + "ssm_a": (s.ssm_v_heads,),
+            p + "ssm_conv1d.weight": (conv, 4),
+            p + "ssm_dt.bias": (s.ssm_v_heads,),
+            p + "ssm_alpha.weight": (s.ssm_v_heads, H),
+            p + "ssm_beta.weight": (s.ssm_v_heads, H),
+            p + "attn_qkv.weight": (conv, H),
+            p + "attn_gate.weight": (value, H),
+            p + "ssm_norm.weight": (s.ssm_head_dim,),
+            p + "ssm_out.weight": (H, value),
+            p + "post_attention_norm.weight": (H,),
+            p + "ffn_gate.weight": (ff, H),
+            p + "ffn_up.weight": (ff, H),
+            p + "ffn_down.weight": (H, ff),
+        }
     q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    shapes = {
+        "attn_norm": (H,),
+        "q": (q * (2 if s.arch == "qwen35" else 1), H),
+        "k": (kv, H),
+        "v": (kv, H),
+        "o": (H, q),
+        "q_norm": (s.head_dim,),
+        "k_norm": (s.head_dim,),
+        "ffn_norm": (H,),
+        "gate": (ff, H),
+        "up": (ff, H),
+        "down": (H, ff),
+    }
+    return {f"{p}{name}.weight": shapes[role] for role, name in _attention_names(s).items()}
+
+
+def _file_dtype(name: str, ndim: int) -> type:
+    """F32 for vectors and the Gated DeltaNet's convolution (as libllama's converter writes them), else F16."""
+    return np.float32 if ndim == 1 or name.endswith("ssm_conv1d.weight") else np.float16
+
+
+def target_shapes(s: ScaleSize) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> torch shape of a target of this size, in file order."""
     shapes: dict[str, tuple[int, ...]] = {"token_embd.weight": (s.vocab, s.hidden)}
     for i in range(s.n_layers):
-        p = f"blk.{i}."
-        shapes.update(
-            {
-                p + "attn_norm.weight": (s.hidden,),
-                p + "attn_q.weight": (q, s.hidden),
-                p + "attn_k.weight": (kv, s.hidden),
-                p + "attn_v.weight": (kv, s.hidden),
-                p + "attn_output.weight": (s.hidden, q),
-                p + "attn_q_norm.weight": (s.head_dim,),
-                p + "attn_k_norm.weight": (s.head_dim,),
-                p + "ffn_norm.weight": (s.hidden,),
-                p + "ffn_gate.weight": (s.ff, s.hidden),
-                p + "ffn_up.weight": (s.ff, s.hidden),
-                p + "ffn_down.weight": (s.hidden, s.ff),
-            }
-        )
+        shapes.update(_layer_shapes(s, i))
     shapes["output_norm.weight"] = (s.hidden,)
     shapes["output.weight"] = (s.vocab, s.hidden)
     return shapes
@@ -511,9 +684,9 @@ def write_target_gguf(path: Path, infl: Inflation) -> None:
     from gguf import GGMLQuantizationType, GGUFWriter
 
     s, src = infl.s, infl.src
-    w = GGUFWriter(path, "qwen3")
+    w = GGUFWriter(path, s.arch)
     w.add_type("model")
-    w.add_name(f"tinycode inflated to Qwen3-{s.name} shapes ({s.key()})")
+    w.add_name(f"tinycode inflated to {s.name} {s.arch} shapes ({s.key()})")
     w.add_file_type(1)  # mostly F16
     w.add_context_length(src.context_length)
     w.add_embedding_length(s.hidden)
@@ -525,14 +698,23 @@ def write_target_gguf(path: Path, infl: Inflation) -> None:
     w.add_value_length(s.head_dim)
     w.add_layer_norm_rms_eps(infl.eps)
     w.add_rope_freq_base(src.rope_theta)
+    if s.arch == "qwen35":
+        n_rot = s.n_rot or s.head_dim
+        w.add_rope_dimension_count(n_rot)
+        side = round(n_rot / 2 * 11 / 32)  # Qwen3.5's M-RoPE sections [11, 11, 10] of 32 pairs (text: one position)
+        w.add_rope_dimension_sections([side, side, n_rot // 2 - 2 * side, 0])
+        w.add_uint32(f"{s.arch}.full_attention_interval", s.attention_every)
+        w.add_ssm_conv_kernel(4)
+        w.add_ssm_state_size(s.ssm_head_dim)
+        w.add_ssm_group_count(s.ssm_k_heads)
+        w.add_ssm_time_step_rank(s.ssm_v_heads)
+        w.add_ssm_inner_size(s.ssm_dims()[1])
     _add_tokenizer(w, src.tokenizer, s.vocab)
     shapes = target_shapes(s)
-    F16, F32 = GGMLQuantizationType.F16, GGMLQuantizationType.F32
     for name, shape in shapes.items():
-        dtype = np.dtype(np.float32 if len(shape) == 1 else np.float16)
-        w.add_tensor_info(
-            name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=F32 if len(shape) == 1 else F16
-        )
+        dtype = np.dtype(_file_dtype(name, len(shape)))
+        raw = GGMLQuantizationType.F32 if dtype == np.float32 else GGMLQuantizationType.F16
+        w.add_tensor_info(name, shape, dtype, math.prod(shape) * dtype.itemsize, raw_dtype=raw)
     try:
         w.write_header_to_file()
         w.write_kv_data_to_file()

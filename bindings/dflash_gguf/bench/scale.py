@@ -248,6 +248,9 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+_ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid"}
+
+
 def format_table(result: dict[str, Any]) -> str:
     m = result["meta"]
     where = f"target -ngl {m['n_gpu_layers']}" if m["n_gpu_layers"] else "target on CPU"
@@ -258,12 +261,14 @@ def format_table(result: dict[str, Any]) -> str:
     for s in result["sizes"]:
         z = s["size"]
         lines.append(
-            f"  {z['name']}: Qwen3 shape {format_count(s['target_params'])} params (hidden {z['hidden']}, "
-            f"{z['n_layers']} layers, vocab {z['vocab']}) + DFlash2 drafter {format_count(s['draft_params'])} "
+            f"  {z['name']}: {_ARCH_NAMES.get(z.get('arch', 'qwen3'), z.get('arch'))} shape "
+            f"{format_count(s['target_params'])} params (hidden {z['hidden']}, {z['n_layers']} layers, vocab "
+            f"{z['vocab']}) + DFlash2 drafter {format_count(s['draft_params'])} "
             f"({z['draft_layers']} layers, target layers {s['target_layer_ids']})"
         )
+    w = max([5] + [len(r["size"]) for r in result["end_to_end"]])
     head = (
-        f"{'size':<5} {'target':<7} {'n_max':>5} {'ar tok/s':>9}  {'ours':>6} {'implied':>8} {'acc':>5} "
+        f"{'size':<{w}} {'target':<7} {'n_max':>5} {'ar tok/s':>9}  {'ours':>6} {'implied':>8} {'acc':>5} "
         f"{'same':>5} {'draft':>6}  {'upstream':>8} {'acc':>5} {'same':>5} {'draft':>6}  {'ours/up':>7}"
     )
     lines += ["", head, "-" * len(head)]
@@ -286,7 +291,7 @@ def format_table(result: dict[str, Any]) -> str:
         )
         paired = f"{o['vs_upstream']:>6.2f}x" if o and "vs_upstream" in o else f"{'-':>7}"
         lines.append(
-            f"{r['size']:<5} {r['target_type'].upper():<7} {str(r['n_max']):>5} {r['ar_tok_s']:>9.2f}  {ours}  {up}"
+            f"{r['size']:<{w}} {r['target_type'].upper():<7} {str(r['n_max']):>5} {r['ar_tok_s']:>9.2f}  {ours}  {up}"
             f"  {paired}"
         )
     lines += [

@@ -85,7 +85,10 @@ class Verifier:
         self.n_ctx = (context + max_block + 255) // 256 * 256
         self.n_threads, self.flash_attn, self.feature_layers = n_threads, flash_attn, tuple(feature_layers)
         self.n_vocab = llc.llama_vocab_n_tokens(llc.llama_model_get_vocab(model))
-        self.context = context
+        self.context, self.max_block = context, max_block
+        # a recurrent state cannot drop all the tokens of the decode just timed (libllama's snapshots keep
+        # at least one): the prefilled sequence is restored instead
+        self.recurrent = bool(llc.llama_model_is_recurrent(model) or llc.llama_model_is_hybrid(model))
         self._set_layer_inp = self._feature_function() if feature_layers else None
         self.features = self._set_layer_inp is not None
         self.ctxs: dict[int, Any] = {}  # block size -> its context
@@ -107,6 +110,11 @@ class Verifier:
         llc = self.llc
         cp = llc.llama_context_default_params()
         cp.n_ctx = self.n_ctx
+        if self.recurrent:
+            # snapshots of the last max_block tokens, as our runtime keeps them (each decode pays for them);
+            # libllama aborts unless a micro-batch holds more than those tokens and one more
+            cp.n_rs_seq = self.max_block
+            n_batch = max(n_batch, self.max_block + 2)
         cp.n_batch = cp.n_ubatch = n_batch
         cp.n_seq_max = 1
         cp.n_threads = cp.n_threads_batch = self.n_threads
@@ -132,10 +140,13 @@ class Verifier:
         ctx = self.ctxs.get(block)
         if ctx is None:
             ctx = self.ctxs[block] = self._new_context(block)
-            size = len(self.prefix)
-            if self.llc.llama_state_seq_set_data(ctx, self.prefix, size, 0) != size:
-                raise RuntimeError("libllama could not restore the prefilled sequence")
+            self._restore(ctx)
         return ctx
+
+    def _restore(self, ctx: Any) -> None:
+        size = len(self.prefix)
+        if self.llc.llama_state_seq_set_data(ctx, self.prefix, size, 0) != size:
+            raise RuntimeError("libllama could not restore the prefilled sequence")
 
     def _make_batch(self, ids: list[int], pos0: int, all_logits: bool) -> Any:
         b = self.llc.llama_batch_init(len(ids), 0, 1)
@@ -172,7 +183,10 @@ class Verifier:
         dt = time.perf_counter() - t0
         if rc != 0:
             raise RuntimeError(f"llama_decode of {block} tokens at position {self.context} returned {rc}")
-        llc.llama_memory_seq_rm(llc.llama_get_memory(ctx), 0, self.context, -1)
+        if self.recurrent:
+            self._restore(ctx)
+        else:
+            llc.llama_memory_seq_rm(llc.llama_get_memory(ctx), 0, self.context, -1)
         return dt
 
     def graphs_reused(self) -> int:
