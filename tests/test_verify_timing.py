@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tinycode import inflated_hybrid
+from tinycode import inflated_hybrid, inflated_moe
 
 from dflash_gguf.bench.verify_timing import FLASH_ATTN_OFF, Verifier, load_model
 
@@ -82,6 +82,21 @@ def test_a_hybrid_target_verifies_from_the_prefix_every_time() -> None:
                 rows.append(np.ctypeslib.as_array(llc.llama_get_logits(v.ctxs[4]), shape=(4, v.n_vocab)).copy())
         for later in rows[1:]:
             np.testing.assert_array_equal(later, rows[0])
+    finally:
+        v.close()
+        llc.llama_model_free(model)
+
+
+def test_a_moe_target_verifies_tokens_that_text_can_hold() -> None:
+    """A MoE's verify costs the experts its tokens are routed to, which depends on the tokens: the timed
+    decodes take tokens text can hold, never an inflated target's padding (zero embeddings, which would all
+    be routed alike), so the inflated MoE's vocabulary of 4096 yields only tinycode's 2048 ids."""
+    _, pair = inflated_moe()
+    llc, model = load_model(pair.targets["f16"])
+    v = Verifier(llc, model, context=40, max_block=8, n_threads=1, flash_attn=FLASH_ATTN_OFF)
+    try:
+        assert v.n_vocab == 4096 and 0 < len(v.tokens) <= 2048 and v.tokens.max() < 2048
+        assert v.verify(8) > 0
     finally:
         v.close()
         llc.llama_model_free(model)

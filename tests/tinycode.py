@@ -178,6 +178,20 @@ def inflated_hybrid() -> tuple[Any, Any]:
     return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
 
 
+def inflated_moe() -> tuple[Any, Any]:
+    """(ScaleSize, Pair): `dflash bench --scale`'s 4.5B-moe layout (Qwen3 MoE: every expert the layer's FFN, a
+    random router) inflated from the bundled pair at a width that builds in seconds, with F16 and Q4_K_M
+    targets."""
+    import dataclasses
+
+    from dflash_gguf.bench.inflate import SIZES, ensure_pair
+
+    size = dataclasses.replace(
+        SIZES["4.5B-moe"], name="moe-test", hidden=272, n_heads=4, n_kv_heads=2, ff=768, vocab=4096, n_experts=8
+    )
+    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+
+
 @functools.cache
 def drafter_gguf(outtype: str = "f32") -> Path:
     """The bundled trained drafter as a GGUF of the given type."""

@@ -38,6 +38,13 @@ frequencies), the same norm and scale corrections as above for the rest. A real 
 last attention layer at or before its new feature layer (the added layers up to it change nothing). The
 drafter keeps Qwen3's attention, of a shape of its own (`draft_heads`).
 
+The Qwen3 MoE (`arch` qwen3moe): every expert of a layer is that layer's FFN (tinycode's is 768 wide, as a
+Qwen3-30B-A3B expert is), so whichever experts a token is routed to, the top-k weights, which Qwen3 MoE
+normalizes to sum to 1, give the FFN's output. The router is random (fixed seeds), so tokens are routed apart by
+their hidden states and a verified block reads the experts all its tokens pick, as a real MoE's does; an added
+layer's FFN norm is the plain RMSNorm, so its router sees the hidden state too (its experts are zero). How often
+consecutive tokens share experts is a trained router's and is not reproduced: random routing shares the least.
+
 Left as is: rope_theta (10,000, the pair's), block size 8 (what the drafter was trained for), and one
 eps for all norms, so q_norm and k_norm see eps * h/H where eps/2 would be exact (a relative change
 below 1e-6 in their output). Files are cached under names with a hash of everything that shapes them.
@@ -68,14 +75,28 @@ SPARE_NORM_WEIGHT = 1e4  # G, in an F32 norm
 SPARE_TARGET = 2.0**-10  # M
 
 
-_HYBRID_FIELDS = {"arch", "n_rot", "attention_every", "ssm_k_heads", "ssm_v_heads", "ssm_head_dim", "draft_heads"}
+# fields the Qwen3 sizes leave at their defaults: hashed only where set, so those sizes keep their files' names
+_OPTIONAL_FIELDS = {
+    "arch",
+    "n_rot",
+    "attention_every",
+    "ssm_k_heads",
+    "ssm_v_heads",
+    "ssm_head_dim",
+    "draft_heads",
+    "n_experts",
+    "n_experts_used",
+    "expert_ff",
+}
 
 
 @dataclass(frozen=True)
 class ScaleSize:
-    """A target shape and its 5-layer DFlash2 drafter (same hidden size and FFN width): a Qwen3 (`qwen3`), or a
+    """A target shape and its 5-layer DFlash2 drafter (same hidden size and FFN width): a Qwen3 (`qwen3`), a
     Qwen3.5 hybrid (`qwen35`: Gated DeltaNet layers with attention every `attention_every`-th layer, gated
-    attention over `n_rot` of `head_dim` dimensions, the drafter's attention of its own shape)."""
+    attention over `n_rot` of `head_dim` dimensions, the drafter's attention of its own shape), or a Qwen3 MoE
+    (`qwen3moe`: `n_experts` experts of width `expert_ff` per layer, `n_experts_used` routed per token; `ff`
+    is the drafter's FFN width)."""
 
     name: str
     hidden: int
@@ -93,6 +114,9 @@ class ScaleSize:
     ssm_v_heads: int = 0
     ssm_head_dim: int = 0
     draft_heads: tuple[int, int, int] = (0, 0, 0)  # the drafter's query heads, KV heads, head size; 0s: the target's
+    n_experts: int = 0  # qwen3moe: experts per layer, routed per token, an expert's FFN width
+    n_experts_used: int = 0
+    expert_ff: int = 0
 
     def layer_ids(self) -> list[int]:
         """The drafter's feature layers (HF ids): the DFlash default spread."""
@@ -104,7 +128,7 @@ class ScaleSize:
         """Short hash of everything that shapes the generated files (the name aside; the hybrid's fields only
         where set, so that the Qwen3 sizes keep the names of their files)."""
         defaults = {f.name: f.default for f in fields(self)}
-        shape = {k: v for k, v in asdict(self).items() if k not in _HYBRID_FIELDS or v != defaults[k]}
+        shape = {k: v for k, v in asdict(self).items() if k not in _OPTIONAL_FIELDS or v != defaults[k]}
         blob = json.dumps([GENERATOR_VERSION, shape | {"name": ""}], sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
@@ -130,7 +154,11 @@ class ScaleSize:
         delta_net = self.hidden * (qkv + 2 * value + 2 * self.ssm_v_heads)
         n_attention = sum(self.is_attention(i) for i in range(self.n_layers))
         mixers = n_attention * attention + (self.n_layers - n_attention) * delta_net
-        return 2 * self.vocab * self.hidden + mixers + self.n_layers * 3 * self.hidden * self.ff
+        if self.arch == "qwen3moe":
+            ffn = self.n_experts * (3 * self.expert_ff + 1) * self.hidden  # the experts and the router
+        else:
+            ffn = 3 * self.hidden * self.ff
+        return 2 * self.vocab * self.hidden + mixers + self.n_layers * ffn
 
     def draft_params(self) -> int:
         """The drafter's own weights (the LM head is the target's)."""
@@ -162,6 +190,22 @@ SIZES = {
         ssm_v_heads=16,
         ssm_head_dim=128,
         draft_heads=(16, 8, 128),
+    ),
+    # Qwen3-30B-A3B's (and Qwen3-Coder-30B-A3B's) layer: hidden 2048, 32/4 heads of 128, experts of width 768
+    # of which 1 in 16 is routed per token; a quarter of its depth and half of its experts (64, 4 routed), so
+    # that the F16 file fits this machine's disk and memory; the drafter's FFN as the published one's
+    "4.5B-moe": ScaleSize(
+        "4.5B-moe",
+        hidden=2048,
+        n_layers=12,
+        n_heads=32,
+        n_kv_heads=4,
+        head_dim=128,
+        ff=6144,
+        arch="qwen3moe",
+        n_experts=64,
+        n_experts_used=4,
+        expert_ff=768,
     ),
 }
 
@@ -322,10 +366,15 @@ class Inflation:
         problems += HeadMap.problems(src, "", s.n_heads, s.n_kv_heads, s.head_dim, n_rot)
         dh, dkv, dd = s.draft_shape()
         problems += HeadMap.problems(src, "drafter ", dh, dkv, dd, dd)
-        if s.arch not in ("qwen3", "qwen35"):
-            problems.append(f"arch {s.arch!r} must be qwen3 or qwen35")
+        if s.arch not in ("qwen3", "qwen35", "qwen3moe"):
+            problems.append(f"arch {s.arch!r} must be qwen3, qwen35 or qwen3moe")
         if s.ff < src.ff or s.ff < 2 * h:
             problems.append(f"ff {s.ff} must be >= {max(src.ff, 2 * h)}")
+        if s.arch == "qwen3moe":
+            if s.expert_ff < src.ff or s.expert_ff < 2 * h:
+                problems.append(f"expert_ff {s.expert_ff} must be >= {max(src.ff, 2 * h)}")
+            if not 1 <= s.n_experts_used <= s.n_experts:
+                problems.append(f"{s.n_experts_used} of {s.n_experts} experts routed: must be 1 to {s.n_experts}")
         if s.vocab < src.vocab:
             problems.append(f"vocab {s.vocab} must be >= {src.vocab}")
         self.slots = self._feature_slots()
@@ -398,9 +447,10 @@ class Inflation:
         out[self.spare] = spare
         return out
 
-    def _spare_writer(self, gate: str, up: str, down: str, norm: str) -> dict[str, np.ndarray]:
-        """An FFN whose output is M on d* (z^2 = silu(z) z + silu(-z) (-z) summed over the normed real dims)."""
-        H, ff, h = self.s.hidden, self.s.ff, self.src.hidden
+    def _spare_writer(self, gate: str, up: str, down: str, norm: str, ff: int) -> dict[str, np.ndarray]:
+        """An FFN of width `ff` whose output is M on d* (z^2 = silu(z) z + silu(-z) (-z) summed over the normed
+        real dims)."""
+        H, h = self.s.hidden, self.src.hidden
         a = c = math.sqrt(SPARE_TARGET / H)
         g, u, d = np.zeros((ff, H), np.float32), np.zeros((ff, H), np.float32), np.zeros((H, ff), np.float32)
         for i in range(h):
@@ -410,12 +460,12 @@ class Inflation:
         return {norm: self._place((H,), np.ones(h, np.float32), self.hid), gate: g, up: u, down: d}
 
     def _layer(
-        self, names: dict[str, str], real: dict[str, np.ndarray] | None, last: bool, hm: HeadMap
+        self, names: dict[str, str], real: dict[str, np.ndarray] | None, last: bool, hm: HeadMap, ff: int
     ) -> dict[str, np.ndarray]:
-        """One transformer layer's tensors under `names` (role -> tensor name), from `real` (role -> source
-        tensor) or, for an added layer, zero (the last one writes d*). A gated attention's gates are zero:
-        sigmoid(0) = 1/2 on every output, which the doubled output projection makes up."""
-        s, H = self.s, self.s.hidden
+        """One transformer layer's tensors under `names` (role -> tensor name), its FFN `ff` wide, from `real`
+        (role -> source tensor) or, for an added layer, zero (the last one writes d*). A gated attention's
+        gates are zero: sigmoid(0) = 1/2 on every output, which the doubled output projection makes up."""
+        H = self.s.hidden
         q, kv = hm.heads * hm.head_dim, hm.kv_heads * hm.head_dim
         r = real or {}
         o = r.get("o")
@@ -430,13 +480,30 @@ class Inflation:
                 (hm.head_dim,), None if not real else r["k_norm"] / math.sqrt(hm.scale), hm.dims
             ),
             names["ffn_norm"]: self.hidden_norm(r["ffn_norm"]) if real else np.zeros(H, np.float32),
-            names["gate"]: self._place((s.ff, H), r.get("gate"), self.ffr, self.hid),
-            names["up"]: self._place((s.ff, H), r.get("up"), self.ffr, self.hid),
-            names["down"]: self._place((H, s.ff), r.get("down"), self.hid, self.ffr),
+            names["gate"]: self._place((ff, H), r.get("gate"), self.ffr, self.hid),
+            names["up"]: self._place((ff, H), r.get("up"), self.ffr, self.hid),
+            names["down"]: self._place((H, ff), r.get("down"), self.hid, self.ffr),
         }
         if last:
-            out.update(self._spare_writer(names["gate"], names["up"], names["down"], names["ffn_norm"]))
+            out.update(self._spare_writer(names["gate"], names["up"], names["down"], names["ffn_norm"], ff))
         return out
+
+    def _experts(self, i: int, layer: dict[str, np.ndarray], real: bool) -> dict[str, np.ndarray]:
+        """Layer i's FFN as a MoE: every expert the layer's FFN, so any routing with top-k weights summing to 1
+        (Qwen3 MoE's) gives its output, and a random router, so that tokens are routed apart as a real MoE's
+        are and a verified block reads the experts several tokens pick. An added layer's FFN norm is the
+        plain RMSNorm (its experts are zero): with a zero norm every token would pick the same experts."""
+        s, p = self.s, f"blk.{i}."
+        dense = {role: layer.pop(f"{p}ffn_{role}.weight") for role in ("gate", "up", "down")}
+        if not real and not layer[p + "ffn_norm.weight"].any():
+            layer[p + "ffn_norm.weight"] = self.hidden_norm(np.ones(self.src.hidden, np.float32))
+        rng = np.random.default_rng(i)
+        layer[p + "ffn_gate_inp.weight"] = rng.standard_normal((s.n_experts, s.hidden)).astype(np.float32) / math.sqrt(
+            self.src.hidden
+        )
+        for role, w in dense.items():
+            layer[f"{p}ffn_{role}_exps.weight"] = np.broadcast_to(w, (s.n_experts, *w.shape))
+        return layer
 
     # the target (GGUF names)
 
@@ -454,7 +521,10 @@ class Inflation:
                 if i in self.real_layers:
                     r = self.real_layers.index(i)
                     real = {role: t[f"blk.{r}.{name}.weight"] for role, name in _attention_names().items()}
-                values = self._layer(names, real, last, self.target_heads)
+                moe = s.arch == "qwen3moe"
+                values = self._layer(names, real, last, self.target_heads, s.expert_ff if moe else s.ff)
+                if moe:
+                    values = self._experts(i, values, real is not None)
             else:
                 values = self._delta_net_layer(i, last)
             for name in _layer_shapes(s, i):
@@ -473,7 +543,11 @@ class Inflation:
         if last:
             out.update(
                 self._spare_writer(
-                    p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight", p + "post_attention_norm.weight"
+                    p + "ffn_gate.weight",
+                    p + "ffn_up.weight",
+                    p + "ffn_down.weight",
+                    p + "post_attention_norm.weight",
+                    self.s.ff,
                 )
             )
         return out
@@ -531,7 +605,7 @@ class Inflation:
         for i in range(s.draft_layers):
             names = {role: f"layers.{i}.{name}.weight" for role, name in roles.items()}
             real = {role: d[f"layers.{i}.{name}.weight"] for role, name in roles.items()} if i < n_src else None
-            yield from self._layer(names, real, i == s.draft_layers - 1, self.draft_heads).items()
+            yield from self._layer(names, real, i == s.draft_layers - 1, self.draft_heads, s.ff).items()
             for conv in ("attention_conv", "mlp_conv"):
                 p = f"layers.{i}.{conv}."
                 yield from self._conv(
@@ -624,12 +698,23 @@ def _layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
         "up": (ff, H),
         "down": (H, ff),
     }
-    return {f"{p}{name}.weight": shapes[role] for role, name in _attention_names(s).items()}
+    out = {f"{p}{name}.weight": shapes[role] for role, name in _attention_names(s).items()}
+    if s.arch == "qwen3moe":  # the FFN as libllama's qwen3moe loads it: a router and the experts stacked
+        E, eff = s.n_experts, s.expert_ff
+        for role in ("gate", "up", "down"):
+            del out[f"{p}ffn_{role}.weight"]
+        out[p + "ffn_gate_inp.weight"] = (E, H)
+        out[p + "ffn_gate_exps.weight"] = (E, eff, H)
+        out[p + "ffn_up_exps.weight"] = (E, eff, H)
+        out[p + "ffn_down_exps.weight"] = (E, H, eff)
+    return out
 
 
 def _file_dtype(name: str, ndim: int) -> type:
-    """F32 for vectors and the Gated DeltaNet's convolution (as libllama's converter writes them), else F16."""
-    return np.float32 if ndim == 1 or name.endswith("ssm_conv1d.weight") else np.float16
+    """F32 for vectors, the Gated DeltaNet's convolution and a MoE router (as libllama's converter writes them),
+    else F16."""
+    f32 = ndim == 1 or name.endswith(("ssm_conv1d.weight", "ffn_gate_inp.weight"))
+    return np.float32 if f32 else np.float16
 
 
 def target_shapes(s: ScaleSize) -> dict[str, tuple[int, ...]]:
@@ -709,6 +794,10 @@ def write_target_gguf(path: Path, infl: Inflation) -> None:
         w.add_ssm_group_count(s.ssm_k_heads)
         w.add_ssm_time_step_rank(s.ssm_v_heads)
         w.add_ssm_inner_size(s.ssm_dims()[1])
+    if s.arch == "qwen3moe":
+        w.add_expert_count(s.n_experts)
+        w.add_expert_used_count(s.n_experts_used)
+        w.add_expert_feed_forward_length(s.expert_ff)
     _add_tokenizer(w, src.tokenizer, s.vocab)
     shapes = target_shapes(s)
     for name, shape in shapes.items():

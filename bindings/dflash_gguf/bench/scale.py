@@ -153,7 +153,9 @@ def run_scale(
     }
     folder.mkdir(parents=True, exist_ok=True)
     for s in sizes:
-        need = 2 * s.target_params() * (1 + len(target_types)) + 4 * s.draft_params()
+        # the F16 target (the quantizer's source) and each other type; 4 bytes a drafter parameter on the way
+        per_param = 2.0 + sum(_FILE_BYTES_PER_PARAM.get(t, 2.0) for t in target_types if t != "f16")
+        need = per_param * s.target_params() + 4 * s.draft_params()
         free = shutil.disk_usage(folder).free
         if free < need and not any(folder.glob(f"{s.name}-{s.key()}-*.gguf")):
             raise BenchError(f"{folder}: {free / 1e9:.1f} GB free, the {s.name} pair needs about {need / 1e9:.1f} GB")
@@ -248,7 +250,10 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-_ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid"}
+# a target file's bytes per parameter, by type (blocks' scales included; F16 and BF16 2)
+_FILE_BYTES_PER_PARAM = {"q8_0": 1.07, "q4_k_m": 0.62}
+
+_ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid", "qwen3moe": "Qwen3 MoE"}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -260,9 +265,12 @@ def format_table(result: dict[str, Any]) -> str:
     ]
     for s in result["sizes"]:
         z = s["size"]
+        experts = (
+            f"{z['n_experts']} experts x {z['expert_ff']}, {z['n_experts_used']} routed, " if z.get("n_experts") else ""
+        )
         lines.append(
             f"  {z['name']}: {_ARCH_NAMES.get(z.get('arch', 'qwen3'), z.get('arch'))} shape "
-            f"{format_count(s['target_params'])} params (hidden {z['hidden']}, {z['n_layers']} layers, vocab "
+            f"{format_count(s['target_params'])} params (hidden {z['hidden']}, {z['n_layers']} layers, {experts}vocab "
             f"{z['vocab']}) + DFlash2 drafter {format_count(s['draft_params'])} "
             f"({z['draft_layers']} layers, target layers {s['target_layer_ids']})"
         )

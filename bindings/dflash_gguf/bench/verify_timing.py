@@ -84,7 +84,14 @@ class Verifier:
         self.llc, self.model = llc, model
         self.n_ctx = (context + max_block + 255) // 256 * 256
         self.n_threads, self.flash_attn, self.feature_layers = n_threads, flash_attn, tuple(feature_layers)
-        self.n_vocab = llc.llama_vocab_n_tokens(llc.llama_model_get_vocab(model))
+        vocab = llc.llama_model_get_vocab(model)
+        self.n_vocab = llc.llama_vocab_n_tokens(vocab)
+        # tokens text can hold: a MoE routes by content, and a vocabulary's unused or control tokens (an
+        # inflated target's padding: zero embeddings) would send every token to the same experts
+        unusable = llc.LLAMA_TOKEN_ATTR_UNUSED | llc.LLAMA_TOKEN_ATTR_CONTROL | llc.LLAMA_TOKEN_ATTR_UNKNOWN
+        self.tokens = np.array(
+            [t for t in range(self.n_vocab) if not llc.llama_vocab_get_attr(vocab, t) & unusable]
+        )
         self.context, self.max_block = context, max_block
         # a recurrent state cannot drop all the tokens of the decode just timed (libllama's snapshots keep
         # at least one): the prefilled sequence is restored instead
@@ -96,7 +103,7 @@ class Verifier:
         n_batch = max(256, max_block)
         prefill = self._new_context(n_batch)
         try:
-            ids = np.random.default_rng(0).integers(2, self.n_vocab, size=context).tolist()
+            ids = np.random.default_rng(0).choice(self.tokens, size=context).tolist()
             for start in range(0, context, n_batch):
                 self._decode(prefill, ids[start : start + n_batch], start)
             size = llc.llama_state_seq_get_size(prefill, 0)
@@ -175,7 +182,7 @@ class Verifier:
         ctx = self._context(block)
         b = self.batches.get(block)
         if b is None:
-            ids = np.random.default_rng(block).integers(2, self.n_vocab, size=block).tolist()
+            ids = np.random.default_rng(block).choice(self.tokens, size=block).tolist()
             b = self.batches[block] = self._make_batch(ids, self.context, all_logits=True)
         t0 = time.perf_counter()
         rc = llc.llama_decode(ctx, b)
