@@ -89,9 +89,7 @@ class Verifier:
         # tokens text can hold: a MoE routes by content, and a vocabulary's unused or control tokens (an
         # inflated target's padding: zero embeddings) would send every token to the same experts
         unusable = llc.LLAMA_TOKEN_ATTR_UNUSED | llc.LLAMA_TOKEN_ATTR_CONTROL | llc.LLAMA_TOKEN_ATTR_UNKNOWN
-        self.tokens = np.array(
-            [t for t in range(self.n_vocab) if not llc.llama_vocab_get_attr(vocab, t) & unusable]
-        )
+        self.tokens = np.array([t for t in range(self.n_vocab) if not llc.llama_vocab_get_attr(vocab, t) & unusable])
         self.context, self.max_block = context, max_block
         # a recurrent state cannot drop all the tokens of the decode just timed (libllama's snapshots keep
         # at least one): the prefilled sequence is restored instead
