@@ -1,6 +1,6 @@
 """The inflated pairs of `dflash bench --scale` (bindings/dflash_gguf/bench/inflate.py) at the smallest size, 0.6B,
 a small Qwen3.5 hybrid (Gated DeltaNet layers, gated attention over a partly rotated wide head) built the way
-the 2.8B-hybrid size is, and a small Qwen3 MoE built the way the 4.5B-moe size is.
+the 2.8B-hybrid size is, and small MoEs (Qwen3 MoE, Qwen3.5 MoE) built the way 4.5B-moe and 7B-hybrid-moe are.
 
 The inflated target must compute the tinycode target's function: the same greedy text on the bundled
 prompts (near-ties reported), the same logits over the real vocabulary, and every padded token's logit
@@ -21,6 +21,7 @@ from tinycode import (
     GreedyReference,
     drafter_gguf,
     inflated_hybrid,
+    inflated_hybrid_moe,
     inflated_moe,
     prompts,
     record,
@@ -39,10 +40,10 @@ def dense_pair(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
     return ensure_pair(SIZE, tmp_path_factory.mktemp("inflated"), target_types=("f16", "q8_0", "q4_k_m"))
 
 
-_SMALL = {"hybrid": inflated_hybrid, "moe": inflated_moe}
+_SMALL = {"hybrid": inflated_hybrid, "moe": inflated_moe, "hybrid-moe": inflated_hybrid_moe}
 
 
-@pytest.fixture(params=["dense", "hybrid", "moe"])
+@pytest.fixture(params=["dense", "hybrid", "moe", "hybrid-moe"])
 def sized_pair(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     """(the size, its inflated pair)"""
     return _SMALL[request.param]() if request.param in _SMALL else (SIZE, request.getfixturevalue("dense_pair"))
@@ -125,7 +126,8 @@ def _same_prefix(reference: GreedyReference, target: GreedyReference) -> tuple[i
 
 
 @pytest.mark.parametrize(
-    "which,ftype", [("dense", "q8_0"), ("dense", "q4_k_m"), ("hybrid", "q4_k_m"), ("moe", "q4_k_m")]
+    "which,ftype",
+    [("dense", "q8_0"), ("dense", "q4_k_m"), ("hybrid", "q4_k_m"), ("moe", "q4_k_m"), ("hybrid-moe", "q4_k_m")],
 )
 def test_quantized_targets_keep_the_text(
     request: pytest.FixtureRequest,
@@ -194,22 +196,24 @@ def test_sizes_that_cannot_hold_the_pair_are_refused() -> None:
         Inflation(src, dataclasses.replace(hybrid, n_layers=12))
 
 
-def test_every_moe_layer_routes_tokens_apart() -> None:
+@pytest.mark.parametrize("build", [inflated_moe, inflated_hybrid_moe], ids=["moe", "hybrid-moe"])
+def test_every_moe_layer_routes_tokens_apart(build) -> None:  # type: ignore[no-untyped-def]
     """A verified block costs a MoE the experts its tokens pick, so the router must see each token's hidden
     state in every layer: an added layer with a zero FFN norm would send every token to the same experts.
     Token embeddings (hidden states as the first layer sees them) routed through each layer's FFN norm and
     router pick different experts for different tokens."""
     from gguf import GGUFReader
 
-    size, pair = inflated_moe()
+    size, pair = build()
+    norm = "post_attention_norm" if size.hybrid else "ffn_norm"  # the norm before the FFN
     tensors = {
         t.name: np.array(t.data, dtype=np.float32).reshape(tuple(reversed([int(n) for n in t.shape])))
         for t in GGUFReader(pair.targets["f16"]).tensors
-        if t.name == "token_embd.weight" or "ffn_norm" in t.name or "ffn_gate_inp" in t.name
+        if t.name == "token_embd.weight" or norm in t.name or "ffn_gate_inp" in t.name
     }
     x = tensors["token_embd.weight"][np.random.default_rng(0).choice(REAL_VOCAB, 64, replace=False)]
     x = x / np.sqrt((x**2).mean(axis=1, keepdims=True))
     for i in range(size.n_layers):
-        logits = (x * tensors[f"blk.{i}.ffn_norm.weight"]) @ tensors[f"blk.{i}.ffn_gate_inp.weight"].T
+        logits = (x * tensors[f"blk.{i}.{norm}.weight"]) @ tensors[f"blk.{i}.ffn_gate_inp.weight"].T
         picks = {tuple(sorted(row)) for row in np.argsort(-logits, axis=1)[:, : size.n_experts_used]}
         assert len(picks) >= 16, f"layer {i}: 64 tokens pick {len(picks)} expert sets"

@@ -178,6 +178,32 @@ def inflated_hybrid() -> tuple[Any, Any]:
     return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
 
 
+def inflated_hybrid_moe() -> tuple[Any, Any]:
+    """(ScaleSize, Pair): `dflash bench --scale`'s 7B-hybrid-moe layout (Qwen3.5 MoE: the hybrid's layers with
+    a MoE FFN and a shared expert in each) inflated from the bundled pair at a width that builds in seconds,
+    with F16 and Q4_K_M targets."""
+    import dataclasses
+
+    from dflash_gguf.bench.inflate import SIZES, ensure_pair
+
+    size = dataclasses.replace(
+        SIZES["7B-hybrid-moe"],
+        name="hybrid-moe-test",
+        hidden=272,
+        n_heads=4,
+        n_kv_heads=2,
+        ff=768,
+        vocab=4096,
+        ssm_k_heads=2,
+        ssm_v_heads=4,
+        ssm_head_dim=64,
+        draft_heads=(8, 4, 128),
+        n_experts=8,
+        shared_ff=256,
+    )
+    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+
+
 def inflated_moe() -> tuple[Any, Any]:
     """(ScaleSize, Pair): `dflash bench --scale`'s 4.5B-moe layout (Qwen3 MoE: every expert the layer's FFN, a
     random router) inflated from the bundled pair at a width that builds in seconds, with F16 and Q4_K_M

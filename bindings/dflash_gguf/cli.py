@@ -383,8 +383,8 @@ def serve(
     "--scale-sizes",
     default="0.6B,1.7B",
     show_default=True,
-    help="--scale: comma list of 0.6B, 1.7B, 4B, 8B (Qwen3 shapes), 2.8B-hybrid (a Qwen3.5 hybrid) and 4.5B-moe "
-    "(a Qwen3 MoE).",
+    help="--scale: comma list of 0.6B, 1.7B, 4B, 8B (Qwen3 shapes), 2.8B-hybrid (a Qwen3.5 hybrid), 4.5B-moe "
+    "(a Qwen3 MoE) and 7B-hybrid-moe (a Qwen3.5 MoE hybrid).",
 )
 @click.option(
     "--scale-types",

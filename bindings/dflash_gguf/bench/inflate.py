@@ -44,6 +44,8 @@ normalizes to sum to 1, give the FFN's output. The router is random (fixed seeds
 their hidden states and a verified block reads the experts all its tokens pick, as a real MoE's does; an added
 layer's FFN norm is the plain RMSNorm, so its router sees the hidden state too (its experts are zero). How often
 consecutive tokens share experts is a trained router's and is not reproduced: random routing shares the least.
+The Qwen3.5 MoE hybrid (`arch` qwen35moe) is the hybrid with every layer's FFN so made, and a shared expert
+of zero weights (its sigmoid gate, 1/2, multiplies zero).
 
 Left as is: rope_theta (10,000, the pair's), block size 8 (what the drafter was trained for), and one
 eps for all norms, so q_norm and k_norm see eps * h/H where eps/2 would be exact (a relative change
@@ -87,6 +89,7 @@ _OPTIONAL_FIELDS = {
     "n_experts",
     "n_experts_used",
     "expert_ff",
+    "shared_ff",
 }
 
 
@@ -96,7 +99,8 @@ class ScaleSize:
     Qwen3.5 hybrid (`qwen35`: Gated DeltaNet layers with attention every `attention_every`-th layer, gated
     attention over `n_rot` of `head_dim` dimensions, the drafter's attention of its own shape), or a Qwen3 MoE
     (`qwen3moe`: `n_experts` experts of width `expert_ff` per layer, `n_experts_used` routed per token; `ff`
-    is the drafter's FFN width)."""
+    is the drafter's FFN width), or a Qwen3.5 MoE hybrid (`qwen35moe`: both, and a shared expert of width
+    `shared_ff` in every layer)."""
 
     name: str
     hidden: int
@@ -114,9 +118,19 @@ class ScaleSize:
     ssm_v_heads: int = 0
     ssm_head_dim: int = 0
     draft_heads: tuple[int, int, int] = (0, 0, 0)  # the drafter's query heads, KV heads, head size; 0s: the target's
-    n_experts: int = 0  # qwen3moe: experts per layer, routed per token, an expert's FFN width
+    n_experts: int = 0  # qwen3moe, qwen35moe: experts per layer, routed per token, an expert's FFN width
     n_experts_used: int = 0
     expert_ff: int = 0
+    shared_ff: int = 0  # qwen35moe: the shared expert's FFN width
+
+    @property
+    def hybrid(self) -> bool:
+        """Gated DeltaNet layers and gated attention (Qwen3.5)."""
+        return self.arch in ("qwen35", "qwen35moe")
+
+    @property
+    def moe(self) -> bool:
+        return self.arch in ("qwen3moe", "qwen35moe")
 
     def layer_ids(self) -> list[int]:
         """The drafter's feature layers (HF ids): the DFlash default spread."""
@@ -148,14 +162,13 @@ class ScaleSize:
         return self.hidden * (q * (2 if gated else 1) + 2 * kv + q)
 
     def target_params(self) -> int:
-        gated = self.arch == "qwen35"
-        attention = self._attention_params(self.n_heads, self.n_kv_heads, self.head_dim, gated)
+        attention = self._attention_params(self.n_heads, self.n_kv_heads, self.head_dim, self.hybrid)
         qkv, value = self.ssm_dims()
         delta_net = self.hidden * (qkv + 2 * value + 2 * self.ssm_v_heads)
         n_attention = sum(self.is_attention(i) for i in range(self.n_layers))
         mixers = n_attention * attention + (self.n_layers - n_attention) * delta_net
-        if self.arch == "qwen3moe":
-            ffn = self.n_experts * (3 * self.expert_ff + 1) * self.hidden  # the experts and the router
+        if self.moe:  # the experts, the router, a shared expert and its gate
+            ffn = (self.n_experts * (3 * self.expert_ff + 1) + 3 * self.shared_ff + (self.shared_ff > 0)) * self.hidden
         else:
             ffn = 3 * self.hidden * self.ff
         return 2 * self.vocab * self.hidden + mixers + self.n_layers * ffn
@@ -206,6 +219,31 @@ SIZES = {
         n_experts=64,
         n_experts_used=4,
         expert_ff=768,
+    ),
+    # Qwen3.5-35B-A3B's (and Qwen3.6-35B-A3B's) layers: the 2.8B-hybrid's attention and Gated DeltaNet shapes
+    # but 32 value heads, in every layer a MoE FFN and a shared expert; the 2.8B-hybrid's 32 layers (of 40),
+    # 32 experts with 2 routed (1 in 16; theirs 8 of 256 besides the shared one) 768 wide (theirs 512: an
+    # expert holds tinycode's FFN whole)
+    "7B-hybrid-moe": ScaleSize(
+        "7B-hybrid-moe",
+        hidden=2048,
+        n_layers=32,
+        n_heads=16,
+        n_kv_heads=2,
+        head_dim=256,
+        ff=6144,
+        vocab=248320,
+        arch="qwen35moe",
+        n_rot=64,
+        attention_every=4,
+        ssm_k_heads=16,
+        ssm_v_heads=32,
+        ssm_head_dim=128,
+        draft_heads=(16, 8, 128),
+        n_experts=32,
+        n_experts_used=2,
+        expert_ff=768,
+        shared_ff=512,
     ),
 }
 
@@ -366,11 +404,11 @@ class Inflation:
         problems += HeadMap.problems(src, "", s.n_heads, s.n_kv_heads, s.head_dim, n_rot)
         dh, dkv, dd = s.draft_shape()
         problems += HeadMap.problems(src, "drafter ", dh, dkv, dd, dd)
-        if s.arch not in ("qwen3", "qwen35", "qwen3moe"):
-            problems.append(f"arch {s.arch!r} must be qwen3, qwen35 or qwen3moe")
+        if s.arch not in ("qwen3", "qwen35", "qwen3moe", "qwen35moe"):
+            problems.append(f"arch {s.arch!r} must be qwen3, qwen35, qwen3moe or qwen35moe")
         if s.ff < src.ff or s.ff < 2 * h:
             problems.append(f"ff {s.ff} must be >= {max(src.ff, 2 * h)}")
-        if s.arch == "qwen3moe":
+        if s.moe:
             if s.expert_ff < src.ff or s.expert_ff < 2 * h:
                 problems.append(f"expert_ff {s.expert_ff} must be >= {max(src.ff, 2 * h)}")
             if not 1 <= s.n_experts_used <= s.n_experts:
@@ -389,7 +427,7 @@ class Inflation:
         self.spare = H - 1
         self.norm_scale = math.sqrt(h / H)
         self.eps = src.eps * h / H
-        self.target_heads = HeadMap.build(src, s.n_heads, s.n_kv_heads, s.head_dim, n_rot, s.arch == "qwen35")
+        self.target_heads = HeadMap.build(src, s.n_heads, s.n_kv_heads, s.head_dim, n_rot, s.hybrid)
         self.draft_heads = HeadMap.build(src, dh, dkv, dd, dd, gated=False)
         self.hid = np.arange(h)
         self.ffr = np.arange(src.ff)
@@ -494,15 +532,18 @@ class Inflation:
         are and a verified block reads the experts several tokens pick. An added layer's FFN norm is the
         plain RMSNorm (its experts are zero): with a zero norm every token would pick the same experts."""
         s, p = self.s, f"blk.{i}."
+        norm = f"{p}{_attention_names(s)['ffn_norm']}.weight"
         dense = {role: layer.pop(f"{p}ffn_{role}.weight") for role in ("gate", "up", "down")}
-        if not real and not layer[p + "ffn_norm.weight"].any():
-            layer[p + "ffn_norm.weight"] = self.hidden_norm(np.ones(self.src.hidden, np.float32))
+        if not real and not layer[norm].any():
+            layer[norm] = self.hidden_norm(np.ones(self.src.hidden, np.float32))
         rng = np.random.default_rng(i)
         layer[p + "ffn_gate_inp.weight"] = rng.standard_normal((s.n_experts, s.hidden)).astype(np.float32) / math.sqrt(
             self.src.hidden
         )
         for role, w in dense.items():
             layer[f"{p}ffn_{role}_exps.weight"] = np.broadcast_to(w, (s.n_experts, *w.shape))
+        # a shared expert adds nothing: zero weights (its sigmoid gate, 1/2, multiplies zero)
+        layer.update({name: np.zeros(shape, np.float32) for name, shape in _shared_expert_shapes(s, i).items()})
         return layer
 
     # the target (GGUF names)
@@ -514,19 +555,17 @@ class Inflation:
         yield "token_embd.weight", embd.astype(np.float16)
         del embd
         for i in range(s.n_layers):
-            last = i == s.n_layers - 1
+            last, real = i == s.n_layers - 1, None
             if s.is_attention(i):
                 names = {role: f"blk.{i}.{name}.weight" for role, name in _attention_names(s).items()}
-                real = None
                 if i in self.real_layers:
                     r = self.real_layers.index(i)
                     real = {role: t[f"blk.{r}.{name}.weight"] for role, name in _attention_names().items()}
-                moe = s.arch == "qwen3moe"
-                values = self._layer(names, real, last, self.target_heads, s.expert_ff if moe else s.ff)
-                if moe:
-                    values = self._experts(i, values, real is not None)
+                values = self._layer(names, real, last, self.target_heads, s.expert_ff if s.moe else s.ff)
             else:
                 values = self._delta_net_layer(i, last)
+            if s.moe:
+                values = self._experts(i, values, real is not None)
             for name in _layer_shapes(s, i):
                 yield name, values[name].astype(_file_dtype(name, values[name].ndim))
         yield "output_norm.weight", self.hidden_norm(t["output_norm.weight"], SPARE_NORM_WEIGHT)
@@ -535,7 +574,7 @@ class Inflation:
     def _delta_net_layer(self, i: int, last: bool) -> dict[str, np.ndarray]:
         """An added Gated DeltaNet layer: zero weights (its input is zero, so its state stays zero), a decay
         and norm that keep that state finite; the last layer's FFN writes d*."""
-        shapes, p = _layer_shapes(self.s, i), f"blk.{i}."
+        shapes, p = _dense_layer_shapes(self.s, i), f"blk.{i}."
         out = {name: np.zeros(shape, np.float32) for name, shape in shapes.items()}
         out[p + "ssm_a"][:] = -1.0
         out[p + "ssm_dt.bias"][:] = 1.0
@@ -547,7 +586,7 @@ class Inflation:
                     p + "ffn_up.weight",
                     p + "ffn_down.weight",
                     p + "post_attention_norm.weight",
-                    self.s.ff,
+                    self.s.expert_ff if self.s.moe else self.s.ff,
                 )
             )
         return out
@@ -647,7 +686,7 @@ class Inflation:
 
 def _attention_names(s: ScaleSize | None = None) -> dict[str, str]:
     """role -> GGUF tensor name of an attention layer (Qwen3's; `s` a Qwen3.5: its pre-FFN norm's name)."""
-    ffn_norm = "post_attention_norm" if s is not None and s.arch == "qwen35" else "ffn_norm"
+    ffn_norm = "post_attention_norm" if s is not None and s.hybrid else "ffn_norm"
     return {
         "attn_norm": "attn_norm",
         "q": "attn_q",
@@ -664,8 +703,36 @@ def _attention_names(s: ScaleSize | None = None) -> dict[str, str]:
 
 
 def _layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
-    """GGUF tensor name -> torch shape of target layer i, in file order."""
-    p, H, ff = f"blk.{i}.", s.hidden, s.ff
+    """GGUF tensor name -> torch shape of target layer i, in file order: a MoE's FFN as libllama loads it, a
+    router and the experts stacked (and a shared expert)."""
+    out = _dense_layer_shapes(s, i)
+    if s.moe:
+        p, H, E, eff = f"blk.{i}.", s.hidden, s.n_experts, s.expert_ff
+        for role in ("gate", "up", "down"):
+            del out[f"{p}ffn_{role}.weight"]
+        out[p + "ffn_gate_inp.weight"] = (E, H)
+        out[p + "ffn_gate_exps.weight"] = (E, eff, H)
+        out[p + "ffn_up_exps.weight"] = (E, eff, H)
+        out[p + "ffn_down_exps.weight"] = (E, H, eff)
+        out.update(_shared_expert_shapes(s, i))
+    return out
+
+
+def _shared_expert_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
+    p, H, ff = f"blk.{i}.", s.hidden, s.shared_ff
+    if not ff:
+        return {}
+    return {
+        p + "ffn_gate_inp_shexp.weight": (H,),
+        p + "ffn_gate_shexp.weight": (ff, H),
+        p + "ffn_up_shexp.weight": (ff, H),
+        p + "ffn_down_shexp.weight": (H, ff),
+    }
+
+
+def _dense_layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
+    """Target layer i with a dense FFN (a MoE's experts' width)."""
+    p, H, ff = f"blk.{i}.", s.hidden, s.expert_ff if s.moe else s.ff
     if not s.is_attention(i):  # a Qwen3.5 Gated DeltaNet layer, as libllama's qwen35 loads it
         conv, value = s.ssm_dims()
         return {
@@ -687,7 +754,7 @@ def _layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
     q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
     shapes = {
         "attn_norm": (H,),
-        "q": (q * (2 if s.arch == "qwen35" else 1), H),
+        "q": (q * (2 if s.hybrid else 1), H),
         "k": (kv, H),
         "v": (kv, H),
         "o": (H, q),
@@ -698,16 +765,7 @@ def _layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
         "up": (ff, H),
         "down": (H, ff),
     }
-    out = {f"{p}{name}.weight": shapes[role] for role, name in _attention_names(s).items()}
-    if s.arch == "qwen3moe":  # the FFN as libllama's qwen3moe loads it: a router and the experts stacked
-        E, eff = s.n_experts, s.expert_ff
-        for role in ("gate", "up", "down"):
-            del out[f"{p}ffn_{role}.weight"]
-        out[p + "ffn_gate_inp.weight"] = (E, H)
-        out[p + "ffn_gate_exps.weight"] = (E, eff, H)
-        out[p + "ffn_up_exps.weight"] = (E, eff, H)
-        out[p + "ffn_down_exps.weight"] = (E, H, eff)
-    return out
+    return {f"{p}{name}.weight": shapes[role] for role, name in _attention_names(s).items()}
 
 
 def _file_dtype(name: str, ndim: int) -> type:
@@ -783,7 +841,7 @@ def write_target_gguf(path: Path, infl: Inflation) -> None:
     w.add_value_length(s.head_dim)
     w.add_layer_norm_rms_eps(infl.eps)
     w.add_rope_freq_base(src.rope_theta)
-    if s.arch == "qwen35":
+    if s.hybrid:
         n_rot = s.n_rot or s.head_dim
         w.add_rope_dimension_count(n_rot)
         side = round(n_rot / 2 * 11 / 32)  # Qwen3.5's M-RoPE sections [11, 11, 10] of 32 pairs (text: one position)
@@ -794,10 +852,12 @@ def write_target_gguf(path: Path, infl: Inflation) -> None:
         w.add_ssm_group_count(s.ssm_k_heads)
         w.add_ssm_time_step_rank(s.ssm_v_heads)
         w.add_ssm_inner_size(s.ssm_dims()[1])
-    if s.arch == "qwen3moe":
+    if s.moe:
         w.add_expert_count(s.n_experts)
         w.add_expert_used_count(s.n_experts_used)
         w.add_expert_feed_forward_length(s.expert_ff)
+        if s.shared_ff:
+            w.add_expert_shared_feed_forward_length(s.shared_ff)
     _add_tokenizer(w, src.tokenizer, s.vocab)
     shapes = target_shapes(s)
     for name, shape in shapes.items():

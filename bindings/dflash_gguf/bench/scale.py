@@ -253,7 +253,7 @@ def goals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 # a target file's bytes per parameter, by type (blocks' scales included; F16 and BF16 2)
 _FILE_BYTES_PER_PARAM = {"q8_0": 1.07, "q4_k_m": 0.62}
 
-_ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid", "qwen3moe": "Qwen3 MoE"}
+_ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid", "qwen3moe": "Qwen3 MoE", "qwen35moe": "Qwen3.5 MoE hybrid"}
 
 
 def format_table(result: dict[str, Any]) -> str:
