@@ -43,6 +43,7 @@ def scale_json(
         return res
 
     monkeypatch_module.setattr(bench_scale, "run_bench", run_bench)
+    partial: list[dict[str, Any]] = []
     result = run_scale(
         [SMALL],
         folder=folder,
@@ -53,11 +54,20 @@ def scale_json(
         threads=1,
         progress=False,
         log=lambda m: None,
+        on_progress=lambda r: partial.append(json.loads(json.dumps(r))),
     )
     write_json(result, folder / "scale.json")
     out = json.loads((folder / "scale.json").read_text())
-    out["_raw"] = captured
+    out["_raw"], out["_partial"] = captured, partial
     return out
+
+
+def test_each_target_types_rows_are_handed_on_when_measured(scale_json: dict[str, Any]) -> None:
+    """--json is rewritten after each target type: a later type that fails (or a process killed for memory)
+    loses nothing measured before it."""
+    seen = [[(r["target_type"], r["n_max"]) for r in p["end_to_end"]] for p in scale_json["_partial"]]
+    assert seen == [[("f16", 2), ("f16", "auto")], [("f16", 2), ("f16", "auto"), ("q8_0", 2), ("q8_0", "auto")]]
+    assert scale_json["_partial"][0]["goals"] and scale_json["_partial"][-1]["end_to_end"] == scale_json["end_to_end"]
 
 
 @pytest.fixture(scope="module")

@@ -586,6 +586,8 @@ def _bench_scale(
             n_gpu_layers=n_gpu_layers,
             device=device,
             progress=progress,
+            # each target type's rows as soon as they are measured: a later one may fail, or be killed
+            on_progress=(lambda partial: bs.write_json(partial, json_out)) if json_out else lambda partial: None,
         )
     except (BenchError, ConversionError, DFlashError, OSError, ValueError, RuntimeError) as e:
         _fail(e)

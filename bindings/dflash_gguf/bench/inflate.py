@@ -132,6 +132,11 @@ class ScaleSize:
     def moe(self) -> bool:
         return self.arch in ("qwen3moe", "qwen35moe")
 
+    @property
+    def target_ff(self) -> int:
+        """The width of a target layer's FFN: of each expert in a MoE."""
+        return self.expert_ff if self.moe else self.ff
+
     def layer_ids(self) -> list[int]:
         """The drafter's feature layers (HF ids): the DFlash default spread."""
         from dflash_convert.config import default_target_layer_ids
@@ -139,7 +144,7 @@ class ScaleSize:
         return default_target_layer_ids(self.n_layers, self.draft_layers)
 
     def key(self) -> str:
-        """Short hash of everything that shapes the generated files (the name aside; the hybrid's fields only
+        """Short hash of everything that shapes the generated files (the name aside; the optional fields only
         where set, so that the Qwen3 sizes keep the names of their files)."""
         defaults = {f.name: f.default for f in fields(self)}
         shape = {k: v for k, v in asdict(self).items() if k not in _OPTIONAL_FIELDS or v != defaults[k]}
@@ -561,7 +566,7 @@ class Inflation:
                 if i in self.real_layers:
                     r = self.real_layers.index(i)
                     real = {role: t[f"blk.{r}.{name}.weight"] for role, name in _attention_names().items()}
-                values = self._layer(names, real, last, self.target_heads, s.expert_ff if s.moe else s.ff)
+                values = self._layer(names, real, last, self.target_heads, s.target_ff)
             else:
                 values = self._delta_net_layer(i, last)
             if s.moe:
@@ -586,7 +591,7 @@ class Inflation:
                     p + "ffn_up.weight",
                     p + "ffn_down.weight",
                     p + "post_attention_norm.weight",
-                    self.s.expert_ff if self.s.moe else self.s.ff,
+                    self.s.target_ff,
                 )
             )
         return out
@@ -732,7 +737,7 @@ def _shared_expert_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
 
 def _dense_layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
     """Target layer i with a dense FFN (a MoE's experts' width)."""
-    p, H, ff = f"blk.{i}.", s.hidden, s.expert_ff if s.moe else s.ff
+    p, H, ff = f"blk.{i}.", s.hidden, s.target_ff
     if not s.is_attention(i):  # a Qwen3.5 Gated DeltaNet layer, as libllama's qwen35 loads it
         conv, value = s.ssm_dims()
         return {

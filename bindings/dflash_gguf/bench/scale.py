@@ -117,9 +117,11 @@ def run_scale(
     progress: bool = True,
     source: Path | None = None,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
+    on_progress: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
     """Generate (or reuse) every size's inflated pair and run the three-way bench on each target type;
-    the result is what --json writes."""
+    the result is what --json writes. `on_progress` gets the result so far after each target type (goals
+    judged on the rows so far), so that what was measured outlives a later failure."""
     folder = folder or default_scale_dir()
     source = source or tinycode_dir()
     n_maxes = parse_n_max(n_max)
@@ -191,6 +193,7 @@ def run_scale(
             result["meta"]["threads"] = bench["meta"]["threads"]
             result["notes"] += [n for n in bench["notes"] if n not in result["notes"]]
             gc.collect()
+            on_progress(result | {"goals": goals(result["end_to_end"])})
     result["goals"] = goals(result["end_to_end"])
     return result
 

@@ -8,6 +8,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -16,6 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from .options import BenchError
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the bench dies, even killed (out of memory), so that no server
+    is left holding a model's memory (prctl PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
 
 LLAMA_SERVER_VERSION = "0.3.36"
 STARTUP_TIMEOUT_S = 300.0
@@ -191,7 +202,13 @@ class UpstreamServer:
             os.close(fd)
             self.log_path = Path(name)
         self._logf = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=self._logf,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
         try:
             deadline = time.monotonic() + STARTUP_TIMEOUT_S
             while True:
