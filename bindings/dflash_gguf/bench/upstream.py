@@ -25,7 +25,8 @@ def _die_with_parent() -> None:
     import ctypes
     import signal
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    pr_set_pdeathsig = 1  # <linux/prctl.h>
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
 
 
 LLAMA_SERVER_VERSION = "0.3.36"
