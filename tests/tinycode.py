@@ -153,69 +153,40 @@ def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:
     return out
 
 
+# the widths that build an inflated layout in seconds (272: a multiple of 16 above tinycode's 256)
+_SMALL = dict(hidden=272, n_heads=4, n_kv_heads=2, ff=768, vocab=4096)
+_SMALL_HYBRID = _SMALL | dict(ssm_k_heads=2, ssm_v_heads=4, ssm_head_dim=64, draft_heads=(8, 4, 128))
+
+
+def _small_pair(size_name: str, name: str, **shape: Any) -> tuple[Any, Any]:
+    """(ScaleSize, Pair): `dflash bench --scale`'s layout `size_name` at the given widths, inflated from the
+    bundled pair, with F16 and Q4_K_M targets."""
+    import dataclasses
+
+    from dflash_gguf.bench.inflate import SIZES, ensure_pair
+
+    size = dataclasses.replace(SIZES[size_name], name=name, **shape)
+    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+
+
 @functools.cache
 def inflated_hybrid() -> tuple[Any, Any]:
-    """(ScaleSize, Pair): `dflash bench --scale`'s 2.8B-hybrid layout (Qwen3.5: Gated DeltaNet layers, gated
-    attention over a partly rotated wide head) inflated from the bundled pair at a width that builds in
-    seconds, with F16 and Q4_K_M targets."""
-    import dataclasses
-
-    from dflash_gguf.bench.inflate import SIZES, ensure_pair
-
-    size = dataclasses.replace(
-        SIZES["2.8B-hybrid"],
-        name="hybrid-test",
-        hidden=272,
-        n_heads=4,
-        n_kv_heads=2,
-        ff=768,
-        vocab=4096,
-        ssm_k_heads=2,
-        ssm_v_heads=4,
-        ssm_head_dim=64,
-        draft_heads=(8, 4, 128),
-    )
-    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+    """The 2.8B-hybrid layout (Qwen3.5: Gated DeltaNet layers, gated attention over a partly rotated wide
+    head), small (_small_pair)."""
+    return _small_pair("2.8B-hybrid", "hybrid-test", **_SMALL_HYBRID)
 
 
+@functools.cache
 def inflated_hybrid_moe() -> tuple[Any, Any]:
-    """(ScaleSize, Pair): `dflash bench --scale`'s 7B-hybrid-moe layout (Qwen3.5 MoE: the hybrid's layers with
-    a MoE FFN and a shared expert in each) inflated from the bundled pair at a width that builds in seconds,
-    with F16 and Q4_K_M targets."""
-    import dataclasses
-
-    from dflash_gguf.bench.inflate import SIZES, ensure_pair
-
-    size = dataclasses.replace(
-        SIZES["7B-hybrid-moe"],
-        name="hybrid-moe-test",
-        hidden=272,
-        n_heads=4,
-        n_kv_heads=2,
-        ff=768,
-        vocab=4096,
-        ssm_k_heads=2,
-        ssm_v_heads=4,
-        ssm_head_dim=64,
-        draft_heads=(8, 4, 128),
-        n_experts=8,
-        shared_ff=256,
-    )
-    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+    """The 7B-hybrid-moe layout (Qwen3.5 MoE: the hybrid's layers with a MoE FFN and a shared expert in
+    each), small (_small_pair)."""
+    return _small_pair("7B-hybrid-moe", "hybrid-moe-test", **_SMALL_HYBRID, n_experts=8, shared_ff=256)
 
 
+@functools.cache
 def inflated_moe() -> tuple[Any, Any]:
-    """(ScaleSize, Pair): `dflash bench --scale`'s 4.5B-moe layout (Qwen3 MoE: every expert the layer's FFN, a
-    random router) inflated from the bundled pair at a width that builds in seconds, with F16 and Q4_K_M
-    targets."""
-    import dataclasses
-
-    from dflash_gguf.bench.inflate import SIZES, ensure_pair
-
-    size = dataclasses.replace(
-        SIZES["4.5B-moe"], name="moe-test", hidden=272, n_heads=4, n_kv_heads=2, ff=768, vocab=4096, n_experts=8
-    )
-    return size, ensure_pair(size, _workdir() / "inflated", target_types=("f16", "q4_k_m"))
+    """The 4.5B-moe layout (Qwen3 MoE: every expert the layer's FFN, a random router), small (_small_pair)."""
+    return _small_pair("4.5B-moe", "moe-test", **_SMALL, n_experts=8)
 
 
 @functools.cache

@@ -61,7 +61,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -184,31 +184,33 @@ class ScaleSize:
         return self.draft_layers * per_layer + self.hidden * self.hidden * len(self.layer_ids())
 
 
-# shaped like Qwen3-0.6B, -1.7B, -4B, -8B (untied embeddings: the bundled pair's are untied)
+# a Qwen3.5-style hybrid (3 Gated DeltaNet layers per attention layer, gated attention with 64 of 256 dimensions
+# rotated, Qwen3.5's vocabulary) of 2.8B parameters; the drafter's attention as Qwen3's
+_HYBRID = ScaleSize(
+    "2.8B-hybrid",
+    hidden=2048,
+    n_layers=32,
+    n_heads=8,
+    n_kv_heads=2,
+    head_dim=256,
+    ff=6144,
+    vocab=248320,
+    arch="qwen35",
+    n_rot=64,
+    attention_every=4,
+    ssm_k_heads=16,
+    ssm_v_heads=16,
+    ssm_head_dim=128,
+    draft_heads=(16, 8, 128),
+)
+
+# shaped like Qwen3-0.6B, -1.7B, -4B, -8B (untied embeddings: the bundled pair's are untied), and the above
 SIZES = {
     "0.6B": ScaleSize("0.6B", hidden=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ff=3072),
     "1.7B": ScaleSize("1.7B", hidden=2048, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ff=6144),
     "4B": ScaleSize("4B", hidden=2560, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ff=9728),
     "8B": ScaleSize("8B", hidden=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128, ff=12288),
-    # a Qwen3.5-style hybrid (3 Gated DeltaNet layers per attention layer, gated attention with 64 of 256
-    # dimensions rotated, Qwen3.5's vocabulary) of 2.8B parameters; the drafter's attention as Qwen3's
-    "2.8B-hybrid": ScaleSize(
-        "2.8B-hybrid",
-        hidden=2048,
-        n_layers=32,
-        n_heads=8,
-        n_kv_heads=2,
-        head_dim=256,
-        ff=6144,
-        vocab=248320,
-        arch="qwen35",
-        n_rot=64,
-        attention_every=4,
-        ssm_k_heads=16,
-        ssm_v_heads=16,
-        ssm_head_dim=128,
-        draft_heads=(16, 8, 128),
-    ),
+    "2.8B-hybrid": _HYBRID,
     # Qwen3-30B-A3B's (and Qwen3-Coder-30B-A3B's) layer: hidden 2048, 32/4 heads of 128, experts of width 768
     # of which 1 in 16 is routed per token; a quarter of its depth and half of its experts (64, 4 routed), so
     # that the F16 file fits this machine's disk and memory; the drafter's FFN as the published one's
@@ -225,26 +227,15 @@ SIZES = {
         n_experts_used=4,
         expert_ff=768,
     ),
-    # Qwen3.5-35B-A3B's (and Qwen3.6-35B-A3B's) layers: the 2.8B-hybrid's attention and Gated DeltaNet shapes
-    # but 32 value heads, in every layer a MoE FFN and a shared expert; the 2.8B-hybrid's 32 layers (of 40),
-    # 32 experts with 2 routed (1 in 16; theirs 8 of 256 besides the shared one) 768 wide (theirs 512: an
-    # expert holds tinycode's FFN whole)
-    "7B-hybrid-moe": ScaleSize(
-        "7B-hybrid-moe",
-        hidden=2048,
-        n_layers=32,
+    # Qwen3.5-35B-A3B's (and Qwen3.6-35B-A3B's) layers: the 2.8B-hybrid's with 16 query and 32 value heads,
+    # in every layer a MoE FFN and a shared expert; its 32 layers (theirs 40), 32 experts with 2 routed (1 in
+    # 16; theirs 8 of 256 besides the shared one) 768 wide (theirs 512: an expert holds tinycode's FFN whole)
+    "7B-hybrid-moe": replace(
+        _HYBRID,
+        name="7B-hybrid-moe",
         n_heads=16,
-        n_kv_heads=2,
-        head_dim=256,
-        ff=6144,
-        vocab=248320,
-        arch="qwen35moe",
-        n_rot=64,
-        attention_every=4,
-        ssm_k_heads=16,
         ssm_v_heads=32,
-        ssm_head_dim=128,
-        draft_heads=(16, 8, 128),
+        arch="qwen35moe",
         n_experts=32,
         n_experts_used=2,
         expert_ff=768,
