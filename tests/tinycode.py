@@ -178,9 +178,11 @@ def inflated_hybrid() -> tuple[Any, Any]:
 
 @functools.cache
 def inflated_hybrid_moe() -> tuple[Any, Any]:
-    """The 7B-hybrid-moe layout (Qwen3.5 MoE: the hybrid's layers with a MoE FFN and a shared expert in
-    each), small (_small_pair)."""
-    return _small_pair("7B-hybrid-moe", "hybrid-moe-test", **_SMALL_HYBRID, n_experts=8, shared_ff=256)
+    """The 7B-hybrid-moe layout (Qwen3.5 MoE: the hybrid's layers with a FFN split between a shared expert,
+    its first 256 units, and routed experts, the other 512), small (_small_pair)."""
+    return _small_pair(
+        "7B-hybrid-moe", "hybrid-moe-test", **_SMALL_HYBRID, n_experts=8, n_experts_used=2, shared_ff=256
+    )
 
 
 @functools.cache

@@ -44,8 +44,9 @@ normalizes to sum to 1, give the FFN's output. The router is random (fixed seeds
 their hidden states and a verified block reads the experts all its tokens pick, as a real MoE's does; an added
 layer's FFN norm is the plain RMSNorm, so its router sees the hidden state too (its experts are zero). How often
 consecutive tokens share experts is a trained router's and is not reproduced: random routing shares the least.
-The Qwen3.5 MoE hybrid (`arch` qwen35moe) is the hybrid with every layer's FFN so made, and a shared expert
-of zero weights (its sigmoid gate, 1/2, multiplies zero).
+The Qwen3.5 MoE hybrid (`arch` qwen35moe) is the hybrid with every layer's FFN split between a shared expert
+and the routed ones, as narrow as Qwen3.5's: the shared expert holds the FFN's first `shared_ff` units (its
+sigmoid gate's weights zero: 1/2, which a doubled down projection makes up), every routed expert the rest.
 
 Left as is: rope_theta (10,000, the pair's), block size 8 (what the drafter was trained for), and one
 eps for all norms, so q_norm and k_norm see eps * h/H where eps/2 would be exact (a relative change
@@ -134,8 +135,9 @@ class ScaleSize:
 
     @property
     def target_ff(self) -> int:
-        """The width of a target layer's FFN: of each expert in a MoE."""
-        return self.expert_ff if self.moe else self.ff
+        """The width of the dense FFN a target layer is inflated as: a MoE's shared expert takes its first
+        `shared_ff` units, each routed expert the rest."""
+        return self.shared_ff + self.expert_ff if self.moe else self.ff
 
     def layer_ids(self) -> list[int]:
         """The drafter's feature layers (HF ids): the DFlash default spread."""
@@ -228,17 +230,17 @@ SIZES = {
         expert_ff=768,
     ),
     # Qwen3.5-35B-A3B's (and Qwen3.6-35B-A3B's) layers: the 2.8B-hybrid's with 16 query and 32 value heads,
-    # in every layer a MoE FFN and a shared expert; its 32 layers (theirs 40), 32 experts with 2 routed (1 in
-    # 16; theirs 8 of 256 besides the shared one) 768 wide (theirs 512: an expert holds tinycode's FFN whole)
+    # in every layer a shared expert and routed experts, all 512 wide; its 32 layers (theirs 40), 48 experts
+    # with 6 routed (1 in 8; theirs 8 of 256), so that the F16 file fits this machine's disk and memory
     "7B-hybrid-moe": replace(
         _HYBRID,
         name="7B-hybrid-moe",
         n_heads=16,
         ssm_v_heads=32,
         arch="qwen35moe",
-        n_experts=32,
-        n_experts_used=2,
-        expert_ff=768,
+        n_experts=48,
+        n_experts_used=6,
+        expert_ff=512,
         shared_ff=512,
     ),
 }
@@ -405,8 +407,8 @@ class Inflation:
         if s.ff < src.ff or s.ff < 2 * h:
             problems.append(f"ff {s.ff} must be >= {max(src.ff, 2 * h)}")
         if s.moe:
-            if s.expert_ff < src.ff or s.expert_ff < 2 * h:
-                problems.append(f"expert_ff {s.expert_ff} must be >= {max(src.ff, 2 * h)}")
+            if s.expert_ff < 1 or s.target_ff < src.ff or s.target_ff < 2 * h:
+                problems.append(f"expert_ff {s.expert_ff} + shared_ff {s.shared_ff} must be >= {max(src.ff, 2 * h)}")
             if not 1 <= s.n_experts_used <= s.n_experts:
                 problems.append(f"{s.n_experts_used} of {s.n_experts} experts routed: must be 1 to {s.n_experts}")
         if s.vocab < src.vocab:
@@ -523,10 +525,11 @@ class Inflation:
         return out
 
     def _experts(self, i: int, layer: dict[str, np.ndarray], real: bool) -> dict[str, np.ndarray]:
-        """Layer i's FFN as a MoE: every expert the layer's FFN, so any routing with top-k weights summing to 1
-        (Qwen3 MoE's) gives its output, and a random router, so that tokens are routed apart as a real MoE's
-        are and a verified block reads the experts several tokens pick. An added layer's FFN norm is the
-        plain RMSNorm (its experts are zero): with a zero norm every token would pick the same experts."""
+        """Layer i's FFN as a MoE: a shared expert its first units (gated by 1/2, so twice their down
+        projection), every routed expert the rest, so any routing with top-k weights summing to 1 (Qwen3 MoE's)
+        gives its output, and a random router, so that tokens are routed apart as a real MoE's are and a
+        verified block reads the experts several tokens pick. An added layer's FFN norm is the plain RMSNorm
+        (its experts are zero): with a zero norm every token would pick the same experts."""
         s, p = self.s, f"blk.{i}."
         norm = f"{p}{_attention_names(s)['ffn_norm']}.weight"
         dense = {role: layer.pop(f"{p}ffn_{role}.weight") for role in ("gate", "up", "down")}
@@ -536,10 +539,15 @@ class Inflation:
         layer[p + "ffn_gate_inp.weight"] = rng.standard_normal((s.n_experts, s.hidden)).astype(np.float32) / math.sqrt(
             self.src.hidden
         )
+        shared, routed = slice(0, s.shared_ff), slice(s.shared_ff, None)
         for role, w in dense.items():
+            w = w[:, routed] if role == "down" else w[routed]
             layer[f"{p}ffn_{role}_exps.weight"] = np.broadcast_to(w, (s.n_experts, *w.shape))
-        # a shared expert adds nothing: zero weights (its sigmoid gate, 1/2, multiplies zero)
-        layer.update({name: np.zeros(shape, np.float32) for name, shape in _shared_expert_shapes(s, i).items()})
+        if s.shared_ff:
+            layer[p + "ffn_gate_inp_shexp.weight"] = np.zeros(s.hidden, np.float32)
+            layer[p + "ffn_gate_shexp.weight"] = dense["gate"][shared]
+            layer[p + "ffn_up_shexp.weight"] = dense["up"][shared]
+            layer[p + "ffn_down_shexp.weight"] = 2 * dense["down"][:, shared]
         return layer
 
     # the target (GGUF names)
