@@ -11,7 +11,8 @@
 #   3. the draft-graph parity tests on CUDA, each test in a pytest-xdist worker so that a crash names its
 #      test; if one crashed, which library serves libllama's libstdc++ calls;
 #   4. `dflash bench --scale` end to end on CUDA at n_max 3, 7, auto: 4B F16, 8B F16, the Qwen3.5-style
-#      2.8B-hybrid F16, the Qwen3-30B-A3B-style 4.5B-moe F16, 4B Q4_K_M, 8B Q4_K_M,
+#      2.8B-hybrid F16, the Qwen3-30B-A3B-style 4.5B-moe F16, 4B Q4_K_M, 8B Q4_K_M, the Qwen3.5-35B-A3B-style
+#      7B-hybrid-moe F16,
 #      one run (and one JSON) each, as far as the budget goes (with libstdc++ preloaded if only that let a
 #      model load in 3);
 #   5. scripts/trace_auto.py at 4B F16, if time is left.
@@ -94,7 +95,7 @@ else
 fi
 # the --scale runs, most important first; each pair's files are made in this order and announced in
 # $SCALE/ready-<size>-<type> when complete
-RUNS=(${GPU_CHECK_RUNS:-4B:f16 8B:f16 2.8B-hybrid:f16 4.5B-moe:f16 4B:q4_k_m 8B:q4_k_m})
+RUNS=(${GPU_CHECK_RUNS:-4B:f16 8B:f16 2.8B-hybrid:f16 4.5B-moe:f16 4B:q4_k_m 8B:q4_k_m 7B-hybrid-moe:f16})
 mkdir -p "$SCALE"
 python3 - "$SCALE" "${RUNS[@]}" > "$LOGS/pairs.log" 2>&1 <<'PY' &
 import sys, time

@@ -173,7 +173,6 @@ def run_scale(
             }
         )
         for t in target_types:
-            log(f"[scale] {s.name} {t.upper()} target: ar / ours / upstream at n_max {', '.join(map(str, n_maxes))}")
             o = BenchOptions(
                 target=str(pair.targets[t]),
                 draft=str(pair.draft),
@@ -187,6 +186,7 @@ def run_scale(
                 progress=progress,
                 **({"systems": systems} if systems else {}),
             )
+            log(f"[scale] {s.name} {t.upper()} target: {' / '.join(o.systems)} at n_max {', '.join(map(str, n_maxes))}")
             bench = run_bench(o, log)
             for cfg in bench["configs"]:
                 result["end_to_end"].append(end_to_end_row(s.name, t, DRAFT_TYPE, cfg))
