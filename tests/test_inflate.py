@@ -194,6 +194,11 @@ def test_sizes_that_cannot_hold_the_pair_are_refused() -> None:
         Inflation(src, dataclasses.replace(hybrid, n_rot=32))
     with pytest.raises(ValueError, match=r"12 layers cannot hold the 6 real ones"):
         Inflation(src, dataclasses.replace(hybrid, n_layers=12))
+    # a MoE's shared and routed experts together hold tinycode's 768-wide FFN
+    with pytest.raises(ValueError, match=r"expert_ff 512 \+ shared_ff 128 must be >= 768"):
+        Inflation(src, dataclasses.replace(SIZES["7B-hybrid-moe"], shared_ff=128))
+    with pytest.raises(ValueError, match=r"expert_ff 512 \+ shared_ff 0 must be >= 768"):
+        Inflation(src, dataclasses.replace(SIZES["4.5B-moe"], expert_ff=512))
 
 
 @pytest.mark.parametrize("build", [inflated_moe, inflated_hybrid_moe], ids=["moe", "hybrid-moe"])
