@@ -144,7 +144,8 @@ void register_speculator(py::module_ & m) {
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
                          const std::string & draft_q, bool fallback, std::optional<bool> repack,
-                         const std::string & sampler) {
+                         const std::string & sampler,
+                         const std::vector<std::pair<std::string, std::string>> & tensor_overrides) {
                  const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
@@ -152,6 +153,7 @@ void register_speculator(py::module_ & m) {
                  topt.n_gpu_layers = n_gpu_layers;
                  topt.n_threads = n_threads;
                  topt.repack = repack ? (int)*repack : -1;
+                 topt.tensor_overrides = tensor_overrides;
                  py::gil_scoped_release nogil;
                  return make_speculator(
                      [&](uint32_t max_draft) {
@@ -163,7 +165,8 @@ void register_speculator(py::module_ & m) {
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
              py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true,
-             py::arg("repack") = py::none(), py::arg("sampler") = "gumbel")
+             py::arg("repack") = py::none(), py::arg("sampler") = "gumbel",
+             py::arg("tensor_overrides") = std::vector<std::pair<std::string, std::string>>{})
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,

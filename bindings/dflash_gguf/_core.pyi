@@ -122,6 +122,7 @@ class Speculator:
         fallback: bool = True,
         repack: bool | None = None,
         sampler: str = "gumbel",
+        tensor_overrides: list[tuple[str, str]] = ...,
     ) -> None: ...
     @staticmethod
     def adopt(

@@ -108,6 +108,27 @@ _MODEL_OPTIONS = [
         "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
         "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).",
     ),
+    click.option(
+        "--override-tensor",
+        "-ot",
+        multiple=True,
+        metavar="PATTERN=TYPE[,...]",
+        help="Target weights whose names match the regex PATTERN go to the ggml buffer type TYPE (CPU, "
+        "CUDA0, ...), as llama-server's --override-tensor; repeatable, first match first.",
+    ),
+    click.option(
+        "--cpu-moe",
+        "-cmoe",
+        is_flag=True,
+        help="Keep every layer's MoE experts on the CPU (the rest offloaded with -ngl), as llama-server's.",
+    ),
+    click.option(
+        "--n-cpu-moe",
+        "-ncmoe",
+        default=0,
+        show_default=True,
+        help="Keep the MoE experts of the first N layers on the CPU, as llama-server's.",
+    ),
     click.option("--verbose", is_flag=True, help="Show libllama's log."),
 ]
 
@@ -131,6 +152,9 @@ def _open_model(
     device: str,
     no_repack: bool,
     verbose: bool,
+    override_tensor: tuple[str, ...] = (),
+    cpu_moe: bool = False,
+    n_cpu_moe: int = 0,
     **kw: Any,
 ) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
@@ -147,6 +171,9 @@ def _open_model(
         sampler=sampler,
         device=device,
         repack=False if no_repack else None,
+        override_tensor=list(override_tensor),
+        cpu_moe=cpu_moe,
+        n_cpu_moe=n_cpu_moe,
         verbose=verbose,
         **kw,
     )
@@ -223,6 +250,9 @@ def generate(
     threads: int,
     device: str,
     no_repack: bool,
+    override_tensor: tuple[str, ...],
+    cpu_moe: bool,
+    n_cpu_moe: int,
     grammar: str | None,
     grammar_file: str | None,
     json_schema: str | None,
@@ -277,6 +307,9 @@ def generate(
             device,
             no_repack,
             verbose,
+            override_tensor,
+            cpu_moe,
+            n_cpu_moe,
             last_n_tokens_size=repeat_last_n,
         )
         kw = dict(

@@ -48,6 +48,34 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     return n_max, False
 
 
+# a MoE's routed experts (llama.cpp's tensor names: ffn_gate_exps, ffn_up_exps, ffn_down_exps); shared experts
+# stay with their layer, as llama-server's --cpu-moe leaves them
+_EXPERTS = r"\.ffn_(up|down|gate)_exps"
+
+
+def tensor_overrides(
+    override_tensor: str | Sequence[str] | None, cpu_moe: bool = False, n_cpu_moe: int = 0
+) -> list[tuple[str, str]]:
+    """(regex over tensor names, buffer type) pairs, first match first, from llama-server's
+    `--override-tensor PATTERN=TYPE[,...]`, `--cpu-moe` (every layer's experts on the CPU) and
+    `--n-cpu-moe N` (those of the first N layers)."""
+    items = [override_tensor] if isinstance(override_tensor, str) else list(override_tensor or [])
+    out = []
+    for entry in (e.strip() for item in items for e in str(item).split(",")):
+        if not entry:
+            continue
+        pattern, eq, buft = entry.rpartition("=")
+        if not eq or not pattern or not buft:
+            raise ValueError(f"override_tensor: {entry!r}: expected PATTERN=BUFFER_TYPE (e.g. 'exps=CPU')")
+        out.append((pattern, buft))
+    if isinstance(n_cpu_moe, bool) or not isinstance(n_cpu_moe, int) or n_cpu_moe < 0:
+        raise ValueError(f"n_cpu_moe must be an int >= 0, got {n_cpu_moe!r}")
+    if cpu_moe:
+        out.append((_EXPERTS, "CPU"))
+    out += [(rf"blk\.{i}{_EXPERTS}", "CPU") for i in range(0 if cpu_moe else n_cpu_moe)]
+    return out
+
+
 class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
     """A target GGUF plus a DFlash drafter GGUF, used like `llama_cpp.Llama`."""
 
@@ -65,6 +93,9 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         device: str = "auto",
         fallback: bool = True,
         repack: bool | None = None,
+        override_tensor: str | Sequence[str] | None = None,
+        cpu_moe: bool = False,
+        n_cpu_moe: int = 0,
         last_n_tokens_size: int = 64,
         verbose: bool = False,
         sampler: str = "gumbel",
@@ -82,6 +113,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
             if n_ctx < 16:
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
             cap, adaptive = _parse_n_max(n_max)
+            overrides = tensor_overrides(override_tensor, cpu_moe, n_cpu_moe)
             _core = Speculator(
                 target,
                 draft,
@@ -96,6 +128,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                 fallback=fallback,
                 repack=repack,
                 sampler=sampler,
+                tensor_overrides=overrides,
             )
         self._spec = _core
         self.sampler = sampler

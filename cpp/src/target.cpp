@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <regex>
 
 #include "dflash/cpu_threads.h"
 #include "dflash/error.h"
@@ -98,6 +99,39 @@ std::string gguf_architecture(const std::string & path) {
     return gguf_get_val_str(g.get(), k);
 }
 
+namespace {
+
+std::vector<llama_model_tensor_buft_override> resolve_tensor_overrides(
+    const std::vector<std::pair<std::string, std::string>> & overrides, const std::string & path) {
+    std::vector<llama_model_tensor_buft_override> out;
+    if (overrides.empty()) return out;
+    // the buffer types a weight can be placed in: each device's own, by name (CPU, CUDA0, Vulkan0, ...)
+    std::vector<std::pair<std::string, ggml_backend_buffer_type_t>> known;
+    for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
+        ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(ggml_backend_dev_get(i));
+        if (buft) known.emplace_back(ggml_backend_buft_name(buft), buft);
+    }
+    for (const auto & [pattern, name] : overrides) {
+        try {
+            std::regex check(pattern);  // libllama would throw inside its load and only log it
+        } catch (const std::regex_error & e) {
+            throw Error(path + ": tensor override '" + pattern + "': not a regular expression (" + e.what() + ")");
+        }
+        auto it = std::find_if(known.begin(), known.end(), [&](const auto & k) { return k.first == name; });
+        if (it == known.end()) {
+            std::string names;
+            for (const auto & k : known) names += (names.empty() ? "" : ", ") + k.first;
+            throw Error(path + ": tensor override '" + pattern + "=" + name + "': unknown buffer type '" + name +
+                        "' (this build has: " + names + ")");
+        }
+        out.push_back({pattern.c_str(), it->second});  // the strings outlive the load: they are opts'
+    }
+    out.push_back({nullptr, nullptr});
+    return out;
+}
+
+}  // namespace
+
 llama_flash_attn_type target_flash_attn(int n_gpu_layers) {
     // flash attention on the CPU verifies more slowly once the context is more than a few hundred tokens
     // (2 cores, 1024 tokens: a 1.7B-shaped Q4_K_M target 11-16% slower at 1-4 tokens, 0.6B F16 11-33%, the
@@ -115,6 +149,8 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers;
     mp.use_extra_bufts = opts.repack < 0 ? !amx_would_take(path) : opts.repack != 0;
+    const auto overrides = resolve_tensor_overrides(opts.tensor_overrides, path);
+    mp.tensor_buft_overrides = overrides.empty() ? nullptr : overrides.data();
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (!model_) {
         throw Error(path + ": libllama could not load the target model (see its log above)");

@@ -5,6 +5,7 @@
 // adopts those of an existing llama_cpp.Llama.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "llama.h"
@@ -25,6 +26,9 @@ struct TargetOptions {
     // recurrent-state snapshots per sequence (llama_context_params.n_rs_seq) for archs whose recurrent
     // layers libllama can roll back itself; other archs ignore it
     uint32_t n_rs_seq = 0;
+    // weights whose names match a regex (std::regex, searched) go to the named ggml buffer type, first match
+    // first (llama-server's --override-tensor; a MoE's experts on the CPU with the rest offloaded: --cpu-moe)
+    std::vector<std::pair<std::string, std::string>> tensor_overrides;
 };
 
 // How the target's memory goes back to an earlier position.
