@@ -8,6 +8,7 @@ but accepts less. Skipped on the CPU: test_graph_parity covers the graph there."
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from tinycode import N_CTX, TARGET, THREADS, GreedyReference, drafter_gguf, prompts
@@ -52,3 +53,31 @@ def test_device_drafts_what_the_cpu_drafts(n_max: int, ptoks: list[list[int]]) -
     # the device computes in its own precision (f16 activations, TF32): a near-tie may flip a draft
     assert dev_acc >= 0.95 * cpu_acc, f"the drafter on {DEVICE} accepted {dev_acc} tokens, on the CPU {cpu_acc}"
     assert dev_out == cpu_out
+
+
+def test_a_moe_target_offloaded_with_its_experts_on_the_cpu(capfd: pytest.CaptureFixture[str]) -> None:
+    """`-ngl 99 --cpu-moe`, the way a MoE too large for the GPU runs: the small Qwen3 MoE (the 4.5B-moe layout)
+    on the device with every expert in CPU memory decodes what it decodes on the CPU (the device's precision
+    may flip a near-tie, so most tokens), drafting as well, and libllama places exactly the experts on the CPU."""
+    from tinycode import inflated_moe
+
+    size, pair = inflated_moe()
+    ref = GreedyReference(TARGET, n_ctx=N_CTX, n_threads=THREADS)
+    prompt = ref.tokenize(prompts()[0]["text"])
+    outs, accepted = {}, {}
+    for where, kw in (("cpu", {}), (DEVICE, {"n_gpu_layers": 99, "cpu_moe": True, "verbose": True})):
+        capfd.readouterr()
+        spec = SpeculativeLlama(
+            str(pair.targets["f16"]), str(pair.draft), n_ctx=N_CTX, n_threads=THREADS, n_max=3, device=where, **kw
+        )
+        log = capfd.readouterr().err  # libllama's, with verbose
+        outs[where] = list(spec.generate_tokens(prompt, max_tokens=N_NEW))
+        accepted[where] = spec.stats.accepted
+        spec.close()
+    # CPU memory: the CPU's buffer types, or the device's pinned host buffer (CUDA_Host, Vulkan_Host)
+    placed = set(re.findall(r"tensor (\S+) \(.*buffer type overridden to (?:CPU|\S+_Host)", log))
+    assert placed == {f"blk.{i}.ffn_{r}_exps.weight" for i in range(size.n_layers) for r in ("gate", "up", "down")}
+    assert f"offloaded {size.n_layers + 1}/{size.n_layers + 1} layers to GPU" in log
+    same = sum(a == b for a, b in zip(outs["cpu"], outs[DEVICE]))
+    print(f"{same}/{N_NEW} tokens as on the CPU; accepted {accepted[DEVICE]} on {DEVICE}, {accepted['cpu']} on the CPU")
+    assert same >= 0.9 * N_NEW and accepted[DEVICE] >= 0.9 * accepted["cpu"]

@@ -4,6 +4,7 @@ every weight it places by an override ("... buffer type overridden to CPU"), whi
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -11,12 +12,14 @@ import sys
 import pytest
 
 pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
-from tinycode import THREADS, inflated_moe  # noqa: E402
+from tinycode import PROMPTS, THREADS, inflated_moe  # noqa: E402
 
 from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
 from dflash_gguf.speculative import tensor_overrides  # noqa: E402
 
 EXPERT_NAMES = ("blk.{}.ffn_up_exps.weight", "blk.{}.ffn_gate_exps.weight", "blk.{}.ffn_down_exps.weight")
+# what else libllama names a routed expert (some archs fuse gate and up, some keep experts in chunks)
+OTHER_EXPERT_NAMES = ("blk.{}.ffn_gate_up_exps.weight", "blk.{}.ffn_down_chexps.weight", "blk.{}.ffn_down_exps.bias")
 
 
 def _placed(overrides: list[tuple[str, str]], name: str) -> str | None:
@@ -31,7 +34,7 @@ def test_overrides_parse_as_llama_servers() -> None:
     every = tensor_overrides(None, cpu_moe=True)
     first_two = tensor_overrides(None, n_cpu_moe=2)
     for layer in (0, 1, 2, 10, 11):
-        for name in EXPERT_NAMES:
+        for name in EXPERT_NAMES + OTHER_EXPERT_NAMES:
             assert _placed(every, name.format(layer)) == "CPU"
             assert _placed(first_two, name.format(layer)) == ("CPU" if layer < 2 else None)
     for name in ("blk.0.ffn_up_shexp.weight", "blk.0.ffn_gate_inp.weight", "blk.0.attn_q.weight", "output.weight"):
@@ -86,3 +89,29 @@ def test_a_bad_override_names_the_file_and_the_override() -> None:
         SpeculativeLlama(target, draft, n_threads=THREADS, override_tensor="ex(ps=CPU")
     r = _generate(target, draft, "-ot", "exps=GPU9")
     assert r.returncode != 0 and "unknown buffer type 'GPU9'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_the_bench_places_the_weights_alike_for_ours_and_llama_server(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`dflash bench --cpu-moe -ot ...`: our models get the overrides and llama-server the same flags (it
+    starts with them and decodes the same text)."""
+    from test_bench import server_available
+
+    _, pair = inflated_moe()
+    systems = "ar,ours,upstream" if server_available() else "ar,ours"
+    cmd = [sys.executable, "-m", "dflash_gguf.cli", "bench", "--target", str(pair.targets["f16"]), "--draft"]
+    cmd += [str(pair.draft), "--prompts", str(PROMPTS), "--threads", str(THREADS), "--no-progress", "--limit", "1"]
+    cmd += ["-n", "8", "--n-max", "3", "--systems", systems, "--json", str(tmp_path / "r.json")]
+    cmd += ["--cpu-moe", "-ot", r"blk\.0\.attn_q=CPU"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    meta = json.loads((tmp_path / "r.json").read_text())["meta"]
+    assert (meta["cpu_moe"], meta["override_tensor"]) == (True, [r"blk\.0\.attn_q=CPU"])
+    assert meta["server_args"][:3] == ["-ot", r"blk\.0\.attn_q=CPU", "--cpu-moe"]
+    same = re.search(r"greedy output identical to ar: (.*)", r.stdout)
+    assert same and "ours 1/1" in same[1] and ("upstream 1/1" in same[1] or "upstream" not in systems), r.stdout
+    bad = subprocess.run([*cmd[:-3], "-ot", "x=GPU9"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "unknown buffer type 'GPU9'" in bad.stderr, bad.stderr[-2000:]
+    scale = subprocess.run(
+        [sys.executable, "-m", "dflash_gguf.cli", "bench", "--scale", "--cpu-moe"], capture_output=True, text=True
+    )
+    assert scale.returncode == 2 and "drop --cpu-moe" in scale.stderr, scale.stderr

@@ -51,6 +51,31 @@ def info(path: str, as_json: bool) -> None:
 
 
 # the options that open a target + drafter pair (generate, serve)
+# where the target's weights go, as llama-server's flags (dflash generate / serve / bench)
+_PLACEMENT_OPTIONS = [
+    click.option(
+        "--override-tensor",
+        "-ot",
+        multiple=True,
+        metavar="PATTERN=TYPE[,...]",
+        help="Target weights whose names match the regex PATTERN go to the ggml buffer type TYPE (CPU, "
+        "CUDA0, ...), as llama-server's --override-tensor; repeatable, first match first.",
+    ),
+    click.option(
+        "--cpu-moe",
+        "-cmoe",
+        is_flag=True,
+        help="Keep every layer's MoE experts on the CPU (the rest offloaded with -ngl), as llama-server's.",
+    ),
+    click.option(
+        "--n-cpu-moe",
+        "-ncmoe",
+        default=0,
+        show_default=True,
+        help="Keep the MoE experts of the first N layers on the CPU, as llama-server's.",
+    ),
+]
+
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
     click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF."),
@@ -108,35 +133,21 @@ _MODEL_OPTIONS = [
         "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
         "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).",
     ),
-    click.option(
-        "--override-tensor",
-        "-ot",
-        multiple=True,
-        metavar="PATTERN=TYPE[,...]",
-        help="Target weights whose names match the regex PATTERN go to the ggml buffer type TYPE (CPU, "
-        "CUDA0, ...), as llama-server's --override-tensor; repeatable, first match first.",
-    ),
-    click.option(
-        "--cpu-moe",
-        "-cmoe",
-        is_flag=True,
-        help="Keep every layer's MoE experts on the CPU (the rest offloaded with -ngl), as llama-server's.",
-    ),
-    click.option(
-        "--n-cpu-moe",
-        "-ncmoe",
-        default=0,
-        show_default=True,
-        help="Keep the MoE experts of the first N layers on the CPU, as llama-server's.",
-    ),
+    *_PLACEMENT_OPTIONS,
     click.option("--verbose", is_flag=True, help="Show libllama's log."),
 ]
 
 
-def _model_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(_MODEL_OPTIONS):
-        f = option(f)
-    return f
+def _options(options: list[Callable[..., Any]]) -> Callable[..., Any]:
+    def apply(f: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
+
+
+_model_options = _options(_MODEL_OPTIONS)
 
 
 def _open_model(
@@ -484,6 +495,7 @@ def serve(
     help="llama-server to use (default: $DFLASH_LLAMA_SERVER, the build script's cache, PATH).",
 )
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
+@_options(_PLACEMENT_OPTIONS)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def bench(
     target: str | None,
@@ -512,6 +524,9 @@ def bench(
     draft_q: str,
     server_binary: str | None,
     server_args: tuple[str, ...],
+    override_tensor: tuple[str, ...],
+    cpu_moe: bool,
+    n_cpu_moe: int,
     no_progress: bool,
 ) -> None:
     """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved.
@@ -523,11 +538,21 @@ def bench(
     if scale:
         given = [
             name
-            for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts), ("--plot", plot_out))
+            for name, v in (
+                ("--target", target),
+                ("--draft", draft),
+                ("--prompts", prompts),
+                ("--plot", plot_out),
+                ("--override-tensor", override_tensor),
+                ("--cpu-moe", cpu_moe),
+                ("--n-cpu-moe", n_cpu_moe),
+            )
             if v
         ]
         if given:
-            raise click.UsageError(f"--scale generates its own models and prompts; drop {', '.join(given)}")
+            raise click.UsageError(
+                f"--scale generates its own models and prompts and places them whole; drop {', '.join(given)}"
+            )
         _bench_scale(
             scale_sizes,
             scale_types,
@@ -569,6 +594,9 @@ def bench(
             limit=limit or None,
             server_binary=server_binary,
             server_args=list(server_args),
+            override_tensor=list(override_tensor),
+            cpu_moe=cpu_moe,
+            n_cpu_moe=n_cpu_moe,
             progress=not no_progress,
         )
         result = run_bench(opts)

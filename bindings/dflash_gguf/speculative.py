@@ -48,9 +48,10 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     return n_max, False
 
 
-# a MoE's routed experts (llama.cpp's tensor names: ffn_gate_exps, ffn_up_exps, ffn_down_exps); shared experts
-# stay with their layer, as llama-server's --cpu-moe leaves them
-_EXPERTS = r"\.ffn_(up|down|gate)_exps"
+# a MoE's routed experts, by libllama's tensor names (ffn_{gate,up,down}_exps, a fused ffn_gate_up_exps, and
+# the chexps of archs that keep experts in chunks); shared experts (shexp) stay with their layer, as
+# llama-server's --cpu-moe leaves them
+_EXPERTS = r"\.ffn_(gate_up|gate|up|down)_(ch)?exps"
 
 
 def tensor_overrides(

@@ -103,4 +103,8 @@ class BenchOptions:
     limit: int | None = None
     server_binary: str | None = None
     server_args: list[str] = field(default_factory=list)
+    # where the target's weights go, for ours and llama-server alike (llama-server's -ot, --cpu-moe, --n-cpu-moe)
+    override_tensor: list[str] = field(default_factory=list)
+    cpu_moe: bool = False
+    n_cpu_moe: int = 0
     progress: bool = True

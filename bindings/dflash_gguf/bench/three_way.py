@@ -120,6 +120,9 @@ def _make_llm(o: BenchOptions, n_max: NMax, threads: int) -> Any:
             n_max=n_max,
             draft_q=o.draft_q,
             device=o.device,
+            override_tensor=o.override_tensor,
+            cpu_moe=o.cpu_moe,
+            n_cpu_moe=o.n_cpu_moe,
         )  # type: ignore[arg-type]
     except (TypeError, ValueError) as e:
         if n_max == "auto":
@@ -156,7 +159,8 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
     prompts = load_prompts(o.prompts, o.limit)
 
     server_bin: Path | None = None
-    server_extra = list(o.server_args)
+    server_extra = [a for ot in o.override_tensor for a in ("-ot", ot)] + list(o.server_args)
+    server_extra += ["--cpu-moe"] * o.cpu_moe + ["--n-cpu-moe", str(o.n_cpu_moe)] * (o.n_cpu_moe > 0)
     notes: list[str] = []
     if any(s.startswith("upstream") for s in systems):
         server_bin = find_server_binary(o.server_binary)
@@ -201,6 +205,9 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
             "n_max": n_maxes,
             "server_binary": str(server_bin) if server_bin else None,
             "server_args": server_extra,
+            "override_tensor": o.override_tensor,
+            "cpu_moe": o.cpu_moe,
+            "n_cpu_moe": o.n_cpu_moe,
             "host": platform.node(),
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
