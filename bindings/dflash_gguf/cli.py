@@ -50,7 +50,6 @@ def info(path: str, as_json: bool) -> None:
     click.echo(json.dumps(s, indent=2) if as_json else format_text(s))
 
 
-# the options that open a target + drafter pair (generate, serve)
 # where the target's weights go, as llama-server's flags (dflash generate / serve / bench)
 _PLACEMENT_OPTIONS = [
     click.option(
@@ -76,6 +75,7 @@ _PLACEMENT_OPTIONS = [
     ),
 ]
 
+# the options that open a target + drafter pair (generate, serve)
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
     click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF."),
