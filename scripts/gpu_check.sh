@@ -12,7 +12,7 @@
 #      test; if one crashed, which library serves libllama's libstdc++ calls;
 #   4. `dflash bench --scale` end to end on CUDA at n_max 3, 7, auto: 4B F16, 8B F16, the Qwen3.5-style
 #      2.8B-hybrid F16, the Qwen3-30B-A3B-style 4.5B-moe F16, 4B Q4_K_M, 8B Q4_K_M, the Qwen3.5-35B-A3B-style
-#      7B-hybrid-moe F16,
+#      7B-hybrid-moe F16, 4.5B-moe F16 with its experts in RAM (--cpu-moe),
 #      one run (and one JSON) each, as far as the budget goes (with libstdc++ preloaded if only that let a
 #      model load in 3);
 #   5. scripts/trace_auto.py at 4B F16, if time is left.
@@ -95,14 +95,15 @@ else
 fi
 # the --scale runs, most important first; each pair's files are made in this order and announced in
 # $SCALE/ready-<size>-<type> when complete
-RUNS=(${GPU_CHECK_RUNS:-4B:f16 8B:f16 2.8B-hybrid:f16 4.5B-moe:f16 4B:q4_k_m 8B:q4_k_m 7B-hybrid-moe:f16})
+# (size:type, or size:type:flag for the target's placement: 4.5B-moe's experts in RAM, as on a small GPU)
+RUNS=(${GPU_CHECK_RUNS:-4B:f16 8B:f16 2.8B-hybrid:f16 4.5B-moe:f16 4B:q4_k_m 8B:q4_k_m 7B-hybrid-moe:f16 4.5B-moe:f16:--cpu-moe})
 mkdir -p "$SCALE"
 python3 - "$SCALE" "${RUNS[@]}" > "$LOGS/pairs.log" 2>&1 <<'PY' &
 import sys, time
 from pathlib import Path
 from dflash_gguf.bench.inflate import SIZES, ensure_pair
 folder = Path(sys.argv[1])
-for size, t in (run.split(":") for run in sys.argv[2:]):
+for size, t in (run.split(":")[:2] for run in sys.argv[2:]):
     t0 = time.perf_counter()
     ensure_pair(SIZES[size], folder, target_types=(t,), log=print)
     (folder / f"ready-{size}-{t}").touch()
@@ -157,14 +158,14 @@ export DFLASH_LLAMA_SERVER="$SERVER"
 SYSTEMS=ar,ours${SERVER:+,upstream}
 
 for st in "${RUNS[@]}"; do
-  size=${st%:*}; t=${st#*:}
+  IFS=: read -r size t flag <<< "$st"
   stamp "waiting for the $size $t pair"
   until [[ -e "$SCALE/ready-$size-$t" ]] || ! kill -0 $PAIRS_PID 2>/dev/null || (($(date +%s) >= DEADLINE)); do sleep 2; done
   [[ -e "$SCALE/ready-$size-$t" ]] || { echo "pair not ready"; tail -5 "$LOGS/pairs.log"; break; }
-  stamp "dflash bench --scale $size $t (CUDA)"
+  stamp "dflash bench --scale $size $t $flag (CUDA)"
   LD_PRELOAD="$BENCH_PRELOAD" timeout "$(budget 150)" python3 -m dflash_gguf.cli bench --scale --scale-sizes "$size" --scale-types "$t" \
-    --scale-dir "$SCALE" -ngl 99 --threads 4 -n 128 --limit 5 --n-max "${GPU_CHECK_NMAX:-3,7,auto}" --systems "$SYSTEMS" --no-progress \
-    --json "$OUT/scale_${size}_$t.json" 2>&1 | grep -v "^wrote"
+    --scale-dir "$SCALE" -ngl 99 ${flag:+"$flag"} --threads 4 -n 128 --limit 5 --n-max "${GPU_CHECK_NMAX:-3,7,auto}" --systems "$SYSTEMS" \
+    --no-progress --json "$OUT/scale_${size}_$t${flag//-/_}.json" 2>&1 | grep -v "^wrote"
 done
 # what auto mode chose on CUDA, step by step (it drafted shorter than the best fixed n_max there), if
 # the budget leaves time

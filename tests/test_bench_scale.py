@@ -52,6 +52,7 @@ def scale_json(
         n_predict=12,
         limit=2,
         threads=1,
+        placement={"cpu_moe": True},  # no experts here: what is checked is that every system gets it
         progress=False,
         log=lambda m: None,
         on_progress=lambda r: partial.append(json.loads(json.dumps(r))),
@@ -75,6 +76,15 @@ def monkeypatch_module() -> Any:
     mp = pytest.MonkeyPatch()
     yield mp
     mp.undo()
+
+
+def test_the_placement_reaches_every_bench(scale_json: dict[str, Any]) -> None:
+    """--scale's --cpu-moe / --n-cpu-moe / -ot go to ours and llama-server in every target type's bench."""
+    assert scale_json["meta"]["placement"] == {"cpu_moe": True}
+    assert len(scale_json["_raw"]) == len(TYPES)
+    for raw in scale_json["_raw"]:
+        assert raw["meta"]["cpu_moe"] is True and "--cpu-moe" in raw["meta"]["server_args"]
+    assert "target on CPU --cpu-moe" in format_table(scale_json)
 
 
 def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:

@@ -543,16 +543,11 @@ def bench(
                 ("--draft", draft),
                 ("--prompts", prompts),
                 ("--plot", plot_out),
-                ("--override-tensor", override_tensor),
-                ("--cpu-moe", cpu_moe),
-                ("--n-cpu-moe", n_cpu_moe),
             )
             if v
         ]
         if given:
-            raise click.UsageError(
-                f"--scale generates its own models and prompts and places them whole; drop {', '.join(given)}"
-            )
+            raise click.UsageError(f"--scale generates its own models and prompts; drop {', '.join(given)}")
         _bench_scale(
             scale_sizes,
             scale_types,
@@ -564,6 +559,7 @@ def bench(
             threads,
             n_gpu_layers,
             device,
+            {"override_tensor": list(override_tensor), "cpu_moe": cpu_moe, "n_cpu_moe": n_cpu_moe},
             json_out,
             not no_progress,
         )
@@ -624,6 +620,7 @@ def _bench_scale(
     threads: int,
     n_gpu_layers: int,
     device: str,
+    placement: dict[str, Any],
     json_out: str | None,
     progress: bool,
 ) -> None:
@@ -646,6 +643,7 @@ def _bench_scale(
             threads=threads,
             n_gpu_layers=n_gpu_layers,
             device=device,
+            placement=placement,
             progress=progress,
             # each target type's rows as soon as they are measured: a later one may fail, or be killed
             on_progress=(lambda partial: bs.write_json(partial, json_out)) if json_out else lambda partial: None,

@@ -114,13 +114,15 @@ def run_scale(
     n_gpu_layers: int = 0,
     device: str = "auto",
     systems: list[str] | None = None,
+    placement: dict[str, Any] | None = None,
     progress: bool = True,
     source: Path | None = None,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
     on_progress: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
-    """Generate (or reuse) every size's inflated pair and run the three-way bench on each target type;
-    the result is what --json writes. `on_progress` gets the result so far after each target type (goals
+    """Generate (or reuse) every size's inflated pair and run the three-way bench on each target type (the
+    targets' weights placed by `placement`: BenchOptions' override_tensor, cpu_moe, n_cpu_moe); the result
+    is what --json writes. `on_progress` gets the result so far after each target type (goals
     judged on the rows so far), so that what was measured outlives a later failure."""
     folder = folder or default_scale_dir()
     source = source or tinycode_dir()
@@ -137,6 +139,7 @@ def run_scale(
             "threads": threads,
             "n_gpu_layers": n_gpu_layers,
             "device": device,
+            "placement": placement or {},
             "scale_dir": str(folder),
             "host": platform.node(),
             "machine": platform.machine(),
@@ -185,6 +188,7 @@ def run_scale(
                 limit=limit,
                 progress=progress,
                 **({"systems": systems} if systems else {}),
+                **(placement or {}),
             )
             log(f"[scale] {s.name} {t.upper()} target: {' / '.join(o.systems)} at n_max {', '.join(map(str, n_maxes))}")
             bench = run_bench(o, log)
@@ -262,6 +266,11 @@ _ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid", "qwen3moe": "Qwen3 
 def format_table(result: dict[str, Any]) -> str:
     m = result["meta"]
     where = f"target -ngl {m['n_gpu_layers']}" if m["n_gpu_layers"] else "target on CPU"
+    placed = m.get("placement") or {}
+    where += "".join(f" -ot {ot}" for ot in placed.get("override_tensor", []))
+    where += " --cpu-moe" * bool(placed.get("cpu_moe")) + f" --n-cpu-moe {placed.get('n_cpu_moe')}" * bool(
+        placed.get("n_cpu_moe")
+    )
     lines = [
         f"dflash bench --scale: inflated tinycode pairs, {m['threads']} threads, {where}, greedy, "
         f"{m['limit'] or 'all'} prompts x {m['n_predict']} tokens, drafter {m['draft_type']}"
