@@ -56,6 +56,12 @@ def parse_systems(value: str | Sequence[str]) -> list[str]:
     return ordered
 
 
+def placement_flags(override_tensor: Sequence[str] = (), cpu_moe: bool = False, n_cpu_moe: int = 0) -> list[str]:
+    """llama-server's flags for where the target's weights go (ours gets the same values)."""
+    flags = [a for ot in override_tensor for a in ("-ot", ot)] + ["--cpu-moe"] * cpu_moe
+    return flags + ["--n-cpu-moe", str(n_cpu_moe)] * (n_cpu_moe > 0)
+
+
 def load_prompts(path: str | Path, limit: int | None = None) -> list[dict[str, str]]:
     """JSONL with a "text" (or "prompt") field per line; "id" optional."""
     prompts = []

@@ -33,7 +33,7 @@ from .inflate import (
     format_count,
     tinycode_dir,
 )
-from .options import BenchError, BenchOptions, NMax, parse_n_max
+from .options import BenchError, BenchOptions, NMax, parse_n_max, placement_flags
 from .three_way import run_bench
 
 DEFAULT_SIZES = "0.6B,1.7B"
@@ -266,11 +266,7 @@ _ARCH_NAMES = {"qwen3": "Qwen3", "qwen35": "Qwen3.5 hybrid", "qwen3moe": "Qwen3 
 def format_table(result: dict[str, Any]) -> str:
     m = result["meta"]
     where = f"target -ngl {m['n_gpu_layers']}" if m["n_gpu_layers"] else "target on CPU"
-    placed = m.get("placement") or {}
-    where += "".join(f" -ot {ot}" for ot in placed.get("override_tensor", []))
-    where += " --cpu-moe" * bool(placed.get("cpu_moe")) + f" --n-cpu-moe {placed.get('n_cpu_moe')}" * bool(
-        placed.get("n_cpu_moe")
-    )
+    where += "".join(" " + flag for flag in placement_flags(**m.get("placement", {})))
     lines = [
         f"dflash bench --scale: inflated tinycode pairs, {m['threads']} threads, {where}, greedy, "
         f"{m['limit'] or 'all'} prompts x {m['n_predict']} tokens, drafter {m['draft_type']}"

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .._core import default_cpu_threads
-from .options import BenchError, BenchOptions, NMax, load_prompts, parse_n_max, parse_systems
+from .options import BenchError, BenchOptions, NMax, load_prompts, parse_n_max, parse_systems, placement_flags
 from .progress import progress_bar
 from .summary import compare_auto_with_fixed, summarize_config
 from .upstream import UpstreamServer, cpu_has_amx, find_server_binary, gguf_is_quantized, missing_server_message
@@ -159,8 +159,7 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
     prompts = load_prompts(o.prompts, o.limit)
 
     server_bin: Path | None = None
-    server_extra = [a for ot in o.override_tensor for a in ("-ot", ot)] + list(o.server_args)
-    server_extra += ["--cpu-moe"] * o.cpu_moe + ["--n-cpu-moe", str(o.n_cpu_moe)] * (o.n_cpu_moe > 0)
+    server_extra = placement_flags(o.override_tensor, o.cpu_moe, o.n_cpu_moe) + list(o.server_args)
     notes: list[str] = []
     if any(s.startswith("upstream") for s in systems):
         server_bin = find_server_binary(o.server_binary)
