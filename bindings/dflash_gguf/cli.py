@@ -538,12 +538,7 @@ def bench(
     if scale:
         given = [
             name
-            for name, v in (
-                ("--target", target),
-                ("--draft", draft),
-                ("--prompts", prompts),
-                ("--plot", plot_out),
-            )
+            for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts), ("--plot", plot_out))
             if v
         ]
         if given:

@@ -718,20 +718,12 @@ def _layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
         out[p + "ffn_gate_exps.weight"] = (E, eff, H)
         out[p + "ffn_up_exps.weight"] = (E, eff, H)
         out[p + "ffn_down_exps.weight"] = (E, H, eff)
-        out.update(_shared_expert_shapes(s, i))
+        if s.shared_ff:
+            out[p + "ffn_gate_inp_shexp.weight"] = (H,)
+            out[p + "ffn_gate_shexp.weight"] = (s.shared_ff, H)
+            out[p + "ffn_up_shexp.weight"] = (s.shared_ff, H)
+            out[p + "ffn_down_shexp.weight"] = (H, s.shared_ff)
     return out
-
-
-def _shared_expert_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
-    p, H, ff = f"blk.{i}.", s.hidden, s.shared_ff
-    if not ff:
-        return {}
-    return {
-        p + "ffn_gate_inp_shexp.weight": (H,),
-        p + "ffn_gate_shexp.weight": (ff, H),
-        p + "ffn_up_shexp.weight": (ff, H),
-        p + "ffn_down_shexp.weight": (H, ff),
-    }
 
 
 def _dense_layer_shapes(s: ScaleSize, i: int) -> dict[str, tuple[int, ...]]:
