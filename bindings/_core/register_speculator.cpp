@@ -92,6 +92,13 @@ std::function<void(const std::vector<int32_t> &, float *, uint32_t)> wrap_logits
     };
 }
 
+bool is_gumbel(const std::string & sampler) {
+    if (sampler != "rejection" && sampler != "gumbel") {
+        throw py::value_error("sampler must be 'rejection' or 'gumbel', got '" + sampler + "'");
+    }
+    return sampler == "gumbel";
+}
+
 dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std::string & draft_q, bool fallback,
                                        const std::string & sampler) {
     dflash::SpeculatorOptions o;
@@ -99,25 +106,26 @@ dflash::SpeculatorOptions spec_options(uint32_t n_max, bool adaptive, const std:
     o.adaptive = adaptive;
     o.draft_q = parse_q(draft_q);
     o.fallback = fallback;
-    if (sampler != "rejection" && sampler != "gumbel") {
-        throw py::value_error("sampler must be 'rejection' or 'gumbel', got '" + sampler + "'");
-    }
-    o.gumbel = sampler == "gumbel";
+    o.gumbel = is_gumbel(sampler);
     return o;
+}
+
+// The most drafted tokens a verify holds at the n_max asked for: what libllama's snapshots (each a copy of
+// the recurrent state) must cover; a later, longer n_max rolls back by checkpoint instead.
+uint32_t most_drafted(const dflash::SpeculatorOptions & sopt, uint32_t block_size) {
+    return sopt.n_max > 0 ? std::min(sopt.n_max, block_size - 1) : block_size - 1;
 }
 
 // The drafter shares the target's embedding and LM head, read from the target's GGUF file.
 // Call without the GIL; the drafter is validated before the target is loaded (a bad drafter
 // should not cost a target load).
-// open_target gets the most drafted tokens a verify holds at the n_max asked for: what libllama's snapshots
-// (each a copy of the recurrent state) must cover; a later, longer n_max rolls back by checkpoint instead.
+// open_target gets most_drafted().
 std::unique_ptr<PySpeculator> make_speculator(
     const std::function<std::unique_ptr<dflash::Target>(uint32_t max_draft)> & open_target,
     const std::string & target_path, const std::string & draft, const std::string & device, int n_threads, bool repack,
     const dflash::SpeculatorOptions & sopt) {
     const dflash::DraftFileInfo info = dflash::inspect_draft_file(draft);
-    const uint32_t cap = info.hparams.block_size - 1;
-    auto t = open_target(sopt.n_max > 0 ? std::min(sopt.n_max, cap) : cap);
+    auto t = open_target(most_drafted(sopt, info.hparams.block_size));
     dflash::DrafterOptions dopt;
     dopt.device = device;
     dopt.n_threads = n_threads;
@@ -184,6 +192,29 @@ void register_speculator(py::module_ & m) {
             py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false,
             py::arg("draft_q") = "logits", py::arg("fallback") = true, py::arg("sampler") = "gumbel",
             "Use the model and context of an existing llama_cpp.Llama as the target (they stay owned by it).")
+        .def(
+            "share_weights",
+            [](PySpeculator & p, uint32_t n_max, bool adaptive, std::optional<std::string> draft_q,
+               std::optional<bool> fallback, const std::string & sampler) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                dflash::Speculator & s = live(p);
+                dflash::SpeculatorOptions sopt = s.options();
+                sopt.n_max = n_max;
+                sopt.adaptive = adaptive;
+                if (draft_q) sopt.draft_q = parse_q(*draft_q);
+                if (fallback) sopt.fallback = *fallback;
+                sopt.gumbel = is_gumbel(sampler);
+                py::gil_scoped_release nogil;
+                auto t = s.target().share(most_drafted(sopt, s.drafter().hparams().block_size));
+                auto out = std::make_unique<PySpeculator>();
+                out->s = std::make_unique<dflash::Speculator>(std::move(t), s.drafter().share(), sopt);
+                return out;
+            },
+            py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = py::none(),
+            py::arg("fallback") = py::none(), py::arg("sampler") = "gumbel",
+            "Another Speculator on this one's loaded target and drafter weights, with a target context, draft cache "
+            "and draft-length controller of its own (made with the same options; draft_q and fallback: this one's "
+            "unless given).")
         .def(
             "start",
             [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,

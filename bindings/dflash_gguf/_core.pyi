@@ -138,6 +138,14 @@ class Speculator:
         fallback: bool = True,
         sampler: str = "gumbel",
     ) -> Speculator: ...
+    def share_weights(
+        self,
+        n_max: int = 0,
+        adaptive: bool = False,
+        draft_q: str | None = None,
+        fallback: bool | None = None,
+        sampler: str = "gumbel",
+    ) -> Speculator: ...
     @property
     def target_arch(self) -> str: ...
     @property

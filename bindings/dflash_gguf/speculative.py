@@ -200,6 +200,36 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         llm._ctx._exit_stack.callback(core.close)
         return obj
 
+    def share_weights(
+        self,
+        *,
+        n_max: int | str = "auto",
+        draft_q: str | None = None,
+        fallback: bool | None = None,
+        sampler: str | None = None,
+    ) -> SpeculativeLlama:
+        """Another SpeculativeLlama on this one's loaded target and drafter weights: a target context,
+        draft cache and draft-length controller of its own, made with this one's n_ctx, n_batch, threads,
+        devices and weight placement. The weights stay in memory once, until the last decoder sharing them
+        closes, so several n_max values or samplers cost one model's memory (`dflash bench` runs its n_max
+        configurations so). `draft_q`, `fallback` and `sampler`: this one's unless given. Not for a target
+        adopted by from_llama. Like any SpeculativeLlama, each is used by one thread at a time."""
+        sampler = self.sampler if sampler is None else sampler
+        cap, adaptive = _parse_n_max(n_max)
+        core = self._spec.share_weights(
+            n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback, sampler=sampler
+        )
+        obj = type(self)(
+            self.model_path,
+            self.draft_path,
+            n_max=n_max,
+            last_n_tokens_size=self.last_n_tokens_size,
+            sampler=sampler,
+            _core=core,
+        )
+        obj.n_batch = self.n_batch
+        return obj
+
     def close(self) -> None:
         """Free the target and the drafter now (an adopted Llama's context is handed back as it was
         found, and the Llama stays usable); calls on this object raise after. `with SpeculativeLlama(...)

@@ -107,8 +107,9 @@ private:
 }  // namespace
 
 struct Drafter::Impl {
-    DraftModel model;
-    std::unique_ptr<TargetHead> head;
+    // the weights, held once by every drafter share() made from the one that loaded them
+    std::shared_ptr<DraftModel> model;
+    std::shared_ptr<TargetHead> head;
     ggml_tensor * tok_embd = nullptr;  // drafter's own or the target's
     ggml_tensor * output = nullptr;
     // ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each of those a pass
@@ -183,11 +184,12 @@ struct Drafter::Impl {
     std::vector<uint8_t> inject_meta = std::vector<uint8_t>(meta_bytes());
     DrafterCounters counters;
     size_t inject_reserved = 0;
+    DrafterOptions opts;     // what share() opens its drafter with
     int n_threads = 1;       // CPU threads of injections; block graphs pick theirs (BlockVariant::threads)
     CpuThreads cpu_threads;  // the CPU backend's: the device when it is the CPU, else the fallback
     bool on_cpu() const { return ggml_backend_dev_type(dev) == GGML_BACKEND_DEVICE_TYPE_CPU; }
 
-    const DraftHparams & hp() const { return model.hp(); }
+    const DraftHparams & hp() const { return model->hp(); }
 
     static ggml_context_ptr new_ctx(std::vector<uint8_t> & meta) {
         ggml_init_params p{meta.size(), meta.data(), /*no_alloc =*/true};
@@ -232,7 +234,7 @@ struct Drafter::Impl {
     // one by one to vidx (element e of row r to e * (n_ctx + 1) + idx[r]), computed on the host
     void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, ggml_tensor * h, ggml_tensor * pos,
                   ggml_tensor * idx, ggml_tensor * vidx) {
-        const DraftLayer & l = model.layers[il];
+        const DraftLayer & l = model->layers[il];
         const int64_t n = h->ne[1], width = kv_width();
         ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, h), hp().head_dim, hp().n_head_kv, n);
         k = rope(ctx, rms_norm(ctx, k, l.k_norm), pos);
@@ -256,7 +258,7 @@ struct Drafter::Impl {
 
     // context rows: g = hidden_norm(fc(features)) [E, n], whose K/V each layer stores
     ggml_tensor * context_rows(ggml_context * ctx, ggml_tensor * feat) const {
-        return rms_norm(ctx, ggml_mul_mat(ctx, model.fc, feat), model.hidden_norm);
+        return rms_norm(ctx, ggml_mul_mat(ctx, model->fc, feat), model->hidden_norm);
     }
 
     struct InjectGraph {
@@ -356,7 +358,7 @@ struct Drafter::Impl {
         if (h.embedding_scale != 0.0f) x = ggml_scale(ctx, x, h.embedding_scale);
 
         for (uint32_t il = 0; il < h.n_layer; ++il) {
-            const DraftLayer & l = model.layers[il];
+            const DraftLayer & l = model->layers[il];
             ggml_tensor * hcur = rms_norm(ctx, x, l.attn_norm);
             ConvCoef c_attn{};
             if (h.version == 2) {
@@ -409,7 +411,7 @@ struct Drafter::Impl {
         }
 
         // the LM head (the costliest matmul at a real vocabulary) only for the rows asked for
-        ggml_tensor * h_final = rms_norm(ctx, x, model.output_norm);  // [E, B]
+        ggml_tensor * h_final = rms_norm(ctx, x, model->output_norm);  // [E, B]
         ggml_tensor * h_head =
             ggml_view_2d(ctx, h_final, h.n_embd, head_rows, h_final->nb[1], head_first * h_final->nb[1]);
         const bool pad_row = head_rows_by_4 && head_rows % 4 == 3;
@@ -438,15 +440,15 @@ struct Drafter::Impl {
             ggml_tensor * unary_rows = ggml_get_rows(ctx, ggml_reshape_3d(ctx, lg, 1, V, rows), cand);  // [1, k, rows]
             ggml_tensor * unary = ggml_reshape_3d(ctx, unary_rows, k, 1, rows);
             ggml_tensor * hf = ggml_view_2d(ctx, h_final, h.n_embd, rows, h_final->nb[1], h_final->nb[1]);
-            ggml_tensor * gate = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, model.sel_hidden, hf), R, 1, rows);
+            ggml_tensor * gate = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, model->sel_hidden, hf), R, 1, rows);
             ggml_tensor * succ = ggml_reshape_3d(
-                ctx, ggml_get_rows(ctx, model.sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
+                ctx, ggml_get_rows(ctx, model->sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
             bg.anchor = input(ctx, GGML_TYPE_I32, 1, 0, "inp_anchor");
             ggml_tensor * pred =
-                ggml_repeat_4d(ctx, ggml_get_rows(ctx, model.sel_prev, bg.anchor), R, k, 1, 1);  // row 1
+                ggml_repeat_4d(ctx, ggml_get_rows(ctx, model->sel_prev, bg.anchor), R, k, 1, 1);  // row 1
             if (rows > 1) {
                 ggml_tensor * prev_ids = ggml_view_1d(ctx, cand, k * (rows - 1), 0);  // candidates of rows 1..rows-1
-                ggml_tensor * p = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model.sel_prev, prev_ids), R, k, rows - 1);
+                ggml_tensor * p = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model->sel_prev, prev_ids), R, k, rows - 1);
                 pred = ggml_concat(ctx, pred, p, 2);  // [R, k, rows]
             }
             ggml_tensor * cond = ggml_mul(ctx, pred, gate);        // [R, k pred, rows]
@@ -617,35 +619,71 @@ struct Drafter::Impl {
         pending.clear();
     }
 
+    void open_device(ggml_backend_dev_t device, const DrafterOptions & o) {
+        opts = o;
+        dev = device;
+        backend.reset(ggml_backend_dev_init(dev, nullptr));
+        if (!backend) throw Error(std::string("cannot initialise device ") + ggml_backend_dev_name(dev));
+        n_threads = o.n_threads > 0 ? o.n_threads : default_cpu_threads();
+        backends = {backend.get()};
+        if (!on_cpu()) {
+            backend_cpu.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
+            backends.push_back(backend_cpu.get());
+        }
+        cpu_conv_op = on_cpu() && !std::getenv("DFLASH_PORTABLE_GRAPH");
+        cpu_threads.bind(backends.back());
+        cpu_threads.set(n_threads);
+    }
+
+    // the draft cache of opts.n_ctx rows and the schedulers, once the weights are there
+    void open_cache() {
+        const DraftHparams & h = hp();
+        if (opts.n_ctx < 2 * h.block_size || opts.n_ctx > (1u << 20)) {
+            throw Error("n_ctx " + std::to_string(opts.n_ctx) + " is out of range (" +
+                        std::to_string(2 * h.block_size) + "..1048576)");
+        }
+        n_ctx = opts.n_ctx;
+        if (opts.kv_type != GGML_TYPE_F16 && opts.kv_type != GGML_TYPE_F32) {
+            throw Error(std::string("the draft cache's type must be f16 or f32, not ") + ggml_type_name(opts.kv_type));
+        }
+        {
+            ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
+            cache_ctx.reset(ggml_init(ip));
+            for (uint32_t il = 0; il < h.n_layer; ++il) {
+                cache_k.push_back(
+                    ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, n_ctx + 1));
+                cache_v.push_back(
+                    ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, n_ctx + 1, h.head_dim, h.n_head_kv));
+            }
+            cache_buf.reset(
+                ggml_backend_alloc_ctx_tensors_from_buft(cache_ctx.get(), ggml_backend_dev_buffer_type(dev)));
+            if (!cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(n_ctx) + " rows)");
+            ggml_backend_buffer_clear(cache_buf.get(), 0);
+        }
+
+        sched_inject = new_sched();
+        reserve();
+    }
+
     OpProfile profile;  // DFLASH_PROFILE=1 only
     NodeDump dump{std::getenv("DFLASH_DUMP_NODES")};
 };
 
+Drafter::Drafter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
 Drafter::Drafter(const std::string & draft_path, const std::string & target_path, const DrafterOptions & opts) :
     impl_(std::make_unique<Impl>()) {
     Impl & m = *impl_;
-    m.dev = pick_device(opts.device);
-    m.backend.reset(ggml_backend_dev_init(m.dev, nullptr));
-    if (!m.backend) throw Error(std::string("cannot initialise device ") + ggml_backend_dev_name(m.dev));
-    const int n_threads = opts.n_threads > 0 ? opts.n_threads : default_cpu_threads();
-    m.n_threads = n_threads;
-    m.backends = {m.backend.get()};
-    if (!m.on_cpu()) {
-        m.backend_cpu.reset(ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr));
-        m.backends.push_back(m.backend_cpu.get());
-    }
-    m.cpu_conv_op = m.on_cpu() && !std::getenv("DFLASH_PORTABLE_GRAPH");
-    m.cpu_threads.bind(m.backends.back());
-    m.cpu_threads.set(n_threads);
+    m.open_device(pick_device(opts.device), opts);
 
     const std::vector<ggml_backend_buffer_type_t> repacking =
         m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{};
-    m.model = load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev), repacking);
+    m.model =
+        std::make_shared<DraftModel>(load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev), repacking));
     const DraftHparams & h = m.hp();
-
-    if (m.model.tok_embd && m.model.output) {
-        m.tok_embd = m.model.tok_embd;
-        m.output = m.model.output;
+    if (m.model->tok_embd && m.model->output) {
+        m.tok_embd = m.model->tok_embd;
+        m.output = m.model->output;
     }
     if (!target_path.empty()) {
         m.head = load_target_head(target_path, m.dev);
@@ -672,56 +710,45 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
             m.tok_embd = m.head->tok_embd;
             m.output = m.head->output;
         }
-        m.model.hp().n_vocab = m.head->n_vocab;
+        m.model->hp().n_vocab = m.head->n_vocab;
     }
     if (!m.tok_embd) {
         throw Error(draft_path + ": the drafter carries no token embedding / LM head, so a target GGUF is required");
     }
-    if (m.model.hp().n_vocab == 0) m.model.hp().n_vocab = (uint32_t)m.output->ne[1];
+    if (m.model->hp().n_vocab == 0) m.model->hp().n_vocab = (uint32_t)m.output->ne[1];
     m.head_rows_by_4 = m.output->buffer && std::find(repacking.begin(), repacking.end(),
                                                      ggml_backend_buffer_get_type(m.output->buffer)) != repacking.end();
-    if ((uint32_t)h.mask_token_id >= m.model.hp().n_vocab) {
+    if ((uint32_t)h.mask_token_id >= m.model->hp().n_vocab) {
         throw Error(draft_path + ": tokenizer.ggml.mask_token_id " + std::to_string(h.mask_token_id) +
-                    " is outside the vocabulary (" + std::to_string(m.model.hp().n_vocab) + ")");
+                    " is outside the vocabulary (" + std::to_string(m.model->hp().n_vocab) + ")");
     }
 
-    if (opts.n_ctx < 2 * h.block_size || opts.n_ctx > (1u << 20)) {
-        throw Error("n_ctx " + std::to_string(opts.n_ctx) + " is out of range (" + std::to_string(2 * h.block_size) +
-                    "..1048576)");
-    }
-    m.n_ctx = opts.n_ctx;
-    if (opts.kv_type != GGML_TYPE_F16 && opts.kv_type != GGML_TYPE_F32) {
-        throw Error(std::string("the draft cache's type must be f16 or f32, not ") + ggml_type_name(opts.kv_type));
-    }
-    {
-        ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
-        m.cache_ctx.reset(ggml_init(ip));
-        for (uint32_t il = 0; il < h.n_layer; ++il) {
-            m.cache_k.push_back(
-                ggml_new_tensor_3d(m.cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, m.n_ctx + 1));
-            m.cache_v.push_back(
-                ggml_new_tensor_3d(m.cache_ctx.get(), opts.kv_type, m.n_ctx + 1, h.head_dim, h.n_head_kv));
-        }
-        m.cache_buf.reset(
-            ggml_backend_alloc_ctx_tensors_from_buft(m.cache_ctx.get(), ggml_backend_dev_buffer_type(m.dev)));
-        if (!m.cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(m.n_ctx) + " rows)");
-        ggml_backend_buffer_clear(m.cache_buf.get(), 0);
-    }
+    m.open_cache();
+}
 
-    m.sched_inject = m.new_sched();
-    m.reserve();
+std::unique_ptr<Drafter> Drafter::share() const {
+    const Impl & src = *impl_;
+    auto m = std::make_unique<Impl>();
+    m->open_device(src.dev, src.opts);
+    m->model = src.model;
+    m->head = src.head;
+    m->tok_embd = src.tok_embd;
+    m->output = src.output;
+    m->head_rows_by_4 = src.head_rows_by_4;
+    m->open_cache();
+    return std::unique_ptr<Drafter>(new Drafter(std::move(m)));
 }
 
 Drafter::~Drafter() = default;
 
 const DraftHparams & Drafter::hparams() const { return impl_->hp(); }
-const DraftFileInfo & Drafter::info() const { return impl_->model.info; }
+const DraftFileInfo & Drafter::info() const { return impl_->model->info; }
 uint32_t Drafter::n_vocab() const { return impl_->hp().n_vocab; }
 uint32_t Drafter::n_ctx() const { return impl_->n_ctx; }
 uint32_t Drafter::n_cached() const { return impl_->n_cached + impl_->n_pending; }
 std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->dev); }
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
-size_t Drafter::repacked_weights() const { return impl_->model.repacked_weights; }
+size_t Drafter::repacked_weights() const { return impl_->model->repacked_weights; }
 const DrafterCounters & Drafter::counters() const { return impl_->counters; }
 
 void Drafter::inject(const float * features, const int32_t * positions, uint32_t n) {

@@ -155,6 +155,11 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     if (!model_) {
         throw Error(path + ": libllama could not load the target model (see its log above)");
     }
+    shared_model_.reset(model_, llama_model_free);
+    open_context(path, opts);
+}
+
+void Target::open_context(const std::string & path, const TargetOptions & opts) {
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = opts.n_ctx;
     cp.n_batch = opts.n_batch;
@@ -167,11 +172,25 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     cp.flash_attn_type = target_flash_attn(opts.n_gpu_layers);
     ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
-        llama_model_free(model_);
         throw Error(path + ": libllama could not create a context (n_ctx " + std::to_string(opts.n_ctx) + ")");
     }
     owns_ = true;
+    path_ = path;
+    opts_ = opts;
     init_common();
+}
+
+std::unique_ptr<Target> Target::share(uint32_t n_rs_seq) const {
+    if (!shared_model_) {
+        throw Error("an adopted target's model belongs to its llama_cpp.Llama: it cannot be shared");
+    }
+    std::unique_ptr<Target> t(new Target());
+    t->model_ = model_;
+    t->shared_model_ = shared_model_;
+    TargetOptions opts = opts_;
+    opts.n_rs_seq = n_rs_seq;
+    t->open_context(path_, opts);
+    return t;
 }
 
 Target::Target(llama_model * model, llama_context * ctx) : model_(model), ctx_(ctx), owns_(false) {
@@ -196,10 +215,9 @@ void Target::init_common() {
 
 Target::~Target() {
     llama_batch_free(batch_);
-    if (owns_) {
+    if (owns_) {  // the model goes with the last target sharing it (shared_model_)
         for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t)lid, false);
         llama_free(ctx_);
-        llama_model_free(model_);
     } else {
         // hand the adopted context back as we found it
         for (int32_t lid : layers_) llama_set_embeddings_layer_inp(ctx_, (uint32_t)lid, false);

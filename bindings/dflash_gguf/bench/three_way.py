@@ -9,7 +9,8 @@ Three systems decode the same prompts with the same GGUF files:
 - ``upstream-ar`` (optional): the same server without the drafter.
 
 Runs are interleaved prompt by prompt so that machine drift hits all systems alike: every
-configuration (one per ``--n-max`` value, each with its own model and server, all loaded at once)
+configuration (one per ``--n-max`` value, each with its own server and its own target context and
+drafter on weights all of ours share, all loaded at once)
 decodes each prompt run right after the others, in an order rotated from run to run, and ``ar``
 decodes it once as the baseline of them all. Speedups are ratios to that ``ar`` run, so two n_max
 values compare on the same prompt runs minutes apart at most. Each model and server gets one
@@ -218,7 +219,9 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
     }
 
     with ExitStack() as stack:
-        configs = [_open_config(o, n_max, systems, server_bin, server_extra, threads, stack) for n_max in n_maxes]
+        configs: list[_Config] = []
+        for n_max in n_maxes:
+            configs.append(_open_config(o, n_max, systems, server_bin, server_extra, threads, stack, configs))
         result["configs"] = [c.record for c in configs]
         if len(configs) > 1:
             notes.append(
@@ -239,7 +242,8 @@ _SHARED_SYSTEMS = ("ar", "upstream-ar")
 
 @dataclass
 class _Config:
-    """One --n-max value: its own model (auto's controller learns only from its own steps) and servers."""
+    """One --n-max value: its own target context, drafter (auto's controller learns only from its own steps)
+    and servers."""
 
     n_max: NMax
     llm: Any
@@ -255,8 +259,10 @@ def _open_config(
     server_extra: list[str],
     threads: int,
     stack: ExitStack,
+    opened: list[_Config],
 ) -> _Config:
-    llm = _make_llm(o, n_max, threads)
+    # the weights are loaded once: a Q4_K_M target repacks into memory of its own per load
+    llm = opened[0].llm.share_weights(n_max=n_max) if opened else _make_llm(o, n_max, threads)
     stack.callback(llm.close)
     record: dict[str, Any] = {
         "n_max": n_max,
@@ -289,7 +295,7 @@ def _run_interleaved(
 ) -> None:
     # ar decodes on a fixed length's model, where no step timing decides a length; with auto alone, on its own
     fixed = [c.llm for c in configs if c.n_max != "auto"]
-    ar_llm = fixed[0] if fixed else _make_llm(o, 0, threads)
+    ar_llm = fixed[0] if fixed else configs[0].llm.share_weights(n_max=0)
     if not fixed:
         stack.callback(ar_llm.close)
     shared = stack.enter_context(

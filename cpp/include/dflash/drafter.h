@@ -65,6 +65,9 @@ public:
     ~Drafter();
     Drafter(const Drafter &) = delete;
     Drafter & operator=(const Drafter &) = delete;
+    // Another drafter on this one's weights (the drafter's and the target head it read), on the same device
+    // with the same options and an empty cache of its own; the weights are freed with the last of them.
+    std::unique_ptr<Drafter> share() const;
 
     const DraftHparams & hparams() const;
     const DraftFileInfo & info() const;
@@ -98,6 +101,7 @@ public:
 
 private:
     struct Impl;
+    explicit Drafter(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };
 

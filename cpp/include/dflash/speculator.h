@@ -84,6 +84,7 @@ public:
     void set_n_max(uint32_t n, bool adaptive);
     uint32_t n_max() const { return n_max_; }
     bool adaptive() const { return opts_.adaptive; }
+    const SpeculatorOptions & options() const { return opts_; }
     // the controller's current view: per-position acceptance and expected cost of k drafts
     std::vector<double> acceptance_estimate() const;
     double expected_step_ms(uint32_t k) const;

@@ -4,6 +4,7 @@
 // rollback by the target's memory kind. Either owns its model/context or
 // adopts those of an existing llama_cpp.Llama.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,9 @@ class Target {
 public:
     Target(const std::string & path, const TargetOptions & opts);
     Target(llama_model * model, llama_context * ctx);  // adopt (not freed here)
+    // Another target on this one's loaded model (its weights held once, freed with the last target sharing
+    // them) with a context of its own, made with the same options but n_rs_seq; throws for an adopted target.
+    std::unique_ptr<Target> share(uint32_t n_rs_seq) const;
     ~Target();
     Target(const Target &) = delete;
     Target & operator=(const Target &) = delete;
@@ -113,6 +117,8 @@ public:
     bool is_eog(int32_t tok) const { return llama_vocab_is_eog(vocab_, tok); }
 
 private:
+    Target() = default;                                                       // share()'s
+    void open_context(const std::string & path, const TargetOptions & opts);  // a context of our own on model_
     void init_common();
     // decodes a chunk of at most n_batch tokens (logits for every row, or for last_row alone); throws when
     // libllama refuses it
@@ -128,8 +134,11 @@ private:
     void save_checkpoint(Checkpoint c);  // of the sequence as it is now, into c.bytes (reusing its capacity)
 
     llama_model * model_ = nullptr;
+    std::shared_ptr<llama_model> shared_model_;  // model_ when loaded here (null when adopted)
     llama_context * ctx_ = nullptr;
-    bool owns_ = false;
+    bool owns_ = false;  // of ctx_
+    std::string path_;   // the file and the options ctx_ was made with, for share()
+    TargetOptions opts_;
     const llama_vocab * vocab_ = nullptr;
     uint32_t n_vocab_ = 0, n_embd_ = 0, n_layer_ = 0, n_batch_ = 0;
     std::vector<int32_t> layers_;
