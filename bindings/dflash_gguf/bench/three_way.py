@@ -10,10 +10,9 @@ Three systems decode the same prompts with the same GGUF files:
 
 Runs are interleaved prompt by prompt so that machine drift hits all systems alike: every
 configuration (one per ``--n-max`` value, each with its own server and its own target context and
-drafter on weights all of ours share, all loaded at once)
-decodes each prompt run right after the others, in an order rotated from run to run, and ``ar``
-decodes it once as the baseline of them all. Speedups are ratios to that ``ar`` run, so two n_max
-values compare on the same prompt runs minutes apart at most. Each model and server gets one
+drafter on the weights all of ours share, all loaded at once) decodes each prompt run right after the
+others, in an order rotated from run to run, and ``ar`` decodes it once as the baseline of them all. Speedups are ratios to that ``ar`` run, so two n_max
+values compare on the same prompt runs minutes apart at most. Each configuration and server gets one
 warm-up request that is not counted.
 """
 
@@ -319,7 +318,7 @@ def _run_interleaved(
     bar = progress_bar(len(units) * (o.repeat * len(prompts) + 1), o.progress)
     try:
         bar.set_description("warm-up")
-        for unit in units:  # one request per model and server, not counted
+        for unit in units:  # one request per configuration and server, not counted
             one(unit, token_lists[0], _seed_for(o.seed, 0, -1))
             bar.update(1)
         for rnd in range(o.repeat):
