@@ -4,6 +4,7 @@ requests get a 400 (before any byte of a stream) and the server keeps serving.""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -22,7 +23,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
-from dflash_gguf.server import serving  # noqa: E402
+from dflash_gguf.server import DFlashServer, make_server, serving  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
@@ -308,6 +309,8 @@ def test_cli_serves_until_interrupted() -> None:
         "tiny-cli",
         "--cache-ram",
         "16",
+        "-np",
+        "2",
         "--port",
     ]
     # SIGINT at its default: a suite started in the background (CI) passes it on ignored
@@ -316,7 +319,7 @@ def test_cli_serves_until_interrupted() -> None:
     )
     try:
         line = proc.stderr.readline()  # type: ignore[union-attr]
-        found = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/v1 \(2 slots;", line)
         assert found, line
         port = int(found.group(1))
         status, models = request(port, "GET", "/v1/models")
@@ -368,3 +371,63 @@ def test_connections_are_kept_alive(port: int) -> None:
     resp = conn.getresponse()
     assert resp.will_close and resp.read().endswith(b"data: [DONE]\n\n")
     conn.close()
+
+
+@contextlib.contextmanager
+def _running(server: DFlashServer) -> Iterator[int]:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _complete(port: int, i: int, out: dict[int, Any]) -> None:
+    out[i] = request(port, "POST", "/v1/completions", {"prompt": prompts()[i]["text"], "max_tokens": 24, **GREEDY})[1]
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_request_waits_only_while_every_slot_is_busy(parallel: int) -> None:
+    """--parallel N: N generations at once, each in a slot with a context of its own on the one model."""
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
+        want = llm.create_completion(prompts()[5]["text"], max_tokens=24, **GREEDY)["choices"][0]["text"]
+        server = make_server(llm, port=0, parallel=parallel)
+        assert len(server.slots) == parallel and all(s.n_max == 3 and s.n_ctx() == 512 for s in server.slots)
+        with _running(server) as port:
+            got: dict[int, Any] = {}
+            with server.slot() as busy:  # a generation under way in one slot (the first: llm)
+                asker = threading.Thread(target=_complete, args=(port, 5, got))
+                asker.start()
+                asker.join(30 if parallel > 1 else 1)
+                assert (5 in got) == (parallel > 1)  # served by the other slot, or waiting for this one
+            asker.join(60)
+            assert busy is llm and got[5]["choices"][0]["text"] == want
+        assert parallel == 1 or server.slots[1]._spec.closed  # the server's own slots go with it, llm stays
+        assert not llm._spec.closed
+
+
+def test_slots_share_the_saved_contexts_and_serve_concurrent_requests() -> None:
+    from llama_cpp import LlamaRAMCache
+
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
+        want = {
+            i: llm.create_completion(prompts()[i]["text"], max_tokens=24, **GREEDY)["choices"][0]["text"]
+            for i in range(6)
+        }
+        llm.set_cache(LlamaRAMCache(capacity_bytes=64 << 20))
+        server = make_server(llm, port=0, parallel=2)
+        with _running(server) as port:
+            got: dict[int, Any] = {}
+            _complete(port, 0, got)  # in the first slot, which saves its context to the cache
+            with server.slot() as busy:  # that slot busy: the same prompt again goes to the other one
+                assert busy is llm
+                _complete(port, 0, got)
+            assert got[0]["choices"][0]["text"] == want[0]
+            assert got[0]["timings"]["prompt_n"] == 1  # the other slot's context came from the shared cache
+            threads = [threading.Thread(target=_complete, args=(port, i, got)) for i in range(6)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert {i: r["choices"][0]["text"] for i, r in got.items()} == want

@@ -379,8 +379,24 @@ def generate(
     help="Chats' default, as llama-server's: deepseek/auto = a reasoning model's "
     "<think> text in message.reasoning_content; none = left in the content.",
 )
+@click.option(
+    "-np",
+    "--parallel",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Generations served at once, each in a slot with its own context on the one loaded model "
+    "(llama-server's --parallel); more requests wait for a free slot. Each slot uses --threads threads.",
+)
 def serve(
-    host: str, port: int, alias: str | None, api_key: str | None, cache_ram: int, reasoning_format: str, **model: Any
+    host: str,
+    port: int,
+    alias: str | None,
+    api_key: str | None,
+    cache_ram: int,
+    reasoning_format: str,
+    parallel: int,
+    **model: Any,
 ) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
     from .server import make_server
@@ -391,13 +407,13 @@ def serve(
             from llama_cpp import LlamaRAMCache
 
             llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
-        server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key, reasoning_format)
+        server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key, reasoning_format, parallel)
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]
     click.echo(
         f"[dflash] serving {Path(model['target']).name} + {Path(model['draft']).name} on http://{h}:{p}/v1 "
-        f"(Ctrl-C stops)",
+        f"({parallel} slot{'s' if parallel > 1 else ''}; Ctrl-C stops)",
         err=True,
     )
     try:

@@ -72,7 +72,7 @@ class Handler(JSONEventHandler):
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
             kw = request_kwargs(self.path, body, self.server.reasoning_format) if self.path in FIELDS else {}
-            if tokens is not None:  # no generation: no turn to wait for
+            if tokens is not None:  # no generation: no slot to wait for
                 self._send_json(HTTPStatus.OK, tokens(llm, body))
                 return
             if self.path == "/apply-template":
@@ -81,9 +81,9 @@ class Handler(JSONEventHandler):
         except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
             self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
             return
-        with self.server.turn:
+        with self.server.slot() as llm:
             if self.path in NATIVE:
-                self._native(body, NATIVE[self.path])
+                self._native(llm, body, NATIVE[self.path])
                 return
             # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
             options = body.get("stream_options")
@@ -100,9 +100,9 @@ class Handler(JSONEventHandler):
                 done=True,
             )
 
-    def _native(self, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
+    def _native(self, llm: SpeculativeLlama, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
         """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""
-        llm, model_name = self.server.llm, self.server.model_name
+        model_name = self.server.model_name
         stream = isinstance(body, dict) and bool(body.get("stream"))
         prompt: list[str] = []  # the prompt as text, once made
 

@@ -4,10 +4,12 @@ embedding one in an application or a test."""
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from http.server import ThreadingHTTPServer
+from typing import Any
 
 from ..speculative import SpeculativeLlama
 from .routes import Handler
@@ -15,7 +17,7 @@ from .routes import Handler
 
 class DFlashServer(ThreadingHTTPServer):
     """What every request's handler reads (`self.server`): the model, its name, the key, the chat default,
-    and the lock that makes generations take turns."""
+    and the slots generations take."""
 
     daemon_threads = True
 
@@ -26,14 +28,60 @@ class DFlashServer(ThreadingHTTPServer):
         model_name: str,
         api_key: str | None,
         reasoning_format: str,
+        parallel: int = 1,
     ) -> None:
+        if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+            raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
         self.llm = llm
         self.model_name = model_name
         self.api_key = api_key
         self.reasoning_format = reasoning_format
-        self.turn = threading.Lock()  # one generation at a time; the others wait
+        # one decoder per slot, all on llm's weights; a generation takes a free one or waits for one
+        self.slots = [llm] + [llm.share_weights(n_max=llm.n_max) for _ in range(parallel - 1)]
+        if parallel > 1 and llm.cache is not None:
+            shared = _LockedCache(llm.cache)  # llama_cpp's caches are not safe to use from several threads
+            for s in self.slots:
+                s.cache = shared
+        # the slot freed last first: a single client's next request finds its conversation's prefix there
+        self._free: queue.LifoQueue[SpeculativeLlama] = queue.LifoQueue()
+        for s in reversed(self.slots):
+            self._free.put(s)
         self.created = int(time.time())
         super().__init__(address, Handler)
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[SpeculativeLlama]:
+        """A free decoder for one generation (waiting for one when every slot is busy)."""
+        llm = self._free.get()
+        try:
+            yield llm
+        finally:
+            self._free.put(llm)
+
+    def server_close(self) -> None:
+        super().server_close()
+        for s in self.slots[1:]:  # llm is the caller's
+            s.close()
+
+
+class _LockedCache:
+    """A cache of saved contexts (llama_cpp.LlamaRAMCache) used by several slots' threads, one call at a time."""
+
+    def __init__(self, cache: Any) -> None:
+        self.cache = cache
+        self._lock = threading.Lock()
+
+    def __getitem__(self, key: Sequence[int]) -> Any:
+        with self._lock:
+            return self.cache[key]
+
+    def __setitem__(self, key: Sequence[int], value: Any) -> None:
+        with self._lock:
+            self.cache[key] = value
+
+    def __contains__(self, key: Sequence[int]) -> bool:
+        with self._lock:
+            return key in self.cache
 
 
 def make_server(
@@ -43,12 +91,15 @@ def make_server(
     model_name: str = "dflash",
     api_key: str | None = None,
     reasoning_format: str = "deepseek",
+    parallel: int = 1,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
     `reasoning_format`: chats' default (llama-server's --reasoning-format; "deepseek": a reasoning model's
-    thinking in `reasoning_content`)."""
-    return DFlashServer((host, port), llm, model_name, api_key, reasoning_format)
+    thinking in `reasoning_content`). `parallel`: generations served at once (llama-server's --parallel),
+    each in a slot of its own: a decoder on llm's weights (`share_weights`) with its own context; llm's
+    cache, if set, is shared by them all."""
+    return DFlashServer((host, port), llm, model_name, api_key, reasoning_format, parallel)
 
 
 @contextlib.contextmanager
@@ -59,10 +110,11 @@ def serving(
     host: str = "127.0.0.1",
     port: int = 0,
     reasoning_format: str = "deepseek",
+    parallel: int = 1,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
-    server = make_server(llm, host, port, model_name, api_key, reasoning_format)
+    server = make_server(llm, host, port, model_name, api_key, reasoning_format, parallel)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1]
