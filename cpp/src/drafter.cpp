@@ -646,21 +646,15 @@ struct Drafter::Impl {
         if (opts.kv_type != GGML_TYPE_F16 && opts.kv_type != GGML_TYPE_F32) {
             throw Error(std::string("the draft cache's type must be f16 or f32, not ") + ggml_type_name(opts.kv_type));
         }
-        {
-            ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
-            cache_ctx.reset(ggml_init(ip));
-            for (uint32_t il = 0; il < h.n_layer; ++il) {
-                cache_k.push_back(
-                    ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, n_ctx + 1));
-                cache_v.push_back(
-                    ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, n_ctx + 1, h.head_dim, h.n_head_kv));
-            }
-            cache_buf.reset(
-                ggml_backend_alloc_ctx_tensors_from_buft(cache_ctx.get(), ggml_backend_dev_buffer_type(dev)));
-            if (!cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(n_ctx) + " rows)");
-            ggml_backend_buffer_clear(cache_buf.get(), 0);
+        ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
+        cache_ctx.reset(ggml_init(ip));
+        for (uint32_t il = 0; il < h.n_layer; ++il) {
+            cache_k.push_back(ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, n_ctx + 1));
+            cache_v.push_back(ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, n_ctx + 1, h.head_dim, h.n_head_kv));
         }
-
+        cache_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(cache_ctx.get(), ggml_backend_dev_buffer_type(dev)));
+        if (!cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(n_ctx) + " rows)");
+        ggml_backend_buffer_clear(cache_buf.get(), 0);
         sched_inject = new_sched();
         reserve();
     }

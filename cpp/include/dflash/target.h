@@ -1,8 +1,9 @@
 #pragma once
 // The target model in libllama, seen by the speculator: batched decode with
 // per-row logits and the layer-input features the drafter needs, plus
-// rollback by the target's memory kind. Either owns its model/context or
-// adopts those of an existing llama_cpp.Llama.
+// rollback by the target's memory kind. Either owns its context, on a model it
+// loaded or shares with other targets (share()), or adopts the model and
+// context of an existing llama_cpp.Llama.
 #include <cstdint>
 #include <memory>
 #include <string>
