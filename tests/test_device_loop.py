@@ -81,3 +81,26 @@ def test_a_moe_target_offloaded_with_its_experts_on_the_cpu(capfd: pytest.Captur
     same = sum(a == b for a, b in zip(outs["cpu"], outs[DEVICE]))
     print(f"{same}/{N_NEW} tokens as on the CPU; accepted {accepted[DEVICE]} on {DEVICE}, {accepted['cpu']} on the CPU")
     assert same >= 0.9 * N_NEW and accepted[DEVICE] >= 0.9 * accepted["cpu"]
+
+
+def test_decoders_sharing_weights_on_the_device_draft_alike(ptoks: list[list[int]]) -> None:
+    """share_weights with the target offloaded and the drafter on the device: the shared decoder's drafter
+    computes with the first one's device buffers through a backend of its own, and drafts what a separately
+    loaded one drafts."""
+    kw = dict(n_ctx=N_CTX, n_threads=THREADS, n_gpu_layers=99, device=DEVICE)
+    first = SpeculativeLlama(str(TARGET), str(drafter_gguf("f16")), n_max=2, **kw)  # type: ignore[arg-type]
+    shared = first.share_weights(n_max=5)
+    fresh = SpeculativeLlama(str(TARGET), str(drafter_gguf("f16")), n_max=5, **kw)  # type: ignore[arg-type]
+    assert shared._spec.draft_device == first._spec.draft_device != "CPU"
+    results = []
+    for spec in (shared, fresh):
+        outs, accepted = [], 0
+        for p in ptoks:
+            outs.append(list(spec.generate_tokens(p, max_tokens=N_NEW)))
+            accepted += spec.stats.accepted
+        results.append((outs, accepted))
+    first.close()  # the weights stay with the shared decoder
+    assert list(shared.generate_tokens(ptoks[0], max_tokens=N_NEW)) == results[1][0][0]
+    assert results[0] == results[1] and results[1][1] > 0
+    shared.close()
+    fresh.close()
