@@ -11,9 +11,9 @@ Three systems decode the same prompts with the same GGUF files:
 Runs are interleaved prompt by prompt so that machine drift hits all systems alike: every
 configuration (one per ``--n-max`` value, each with its own server and its own target context and
 drafter on the weights all of ours share, all loaded at once) decodes each prompt run right after the
-others, in an order rotated from run to run, and ``ar`` decodes it once as the baseline of them all. Speedups are ratios to that ``ar`` run, so two n_max
-values compare on the same prompt runs minutes apart at most. Each configuration and server gets one
-warm-up request that is not counted.
+others, in an order rotated from run to run, and ``ar`` decodes it once as the baseline of them all.
+Speedups are ratios to that ``ar`` run, so two n_max values compare on the same prompt runs minutes
+apart at most. Each configuration and server gets one warm-up request that is not counted.
 """
 
 from __future__ import annotations

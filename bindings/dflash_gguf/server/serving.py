@@ -36,8 +36,15 @@ class DFlashServer(ThreadingHTTPServer):
         self.model_name = model_name
         self.api_key = api_key
         self.reasoning_format = reasoning_format
-        # one decoder per slot, all on llm's weights; a generation takes a free one or waits for one
-        self.slots = [llm] + [llm.share_weights(n_max=llm.n_max) for _ in range(parallel - 1)]
+        self.created = int(time.time())
+        self.slots = [llm]
+        super().__init__(address, Handler)  # binds first: a port in use costs no slot a context
+        try:
+            # one decoder per slot, all on llm's weights; a generation takes a free one or waits for one
+            self.slots += [llm.share_weights(n_max=llm.n_max) for _ in range(parallel - 1)]
+        except BaseException:
+            self.server_close()
+            raise
         if parallel > 1 and llm.cache is not None:
             shared = _LockedCache(llm.cache)  # llama_cpp's caches are not safe to use from several threads
             for s in self.slots:
@@ -46,8 +53,6 @@ class DFlashServer(ThreadingHTTPServer):
         self._free: queue.LifoQueue[SpeculativeLlama] = queue.LifoQueue()
         for s in reversed(self.slots):
             self._free.put(s)
-        self.created = int(time.time())
-        super().__init__(address, Handler)
 
     @contextlib.contextmanager
     def slot(self) -> Iterator[SpeculativeLlama]:
@@ -78,10 +83,6 @@ class _LockedCache:
     def __setitem__(self, key: Sequence[int], value: Any) -> None:
         with self._lock:
             self.cache[key] = value
-
-    def __contains__(self, key: Sequence[int]) -> bool:
-        with self._lock:
-            return key in self.cache
 
 
 def make_server(
