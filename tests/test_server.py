@@ -431,3 +431,32 @@ def test_slots_share_the_saved_contexts_and_serve_concurrent_requests() -> None:
             for t in threads:
                 t.join(120)
             assert {i: r["choices"][0]["text"] for i, r in got.items()} == want
+
+
+def test_a_conversation_comes_back_to_the_slot_that_holds_it() -> None:
+    """Two conversations taking turns on two slots: each turn goes to the slot whose context holds most of its
+    prompt (llama-server's slot choice by prompt similarity), not to the one freed last, so its prefix is
+    reused, chat and completion alike."""
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
+        server = make_server(llm, port=0, parallel=2)
+        with _running(server) as port:
+
+            def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
+                body = {"messages": messages, "max_tokens": 8, **GREEDY}
+                return request(port, "POST", "/v1/chat/completions", body)[1]
+
+            first = [{"role": "user", "content": prompts()[0]["text"]}]
+            chat(first)  # into the slot freed last: llm
+            with server.slot():  # llm busy: the other conversation goes to the other slot
+                text = prompts()[1]["text"]
+                other = request(port, "POST", "/v1/completions", {"prompt": text, "max_tokens": 8, **GREEDY})[1]
+            # the other slot is now the one freed last; the first conversation's next turn still goes to llm
+            turn = chat([*first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}])
+            assert turn["timings"]["cache_n"] > 20, turn["timings"]
+            again = request(
+                port,
+                "POST",
+                "/v1/completions",
+                {"prompt": text + other["choices"][0]["text"], "max_tokens": 8, **GREEDY},
+            )[1]
+            assert again["timings"]["cache_n"] > 20, again["timings"]

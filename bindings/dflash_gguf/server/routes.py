@@ -81,7 +81,7 @@ class Handler(JSONEventHandler):
         except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
             self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
             return
-        with self.server.slot() as llm:
+        with self.server.slot(self._prompt_tokens(llm, kw)) as llm:
             if self.path in NATIVE:
                 self._native(llm, body, NATIVE[self.path])
                 return
@@ -99,6 +99,23 @@ class Handler(JSONEventHandler):
                 lambda held: openai_last_events(held, llm.stats, llm.last_usage if usage else None),
                 done=True,
             )
+
+    def _prompt_tokens(self, llm: SpeculativeLlama, kw: dict[str, Any]) -> list[int] | None:
+        """The tokens an OpenAI route's generation will start from, for the server to pick the slot that holds
+        most of them; None with one slot, or where only the generation can tell (llama-server's native
+        routes, a list of prompts, a request the generation will refuse)."""
+        if len(self.server.slots) == 1 or self.path not in FIELDS:
+            return None
+        try:
+            if self.path == "/v1/chat/completions":
+                text = llm.apply_chat_template(kw["messages"], kw.get("tools"), kw.get("chat_template_kwargs"))
+            else:
+                text = kw.get("prompt")
+            if isinstance(text, str):
+                return llm.tokenize(text, special=True)
+        except Exception:  # noqa: BLE001 - the generation reports what is wrong with the request
+            pass
+        return None
 
     def _native(self, llm: SpeculativeLlama, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
         """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""

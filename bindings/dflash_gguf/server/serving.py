@@ -4,12 +4,13 @@ embedding one in an application or a test."""
 from __future__ import annotations
 
 import contextlib
-import queue
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
+
+import llama_cpp
 
 from ..speculative import SpeculativeLlama
 from .routes import Handler
@@ -49,19 +50,26 @@ class DFlashServer(ThreadingHTTPServer):
             shared = _LockedCache(llm.cache)  # llama_cpp's caches are not safe to use from several threads
             for s in self.slots:
                 s.cache = shared
-        # the slot freed last first: a single client's next request finds its conversation's prefix there
-        self._free: queue.LifoQueue[SpeculativeLlama] = queue.LifoQueue()
-        for s in reversed(self.slots):
-            self._free.put(s)
+        self._free = list(reversed(self.slots))  # the slot freed last at the end
+        self._freed = threading.Condition()
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[SpeculativeLlama]:
-        """A free decoder for one generation (waiting for one when every slot is busy)."""
-        llm = self._free.get()
+    def slot(self, prompt: Sequence[int] | None = None) -> Iterator[SpeculativeLlama]:
+        """A free decoder for one generation, waiting for one when every slot is busy: the one whose context
+        holds the longest prefix of `prompt` (llama-server's choice by prompt similarity), so that
+        conversations that take turns each come back to their own; among equals, the one freed last."""
+        with self._freed:
+            while not self._free:
+                self._freed.wait()
+            held = llama_cpp.Llama.longest_token_prefix
+            llm = max(reversed(self._free), key=lambda s: held(s._spec.cached_tokens, prompt) if prompt else 0)
+            self._free.remove(llm)
         try:
             yield llm
         finally:
-            self._free.put(llm)
+            with self._freed:
+                self._free.append(llm)
+                self._freed.notify()
 
     def server_close(self) -> None:
         super().server_close()
