@@ -4,7 +4,6 @@ requests get a 400 (before any byte of a stream) and the server keeps serving.""
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import re
@@ -23,7 +22,7 @@ pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
 from tinycode import TARGET, THREADS, drafter_gguf, prompts  # noqa: E402
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
-from dflash_gguf.server import DFlashServer, make_server, serving  # noqa: E402
+from dflash_gguf.server import make_server, running, serving  # noqa: E402
 
 GREEDY = {"temperature": 0.0}
 CHAT = [{"role": "user", "content": "def add(a, b):"}]
@@ -373,16 +372,6 @@ def test_connections_are_kept_alive(port: int) -> None:
     conn.close()
 
 
-@contextlib.contextmanager
-def _running(server: DFlashServer) -> Iterator[int]:
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def _complete(port: int, i: int, out: dict[int, Any]) -> None:
     out[i] = request(port, "POST", "/v1/completions", {"prompt": prompts()[i]["text"], "max_tokens": 24, **GREEDY})[1]
 
@@ -394,7 +383,7 @@ def test_a_request_waits_only_while_every_slot_is_busy(parallel: int) -> None:
         want = llm.create_completion(prompts()[5]["text"], max_tokens=24, **GREEDY)["choices"][0]["text"]
         server = make_server(llm, port=0, parallel=parallel)
         assert len(server.slots) == parallel and all(s.n_max == 3 and s.n_ctx() == 512 for s in server.slots)
-        with _running(server) as port:
+        with running(server) as port:
             got: dict[int, Any] = {}
             with server.slot() as busy:  # a generation under way in one slot (the first: llm)
                 asker = threading.Thread(target=_complete, args=(port, 5, got))
@@ -417,7 +406,7 @@ def test_slots_share_the_saved_contexts_and_serve_concurrent_requests() -> None:
         }
         llm.set_cache(LlamaRAMCache(capacity_bytes=64 << 20))
         server = make_server(llm, port=0, parallel=2)
-        with _running(server) as port:
+        with running(server) as port:
             got: dict[int, Any] = {}
             _complete(port, 0, got)  # in the first slot, which saves its context to the cache
             with server.slot() as busy:  # that slot busy: the same prompt again goes to the other one
@@ -439,7 +428,7 @@ def test_a_conversation_comes_back_to_the_slot_that_holds_it() -> None:
     reused, chat and completion alike."""
     with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
         server = make_server(llm, port=0, parallel=2)
-        with _running(server) as port:
+        with running(server) as port:
 
             def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
                 body = {"messages": messages, "max_tokens": 8, **GREEDY}

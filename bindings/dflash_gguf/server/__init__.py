@@ -11,6 +11,6 @@ requests get a 400 with OpenAI's error shape, the server keeps serving.
 """
 
 from .requests import BadRequest, request_kwargs
-from .serving import DFlashServer, make_server, serving
+from .serving import DFlashServer, make_server, running, serving
 
-__all__ = ["BadRequest", "DFlashServer", "make_server", "request_kwargs", "serving"]
+__all__ = ["BadRequest", "DFlashServer", "make_server", "request_kwargs", "running", "serving"]

@@ -123,7 +123,14 @@ def serving(
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
-    server = make_server(llm, host, port, model_name, api_key, reasoning_format, parallel)
+    with running(make_server(llm, host, port, model_name, api_key, reasoning_format, parallel)) as bound:
+        yield bound
+
+
+@contextlib.contextmanager
+def running(server: DFlashServer) -> Iterator[int]:
+    """A server made by make_server, served from a daemon thread for the `with` block: yields its port,
+    shuts it down and closes it after (its own slots too)."""
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield server.server_address[1]
