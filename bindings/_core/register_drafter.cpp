@@ -41,7 +41,8 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
 void register_drafter(py::module_ & m) {
     py::class_<PyDrafter>(m, "Drafter")
         .def(py::init([](const std::string & draft, const std::string & target, const std::string & device,
-                         int n_threads, uint32_t n_ctx, bool repack, const std::string & kv_type) {
+                         int n_threads, uint32_t n_ctx, bool repack, const std::string & kv_type,
+                         const std::vector<int32_t> & draft_vocab) {
                  dflash::DrafterOptions o;
                  o.device = device;
                  o.n_threads = n_threads;
@@ -51,13 +52,15 @@ void register_drafter(py::module_ & m) {
                      throw py::value_error("kv_type must be \"f16\" or \"f32\", got \"" + kv_type + "\"");
                  }
                  o.kv_type = kv_type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
+                 o.draft_vocab = draft_vocab;
                  auto p = std::make_unique<PyDrafter>();
                  py::gil_scoped_release nogil;
                  p->d = std::make_unique<dflash::Drafter>(draft, target, o);
                  return p;
              }),
              py::arg("draft"), py::arg("target") = "", py::arg("device") = "auto", py::arg("n_threads") = 0,
-             py::arg("n_ctx") = 4096, py::arg("repack") = true, py::arg("kv_type") = "f16")
+             py::arg("n_ctx") = 4096, py::arg("repack") = true, py::arg("kv_type") = "f16",
+             py::arg("draft_vocab") = std::vector<int32_t>{})
         .def_property_readonly("hparams", [](PyDrafter & p) { return hparams_dict(p.d->hparams()); })
         .def_property_readonly("n_vocab", [](PyDrafter & p) { return p.d->n_vocab(); })
         .def_property_readonly("n_ctx", [](PyDrafter & p) { return p.d->n_ctx(); })
@@ -65,6 +68,7 @@ void register_drafter(py::module_ & m) {
         .def_property_readonly("device", [](PyDrafter & p) { return p.d->device_name(); })
         .def_property_readonly("head_zero_copy", [](PyDrafter & p) { return p.d->head_zero_copy(); })
         .def_property_readonly("repacked_weights", [](PyDrafter & p) { return p.d->repacked_weights(); })
+        .def_property_readonly("draft_vocab_size", [](PyDrafter & p) { return p.d->draft_vocab_size(); })
         .def_property_readonly("counters", [](PyDrafter & p) { return counters_dict(p.d->counters()); })
         .def(
             "inject",

@@ -123,7 +123,7 @@ uint32_t most_drafted(const dflash::SpeculatorOptions & sopt, uint32_t block_siz
 std::unique_ptr<PySpeculator> make_speculator(
     const std::function<std::unique_ptr<dflash::Target>(uint32_t max_draft)> & open_target,
     const std::string & target_path, const std::string & draft, const std::string & device, int n_threads, bool repack,
-    const dflash::SpeculatorOptions & sopt) {
+    const std::vector<int32_t> & draft_vocab, const dflash::SpeculatorOptions & sopt) {
     const dflash::DraftFileInfo info = dflash::inspect_draft_file(draft);
     auto t = open_target(most_drafted(sopt, info.hparams.block_size));
     dflash::DrafterOptions dopt;
@@ -131,6 +131,7 @@ std::unique_ptr<PySpeculator> make_speculator(
     dopt.n_threads = n_threads;
     dopt.n_ctx = t->n_ctx() + 64;
     dopt.repack = repack;
+    dopt.draft_vocab = draft_vocab;
     auto d = std::make_unique<dflash::Drafter>(draft, target_path, dopt);
     auto p = std::make_unique<PySpeculator>();
     p->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
@@ -153,7 +154,8 @@ void register_speculator(py::module_ & m) {
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
                          const std::string & draft_q, bool fallback, std::optional<bool> repack,
                          const std::string & sampler,
-                         const std::vector<std::pair<std::string, std::string>> & tensor_overrides) {
+                         const std::vector<std::pair<std::string, std::string>> & tensor_overrides,
+                         const std::vector<int32_t> & draft_vocab) {
                  const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
@@ -168,29 +170,31 @@ void register_speculator(py::module_ & m) {
                          topt.n_rs_seq = max_draft;
                          return std::make_unique<dflash::Target>(target, topt);
                      },
-                     target, draft, device, n_threads, repack.value_or(true), sopt);
+                     target, draft, device, n_threads, repack.value_or(true), draft_vocab, sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
              py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true,
              py::arg("repack") = py::none(), py::arg("sampler") = "gumbel",
-             py::arg("tensor_overrides") = std::vector<std::pair<std::string, std::string>>{})
+             py::arg("tensor_overrides") = std::vector<std::pair<std::string, std::string>>{},
+             py::arg("draft_vocab") = std::vector<int32_t>{})
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,
                int n_threads, const std::string & device, uint32_t n_max, bool adaptive, const std::string & draft_q,
-               bool fallback, const std::string & sampler) {
+               bool fallback, const std::string & sampler, const std::vector<int32_t> & draft_vocab) {
                 const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                 py::gil_scoped_release nogil;
                 return make_speculator(
                     [&](uint32_t) {
                         return std::make_unique<dflash::Target>((llama_model *)model_ptr, (llama_context *)ctx_ptr);
                     },
-                    target_path, draft, device, n_threads, /*repack=*/true, sopt);
+                    target_path, draft, device, n_threads, /*repack=*/true, draft_vocab, sopt);
             },
             py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"),
             py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false,
             py::arg("draft_q") = "logits", py::arg("fallback") = true, py::arg("sampler") = "gumbel",
+            py::arg("draft_vocab") = std::vector<int32_t>{},
             "Use the model and context of an existing llama_cpp.Llama as the target (they stay owned by it).")
         .def(
             "share_weights",
@@ -364,6 +368,8 @@ void register_speculator(py::module_ & m) {
                                    return d;
                                })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return live(p).target().n_vocab(); })
+        .def_property_readonly("draft_vocab_size",
+                               [](PySpeculator & p) { return live(p).drafter().draft_vocab_size(); })
         .def_property_readonly("draft_hparams",
                                [](PySpeculator & p) { return hparams_dict(live(p).drafter().hparams()); })
         .def_property_readonly("draft_device", [](PySpeculator & p) { return live(p).drafter().device_name(); })

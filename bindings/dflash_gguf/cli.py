@@ -1,4 +1,4 @@
-"""The `dflash` command line: info, generate, serve and bench."""
+"""The `dflash` command line: info, generate, serve, bench and draft-vocab."""
 
 from __future__ import annotations
 
@@ -75,6 +75,13 @@ _PLACEMENT_OPTIONS = [
     ),
 ]
 
+_DRAFT_VOCAB_OPTION = click.option(
+    "--draft-vocab",
+    type=click.Path(dir_okay=False),
+    help="Drafts propose only this file's tokens (`dflash draft-vocab`: the target's most frequent on a corpus); "
+    "the drafter's LM head then costs that share of the vocabulary. The output is unchanged.",
+)
+
 # the options that open a target + drafter pair (generate, serve)
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
@@ -134,6 +141,7 @@ _MODEL_OPTIONS = [
         "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).",
     ),
     *_PLACEMENT_OPTIONS,
+    _DRAFT_VOCAB_OPTION,
     click.option("--verbose", is_flag=True, help="Show libllama's log."),
 ]
 
@@ -166,6 +174,7 @@ def _open_model(
     override_tensor: tuple[str, ...] = (),
     cpu_moe: bool = False,
     n_cpu_moe: int = 0,
+    draft_vocab: str | None = None,
     **kw: Any,
 ) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
@@ -185,6 +194,7 @@ def _open_model(
         override_tensor=list(override_tensor),
         cpu_moe=cpu_moe,
         n_cpu_moe=n_cpu_moe,
+        draft_vocab=draft_vocab,
         verbose=verbose,
         **kw,
     )
@@ -264,6 +274,7 @@ def generate(
     override_tensor: tuple[str, ...],
     cpu_moe: bool,
     n_cpu_moe: int,
+    draft_vocab: str | None,
     grammar: str | None,
     grammar_file: str | None,
     json_schema: str | None,
@@ -321,6 +332,7 @@ def generate(
             override_tensor,
             cpu_moe,
             n_cpu_moe,
+            draft_vocab,
             last_n_tokens_size=repeat_last_n,
         )
         kw = dict(
@@ -512,6 +524,11 @@ def serve(
 )
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @_options(_PLACEMENT_OPTIONS)
+@click.option(
+    "--draft-vocab",
+    help="Ours' drafting vocabularies: a comma list of `dflash draft-vocab` files, none = the whole vocabulary "
+    "(e.g. none,V.json); each runs at every --n-max, side by side (not with --scale).",
+)
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 def bench(
     target: str | None,
@@ -543,6 +560,7 @@ def bench(
     override_tensor: tuple[str, ...],
     cpu_moe: bool,
     n_cpu_moe: int,
+    draft_vocab: str | None,
     no_progress: bool,
 ) -> None:
     """Plain decoding (ar) vs our speculative loop (ours) vs llama-server (upstream), interleaved.
@@ -550,11 +568,18 @@ def bench(
     With --scale: the same, end to end, on the bundled pair inflated to realistic sizes (no --target/--draft/
     --prompts)."""
     from .bench import BenchError, BenchOptions, format_table, parse_n_max, parse_systems, run_bench, write_json
+    from .bench.options import parse_draft_vocab
 
     if scale:
         given = [
             name
-            for name, v in (("--target", target), ("--draft", draft), ("--prompts", prompts), ("--plot", plot_out))
+            for name, v in (
+                ("--target", target),
+                ("--draft", draft),
+                ("--prompts", prompts),
+                ("--plot", plot_out),
+                ("--draft-vocab", draft_vocab),
+            )
             if v
         ]
         if given:
@@ -604,6 +629,7 @@ def bench(
             override_tensor=list(override_tensor),
             cpu_moe=cpu_moe,
             n_cpu_moe=n_cpu_moe,
+            draft_vocab=parse_draft_vocab(draft_vocab),
             progress=not no_progress,
         )
         result = run_bench(opts)
@@ -665,6 +691,35 @@ def _bench_scale(
     if json_out:
         bs.write_json(result, json_out)
         click.echo(f"wrote {json_out}", err=True)
+
+
+@main.command("draft-vocab")
+@click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF.")
+@click.option(
+    "--size",
+    default=32768,
+    show_default=True,
+    help="Tokens a draft may propose (at most the vocabulary; FR-Spec's choice for Llama 3's 128k is 32768).",
+)
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="JSON file to write (new).")
+@click.argument("corpus", nargs=-1, required=True, type=click.Path(exists=True))
+def draft_vocab(target: str, size: int, output: str, corpus: tuple[str, ...]) -> None:
+    """Count the target's tokens over CORPUS (text files, directories walked) and write its SIZE most
+    frequent, with its end-of-generation tokens, as a drafting vocabulary for --draft-vocab."""
+    from .draft_vocab import make_draft_vocab, save_draft_vocab
+
+    try:
+        if Path(output).exists():
+            raise FileExistsError(f"{output} exists; remove it or choose another output path")
+        vocab = make_draft_vocab(target, list(corpus), size)
+        save_draft_vocab(vocab, output)
+    except (ValueError, RuntimeError, OSError) as e:
+        _fail(e)
+    click.echo(
+        f"wrote {output}: {len(vocab['tokens'])} of {vocab['n_vocab']} tokens, "
+        f"{vocab['coverage']:.1%} of the corpus's {vocab['corpus_tokens']:,} tokens "
+        f"({vocab['corpus_files']} files)"
+    )
 
 
 if __name__ == "__main__":

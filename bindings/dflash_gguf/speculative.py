@@ -9,6 +9,7 @@ completions (completion.py), chats (chat.py), saved contexts and caching (state.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ._core import DFlashError, Speculator
 from .chat import ChatMixin
 from .completion import CompletionMixin
+from .draft_vocab import draft_vocab_ids
 from .generation import GenerationMixin
 from .infill import require_fim, server_infill_prompt
 from .llama_compat import (
@@ -77,6 +79,14 @@ def tensor_overrides(
     return out
 
 
+def _check_vocab_file(core: Speculator, path: str | None, made_for: int) -> None:
+    """A drafting vocabulary file counted with another tokenizer would pass the id checks and draft
+    nonsense: its recorded vocabulary size must be the target's."""
+    if path is not None and made_for != (n_vocab := core.n_vocab):
+        core.close()
+        raise ValueError(f"{path}: made for a vocabulary of {made_for} tokens, but the target has {n_vocab}")
+
+
 class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
     """A target GGUF plus a DFlash drafter GGUF, used like `llama_cpp.Llama`."""
 
@@ -97,6 +107,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         override_tensor: str | Sequence[str] | None = None,
         cpu_moe: bool = False,
         n_cpu_moe: int = 0,
+        draft_vocab: str | os.PathLike[str] | Sequence[int] | None = None,
         last_n_tokens_size: int = 64,
         verbose: bool = False,
         sampler: str = "gumbel",
@@ -115,6 +126,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
             cap, adaptive = _parse_n_max(n_max)
             overrides = tensor_overrides(override_tensor, cpu_moe, n_cpu_moe)
+            vocab_ids, vocab_path, made_for = draft_vocab_ids(draft_vocab)
             _core = Speculator(
                 target,
                 draft,
@@ -130,7 +142,9 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                 repack=repack,
                 sampler=sampler,
                 tensor_overrides=overrides,
+                draft_vocab=vocab_ids,
             )
+            _check_vocab_file(_core, vocab_path, made_for)
         self._spec = _core
         self.sampler = sampler
         self._fingerprint: str | None = None
@@ -165,6 +179,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         device: str = "auto",
         fallback: bool = True,
         sampler: str = "gumbel",
+        draft_vocab: str | os.PathLike[str] | Sequence[int] | None = None,
     ) -> SpeculativeLlama:
         """Adopt an existing llama_cpp.Llama as the target (its model and context are reused)."""
         try:
@@ -176,6 +191,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         model_ptr, ctx_ptr = int(model), int(ctx)
         cap, adaptive = _parse_n_max(n_max)
         n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
+        vocab_ids, vocab_path, made_for = draft_vocab_ids(draft_vocab)
         core = Speculator.adopt(
             model_ptr,
             ctx_ptr,
@@ -188,7 +204,9 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
             draft_q=draft_q,
             fallback=fallback,
             sampler=sampler,
+            draft_vocab=vocab_ids,
         )
+        _check_vocab_file(core, vocab_path, made_for)
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, sampler=sampler, _core=core)
         obj.n_batch = int(getattr(llm, "n_batch", obj.n_batch))

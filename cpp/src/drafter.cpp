@@ -110,8 +110,9 @@ struct Drafter::Impl {
     // the weights, held once by every drafter share() made from the one that loaded them
     std::shared_ptr<DraftModel> model;
     std::shared_ptr<TargetHead> head;
-    ggml_tensor * tok_embd = nullptr;  // drafter's own or the target's
-    ggml_tensor * output = nullptr;
+    ggml_tensor * tok_embd = nullptr;         // drafter's own or the target's
+    ggml_tensor * output = nullptr;           // the drafter's, the target's or the drafting vocabulary's rows of it
+    std::shared_ptr<const DraftVocab> vocab;  // null: drafts range over the whole vocabulary
     // ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each of those a pass
     // over the whole head through memory: with the head in such a buffer 3 rows cost more than 4 (a q4_0
     // 151,936 x 2048 head on 2 EPYC cores: 27.8 against 23.9 ms), so 3 (7, 11, ...) take one more
@@ -441,14 +442,17 @@ struct Drafter::Impl {
             ggml_tensor * unary = ggml_reshape_3d(ctx, unary_rows, k, 1, rows);
             ggml_tensor * hf = ggml_view_2d(ctx, h_final, h.n_embd, rows, h_final->nb[1], h_final->nb[1]);
             ggml_tensor * gate = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, model->sel_hidden, hf), R, 1, rows);
-            ggml_tensor * succ = ggml_reshape_3d(
-                ctx, ggml_get_rows(ctx, model->sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
+            // candidates are rows of the head: with a drafting vocabulary, rows of its codebooks too
+            ggml_tensor * sel_next = vocab ? vocab->sel_next : model->sel_next;
+            ggml_tensor * sel_prev = vocab ? vocab->sel_prev : model->sel_prev;
+            ggml_tensor * succ =
+                ggml_reshape_3d(ctx, ggml_get_rows(ctx, sel_next, ggml_reshape_1d(ctx, cand, k * rows)), R, k, rows);
             bg.anchor = input(ctx, GGML_TYPE_I32, 1, 0, "inp_anchor");
             ggml_tensor * pred =
                 ggml_repeat_4d(ctx, ggml_get_rows(ctx, model->sel_prev, bg.anchor), R, k, 1, 1);  // row 1
             if (rows > 1) {
                 ggml_tensor * prev_ids = ggml_view_1d(ctx, cand, k * (rows - 1), 0);  // candidates of rows 1..rows-1
-                ggml_tensor * p = ggml_reshape_3d(ctx, ggml_get_rows(ctx, model->sel_prev, prev_ids), R, k, rows - 1);
+                ggml_tensor * p = ggml_reshape_3d(ctx, ggml_get_rows(ctx, sel_prev, prev_ids), R, k, rows - 1);
                 pred = ggml_concat(ctx, pred, p, 2);  // [R, k, rows]
             }
             ggml_tensor * cond = ggml_mul(ctx, pred, gate);        // [R, k pred, rows]
@@ -635,6 +639,26 @@ struct Drafter::Impl {
         cpu_threads.set(n_threads);
     }
 
+    // opts.draft_vocab's rows of the head (the drafter's own or the target's) and of the selector's codebooks
+    void open_vocab(const std::string & draft_path, const std::vector<ggml_backend_buffer_type_t> & repacking) {
+        auto in_drafter = [&](const char * name, const ggml_tensor * t) {
+            for (const TensorInfo & ti : model->info.tensors)
+                if (ti.name == name) return RowSource{draft_path, ti.offset, t};
+            throw Error(draft_path + ": no tensor '" + name + "'");
+        };
+        const RowSource head_rows = output == model->output ? in_drafter("output.weight", output)
+                                                            : RowSource{head->path, head->output_offset, output};
+        RowSource prev, next;
+        if (hp().version == 2) {
+            prev = in_drafter("selector_predecessor.weight", model->sel_prev);
+            next = in_drafter("selector_successor.weight", model->sel_next);
+        }
+        vocab = make_draft_vocab(opts.draft_vocab, hp().n_vocab, hp().version == 2 ? hp().selector_top_k : 1, head_rows,
+                                 hp().version == 2 ? &prev : nullptr, hp().version == 2 ? &next : nullptr,
+                                 ggml_backend_dev_buffer_type(dev), repacking);
+        output = vocab->output;
+    }
+
     // the draft cache of opts.n_ctx rows and the schedulers, once the weights are there
     void open_cache() {
         const DraftHparams & h = hp();
@@ -710,6 +734,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         throw Error(draft_path + ": the drafter carries no token embedding / LM head, so a target GGUF is required");
     }
     if (m.model->hp().n_vocab == 0) m.model->hp().n_vocab = (uint32_t)m.output->ne[1];
+    if (!opts.draft_vocab.empty()) m.open_vocab(draft_path, repacking);
     m.head_rows_by_4 = m.output->buffer && std::find(repacking.begin(), repacking.end(),
                                                      ggml_backend_buffer_get_type(m.output->buffer)) != repacking.end();
     if ((uint32_t)h.mask_token_id >= m.model->hp().n_vocab) {
@@ -728,6 +753,7 @@ std::unique_ptr<Drafter> Drafter::share() const {
     m->head = src.head;
     m->tok_embd = src.tok_embd;
     m->output = src.output;
+    m->vocab = src.vocab;
     m->head_rows_by_4 = src.head_rows_by_4;
     m->open_cache();
     return std::unique_ptr<Drafter>(new Drafter(std::move(m)));
@@ -743,6 +769,9 @@ uint32_t Drafter::n_cached() const { return impl_->n_cached + impl_->n_pending; 
 std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->dev); }
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
 size_t Drafter::repacked_weights() const { return impl_->model->repacked_weights; }
+uint32_t Drafter::draft_vocab_size() const {
+    return impl_->vocab ? (uint32_t)impl_->vocab->ids.size() : impl_->hp().n_vocab;
+}
 const DrafterCounters & Drafter::counters() const { return impl_->counters; }
 
 void Drafter::inject(const float * features, const int32_t * positions, uint32_t n) {
@@ -943,9 +972,20 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     r.first_row = head_first;
     r.argmax.resize(out_rows);  // the graph's first out_rows head rows: the rest pad a short block
     v.out.get(bg.argmax, r.argmax.data(), out_rows * sizeof(int32_t));
+    const DraftVocab * dv = m.vocab.get();
+    if (dv)
+        for (int32_t & t : r.argmax) t = dv->ids[t];
     if (want_logits) {
-        r.logits.resize((size_t)out_rows * h.n_vocab);
-        ggml_backend_tensor_get(bg.logits, r.logits.data(), 0, r.logits.size() * sizeof(float));
+        const size_t V = dv ? dv->ids.size() : h.n_vocab;
+        std::vector<float> lg((size_t)out_rows * V);
+        ggml_backend_tensor_get(bg.logits, lg.data(), 0, lg.size() * sizeof(float));
+        if (!dv) {
+            r.logits = std::move(lg);
+        } else {  // tokens outside the drafting vocabulary are never drafted: -inf
+            r.logits.assign((size_t)out_rows * h.n_vocab, -INFINITY);
+            for (uint32_t row = 0; row < out_rows; ++row)
+                for (size_t j = 0; j < V; ++j) r.logits[(size_t)row * h.n_vocab + dv->ids[j]] = lg[row * V + j];
+        }
     }
     if (h.version == 1) {
         r.tokens.assign(r.argmax.begin() + (1 - head_first), r.argmax.begin() + (1 - head_first) + n);
@@ -960,6 +1000,8 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     v.out.get(bg.cand, cand.data(), cand.size() * sizeof(int32_t));
     v.out.get(bg.unary, unary.data(), unary.size() * sizeof(float));
     v.out.get(bg.scores, raw.data(), raw.size() * sizeof(float));
+    if (dv)
+        for (int32_t & c : cand) c = dv->ids[c];
 
     std::vector<uint32_t> perm((size_t)k * rows);  // perm[t][j] = raw index of sorted candidate j
     for (uint32_t t = 0; t < rows; ++t) {

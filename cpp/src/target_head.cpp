@@ -87,6 +87,8 @@ std::unique_ptr<TargetHead> load_target_head(const std::string & path, ggml_back
                     " rows but 'token_embd.weight' has " + std::to_string(m_embd->ne[1]));
     }
 
+    head->output_offset = data_offset + gguf_get_tensor_offset(g.get(), id_out);
+
     // our own context holding just the two tensors
     ggml_init_params ip{/*mem_size =*/2 * ggml_tensor_overhead(), /*mem_buffer =*/nullptr, /*no_alloc =*/true};
     head->ctx.reset(ggml_init(ip));

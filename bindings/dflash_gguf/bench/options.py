@@ -18,6 +18,22 @@ class BenchError(RuntimeError):
     """A problem the user can fix (missing binary, bad option); printed without a traceback."""
 
 
+def parse_draft_vocab(value: str | None) -> list[str | None]:
+    """'none,V.json' -> [None, 'V.json'] (none = the whole vocabulary); each file must exist."""
+    out: list[str | None] = []
+    for v in (value or "none").split(","):
+        v = v.strip()
+        if v.lower() == "none":
+            out.append(None)
+        elif not Path(v).is_file():
+            raise BenchError(f"--draft-vocab: {v} is not a file")
+        else:
+            out.append(v)
+    if len(set(out)) != len(out):
+        raise BenchError(f"--draft-vocab: {value!r} names a vocabulary twice")
+    return out
+
+
 def parse_n_max(value: str | int | Sequence[Any]) -> list[NMax]:
     """'7' -> [7]; '3,7,15' -> [3, 7, 15]; 'auto' -> ['auto']; '0' = block_size - 1."""
     if isinstance(value, int):
@@ -113,4 +129,6 @@ class BenchOptions:
     override_tensor: list[str] = field(default_factory=list)
     cpu_moe: bool = False
     n_cpu_moe: int = 0
+    # ours' drafting vocabularies (draft_vocab.py), each run at every n_max; None: the whole vocabulary
+    draft_vocab: list[str | None] = field(default_factory=lambda: [None])
     progress: bool = True

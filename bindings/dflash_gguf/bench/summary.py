@@ -142,15 +142,35 @@ def _paired(a_runs: Sequence[dict[str, Any]], b_runs: Sequence[dict[str, Any]]) 
 def compare_auto_with_fixed(configs: Sequence[dict[str, Any]]) -> None:
     """Into the summary of an `auto` configuration: ours' tok/s under auto over ours' at each fixed n_max,
     paired by prompt run (the configurations run side by side), as `vs_n_max` {n_max: paired ratio}."""
-    fixed = [c for c in configs if c["n_max"] != "auto"]
     for c in configs:
         if c["n_max"] != "auto" or "ours" not in c["summary"]:
             continue
+        fixed = [f for f in configs if f["n_max"] != "auto" and f.get("draft_vocab") == c.get("draft_vocab")]
         mine = [r for r in c["runs"] if r["system"] == "ours"]
         vs = {str(f["n_max"]): _paired(mine, [r for r in f["runs"] if r["system"] == "ours"]) for f in fixed}
         vs = {k: v for k, v in vs.items() if v is not None}
         if vs:
             c["summary"]["ours"]["vs_n_max"] = vs
+
+
+def compare_with_full_vocab(configs: Sequence[dict[str, Any]]) -> None:
+    """Into the summary of a configuration with a drafting vocabulary: ours' tok/s over ours' with the whole
+    vocabulary at the same n_max, paired by prompt run, as `vs_full_vocab`."""
+    for c in configs:
+        if not c.get("draft_vocab") or "ours" not in c["summary"]:
+            continue
+        full = [f for f in configs if f["n_max"] == c["n_max"] and not f.get("draft_vocab")]
+        if full:
+            ours = [r for r in c["runs"] if r["system"] == "ours"]
+            paired = _paired(ours, [r for r in full[0]["runs"] if r["system"] == "ours"])
+            if paired is not None:
+                c["summary"]["ours"]["vs_full_vocab"] = paired
+
+
+def _vocab_label(cfg: dict[str, Any]) -> str:
+    if not cfg.get("draft_vocab"):
+        return ""
+    return f"; drafting vocabulary {Path(cfg['draft_vocab']).name}, {cfg['draft_vocab_size']} tokens"
 
 
 # --- the table -----------------------------------------------------------
@@ -170,7 +190,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append("")
         lines.append(
             f"n_max {cfg['n_max']} (ours: {cfg['n_max_ours']}{up}; block size {cfg['block_size']}, "
-            f"draft device {cfg.get('draft_device')})"
+            f"draft device {cfg.get('draft_device')}{_vocab_label(cfg)})"
         )
         for note in cfg.get("notes", []):
             lines.append(f"note: {note}")
@@ -216,6 +236,12 @@ def format_table(result: dict[str, Any]) -> str:
                 lines.append(
                     f"ours / upstream decode tok/s, paired by prompt run: {v['median']:.2f}x "
                     f"(p10-p90 {v['p10']:.2f}-{v['p90']:.2f}), ours faster in {v['faster']} of {v['pairs']}"
+                )
+            if "vs_full_vocab" in s:
+                v = s["vs_full_vocab"]
+                lines.append(
+                    f"ours / ours with the whole vocabulary, decode tok/s paired by prompt run: {v['median']:.2f}x "
+                    f"(p10-p90 {v['p10']:.2f}-{v['p90']:.2f}), faster in {v['faster']} of {v['pairs']}"
                 )
             for k, v in s.get("vs_n_max", {}).items():
                 lines.append(

@@ -31,7 +31,7 @@ from typing import Any
 from .._core import default_cpu_threads
 from .options import BenchError, BenchOptions, NMax, load_prompts, parse_n_max, parse_systems, placement_flags
 from .progress import progress_bar
-from .summary import compare_auto_with_fixed, summarize_config
+from .summary import compare_auto_with_fixed, compare_with_full_vocab, summarize_config
 from .upstream import UpstreamServer, cpu_has_amx, find_server_binary, gguf_is_quantized, missing_server_message
 from .verify_timing import FLASH_ATTN_OFF, runtime_flash_attn
 
@@ -107,30 +107,23 @@ def run_ours(
     return rec
 
 
-def _make_llm(o: BenchOptions, n_max: NMax, threads: int) -> Any:
+def _make_llm(o: BenchOptions, n_max: NMax, draft_vocab: str | None, threads: int) -> Any:
     from ..speculative import SpeculativeLlama
 
-    try:
-        return SpeculativeLlama(
-            o.target,
-            o.draft,
-            n_ctx=o.n_ctx,
-            n_gpu_layers=o.n_gpu_layers,
-            n_threads=threads,
-            n_max=n_max,
-            draft_q=o.draft_q,
-            device=o.device,
-            override_tensor=o.override_tensor,
-            cpu_moe=o.cpu_moe,
-            n_cpu_moe=o.n_cpu_moe,
-        )  # type: ignore[arg-type]
-    except (TypeError, ValueError) as e:
-        if n_max == "auto":
-            raise BenchError(
-                "--n-max auto: this build of dflash_gguf has no adaptive n_max controller yet "
-                f"(SpeculativeLlama(n_max='auto') failed: {e}); pass an int or a comma list"
-            ) from None
-        raise
+    return SpeculativeLlama(
+        o.target,
+        o.draft,
+        n_ctx=o.n_ctx,
+        n_gpu_layers=o.n_gpu_layers,
+        n_threads=threads,
+        n_max=n_max,
+        draft_q=o.draft_q,
+        device=o.device,
+        override_tensor=o.override_tensor,
+        cpu_moe=o.cpu_moe,
+        n_cpu_moe=o.n_cpu_moe,
+        draft_vocab=draft_vocab,
+    )  # type: ignore[arg-type]
 
 
 def _upstream_n_max(llm: Any, n_max: NMax) -> int:
@@ -207,6 +200,7 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
             "override_tensor": o.override_tensor,
             "cpu_moe": o.cpu_moe,
             "n_cpu_moe": o.n_cpu_moe,
+            "draft_vocab": [str(v) if v else None for v in o.draft_vocab],
             "host": platform.node(),
             "machine": platform.machine(),
             "cpu_count": os.cpu_count(),
@@ -219,19 +213,25 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
 
     with ExitStack() as stack:
         configs: list[_Config] = []
-        for n_max in n_maxes:
-            configs.append(_open_config(o, n_max, systems, server_bin, server_extra, threads, stack, configs))
+        for v, vocab in enumerate(o.draft_vocab):
+            # upstream has no drafting vocabulary: its servers run in the first vocabulary's configurations only
+            mine = [s for s in systems if s != "upstream" or v == 0]
+            first = len(configs)
+            for n_max in n_maxes:
+                base = configs[first].llm if len(configs) > first else None
+                configs.append(_open_config(o, n_max, vocab, mine, server_bin, server_extra, threads, stack, base))
         result["configs"] = [c.record for c in configs]
         if len(configs) > 1:
             notes.append(
-                "n_max configurations run side by side: each prompt run is decoded by ar once and by every "
-                "configuration's systems, in an order rotated from run to run; ar's runs are every "
-                "configuration's baseline"
+                "configurations (n_max, drafting vocabulary) run side by side: each prompt run is decoded by ar "
+                "once and by every configuration's systems, in an order rotated from run to run; ar's runs are "
+                "every configuration's baseline"
             )
         _run_interleaved(o, configs, systems, prompts, threads, server_bin, server_extra, stack)
     for cfg in result["configs"]:
         cfg["summary"] = summarize_config(cfg)
     compare_auto_with_fixed(result["configs"])
+    compare_with_full_vocab(result["configs"])
     return result
 
 
@@ -241,30 +241,35 @@ _SHARED_SYSTEMS = ("ar", "upstream-ar")
 
 @dataclass
 class _Config:
-    """One --n-max value: its own target context, drafter (auto's controller learns only from its own steps)
-    and servers."""
+    """One --n-max value with one drafting vocabulary: its own target context, drafter (auto's controller
+    learns only from its own steps) and servers."""
 
     n_max: NMax
     llm: Any
     servers: dict[str, UpstreamServer]
     record: dict[str, Any]
+    systems: list[str]
 
 
 def _open_config(
     o: BenchOptions,
     n_max: NMax,
+    draft_vocab: str | None,
     systems: list[str],
     server_bin: Path | None,
     server_extra: list[str],
     threads: int,
     stack: ExitStack,
-    opened: list[_Config],
+    base: Any,
 ) -> _Config:
-    # the weights are loaded once: a Q4_K_M target repacks into memory of its own per load
-    llm = opened[0].llm.share_weights(n_max=n_max) if opened else _make_llm(o, n_max, threads)
+    # the weights are loaded once per drafting vocabulary (`base`, that vocabulary's first configuration):
+    # a Q4_K_M target repacks into memory of its own per load
+    llm = base.share_weights(n_max=n_max) if base else _make_llm(o, n_max, draft_vocab, threads)
     stack.callback(llm.close)
     record: dict[str, Any] = {
         "n_max": n_max,
+        "draft_vocab": draft_vocab,
+        "draft_vocab_size": int(llm._spec.draft_vocab_size),
         "n_max_ours": llm.n_max,
         "block_size": int(llm._spec.draft_hparams["block_size"]),
         "draft_device": getattr(llm._spec, "draft_device", None),
@@ -279,7 +284,7 @@ def _open_config(
     servers = stack.enter_context(
         _servers(o, ["upstream"] if "upstream" in systems else [], server_bin, server_extra, up_k, threads)
     )
-    return _Config(n_max, llm, servers, record)
+    return _Config(n_max, llm, servers, record, systems)
 
 
 def _run_interleaved(
@@ -306,7 +311,7 @@ def _run_interleaved(
     # a unit is a system and the index of its configuration; ar and upstream-ar are no configuration's (None)
     Unit = tuple[str, int | None]
     units: list[Unit] = [(s, None) for s in systems if s in _SHARED_SYSTEMS]
-    units += [(s, k) for k in range(len(configs)) for s in systems if s not in _SHARED_SYSTEMS]
+    units += [(s, k) for k, c in enumerate(configs) for s in c.systems if s not in _SHARED_SYSTEMS]
 
     def one(unit: Unit, toks: list[int], seed: int) -> dict[str, Any]:
         system, k = unit
@@ -342,7 +347,7 @@ def _run_interleaved(
                 for rec in recs.values():
                     _relate_to_ar(rec, recs[("ar", None)], o.temperature)
                 for k, c in enumerate(configs):  # the shared runs go into every configuration, as copies
-                    c.record["runs"] += [dict(recs[(s, None if s in _SHARED_SYSTEMS else k)]) for s in systems]
+                    c.record["runs"] += [dict(recs[(s, None if s in _SHARED_SYSTEMS else k)]) for s in c.systems]
     finally:
         bar.close()
 

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dflash/draft_model.h"
+#include "dflash/draft_vocab.h"
 #include "dflash/target_head.h"
 
 namespace dflash {
@@ -20,6 +21,8 @@ struct DrafterOptions {
     // the draft cache's K/V: F16 as llama.cpp's default cache (half the memory, and the attention, which at a long
     // context is most of a draft step, reads half the bytes), or F32 (to match a reference exactly)
     ggml_type kv_type = GGML_TYPE_F16;
+    // the tokens a draft may propose (draft_vocab.h), most frequent first; empty: the whole vocabulary
+    std::vector<int32_t> draft_vocab;
 };
 
 // Rows: a draft of n tokens computes the LM head and the selector for block rows 1..n only; with
@@ -76,7 +79,8 @@ public:
     uint32_t n_cached() const;  // context rows in the draft cache
     std::string device_name() const;
     bool head_zero_copy() const;
-    size_t repacked_weights() const;  // weights held in a repacked CPU layout
+    size_t repacked_weights() const;    // weights held in a repacked CPU layout
+    uint32_t draft_vocab_size() const;  // tokens a draft may propose: the drafting vocabulary's, else n_vocab()
     const DrafterCounters & counters() const;
 
     // Appends context rows: features [n][n_target_layers * target_hidden] at

@@ -26,6 +26,7 @@ struct TargetHead {
     ggml_tensor * tok_embd = nullptr;     // token_embd.weight  ne {n_embd, n_vocab}
     ggml_tensor * output = nullptr;       // output.weight (or token_embd when tied)
     bool zero_copy = false;
+    size_t output_offset = 0;  // output's data in the file (for reading rows of it)
 
     ~TargetHead();
 };
