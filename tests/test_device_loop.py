@@ -31,9 +31,17 @@ def ptoks() -> list[list[int]]:
     return [ref.tokenize(p["text"]) for p in prompts()[:N_PROMPTS]]
 
 
-def run(device: str, n_max: int, ptoks: list[list[int]]) -> tuple[list[list[int]], int, int]:
+def run(
+    device: str, n_max: int, ptoks: list[list[int]], draft_vocab: list[int] | None = None
+) -> tuple[list[list[int]], int, int]:
     spec = SpeculativeLlama(
-        str(TARGET), str(drafter_gguf("f16")), n_ctx=N_CTX, n_threads=THREADS, n_max=n_max, device=device
+        str(TARGET),
+        str(drafter_gguf("f16")),
+        n_ctx=N_CTX,
+        n_threads=THREADS,
+        n_max=n_max,
+        device=device,
+        draft_vocab=draft_vocab,
     )
     outs, accepted, drafted = [], 0, 0
     for p in ptoks:
@@ -104,3 +112,16 @@ def test_decoders_sharing_weights_on_the_device_draft_alike(ptoks: list[list[int
     assert results[0] == results[1] and results[1][1] > 0
     shared.close()
     fresh.close()
+
+
+def test_a_drafting_vocabulary_on_the_device_drafts_as_on_the_cpu(ptoks: list[list[int]]) -> None:
+    """The head's and the codebooks' rows of a subset, uploaded to the device: drafts as the CPU's subset does
+    (this subset, every third token dropped, costs acceptance, so a device ignoring it would differ)."""
+    subset = [t for t in range(2048) if t % 3]
+    cpu_out, cpu_acc, _ = run("cpu", 5, ptoks, subset)
+    dev_out, dev_acc, dev_drafted = run(DEVICE, 5, ptoks, subset)
+    full_acc = run("cpu", 5, ptoks)[1]
+    print(f"subset: accepted {dev_acc}/{dev_drafted} on {DEVICE}, {cpu_acc} on the CPU; whole vocabulary {full_acc}")
+    assert cpu_acc < 0.9 * full_acc
+    assert dev_acc >= 0.95 * cpu_acc
+    assert dev_out == cpu_out

@@ -170,10 +170,10 @@ def test_acceptance_drops_by_what_the_subset_misses(vocab_files: dict[int, Path]
     got = {"full": _acceptance(full, toks, plain)}
     for size, path in vocab_files.items():
         spec = SpeculativeLlama(str(TARGET), draft, draft_vocab=str(path), **kw)  # type: ignore[arg-type]
-        assert spec._spec.draft_vocab_size == size
+        assert spec.draft_vocab_size == size
         got[size] = _acceptance(spec, toks, plain)
         shared = spec.share_weights(n_max=7)  # the subset is part of the loaded drafter
-        assert shared._spec.draft_vocab_size == size
+        assert shared.draft_vocab_size == size
     print(f"mean accepted length: {got}")
     assert got[1024] >= 0.98 * got["full"]
     assert got[256] < 0.95 * got["full"]

@@ -375,6 +375,11 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
     def n_max(self, n: int | str) -> None:
         self._spec.set_n_max(*_parse_n_max(n))
 
+    @property
+    def draft_vocab_size(self) -> int:
+        """Tokens a draft may propose: the drafting vocabulary's (draft_vocab=), else the whole vocabulary."""
+        return int(self._spec.draft_vocab_size)
+
     @contextlib.contextmanager
     def _idle(self) -> Iterator[None]:
         if not self._lock.acquire(blocking=False):

@@ -269,7 +269,7 @@ def _open_config(
     record: dict[str, Any] = {
         "n_max": n_max,
         "draft_vocab": draft_vocab,
-        "draft_vocab_size": int(llm._spec.draft_vocab_size),
+        "draft_vocab_size": llm.draft_vocab_size,
         "n_max_ours": llm.n_max,
         "block_size": int(llm._spec.draft_hparams["block_size"]),
         "draft_device": getattr(llm._spec, "draft_device", None),
