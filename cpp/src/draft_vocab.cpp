@@ -71,8 +71,10 @@ std::shared_ptr<const DraftVocab> make_draft_vocab(const std::vector<int32_t> & 
 
     for (ggml_backend_buffer_type_t mb : matmul_bufts) {
         if (!mul_mat_runs_from(mb, v->output)) continue;
-        ggml_backend_buffer_ptr buf(ggml_backend_buft_alloc_buffer(mb, ggml_backend_buft_get_alloc_size(mb, v->output)));
-        if (!buf) throw Error(std::string("cannot allocate the drafting vocabulary's head on ") + ggml_backend_buft_name(mb));
+        ggml_backend_buffer_ptr buf(
+            ggml_backend_buft_alloc_buffer(mb, ggml_backend_buft_get_alloc_size(mb, v->output)));
+        if (!buf)
+            throw Error(std::string("cannot allocate the drafting vocabulary's head on ") + ggml_backend_buft_name(mb));
         ggml_backend_buffer_set_usage(buf.get(), GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
         ggml_tallocr alloc = ggml_tallocr_new(buf.get());
         ggml_tallocr_alloc(&alloc, v->output);
