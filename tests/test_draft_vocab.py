@@ -254,3 +254,41 @@ def test_bench_runs_each_vocabulary_side_by_side(tmp_path: Path, vocab_files: di
         text=True,
     )
     assert missing.returncode == 2 and f"--draft-vocab: {tmp_path / 'nope.json'} is not a file" in missing.stderr
+
+
+@pytest.mark.parametrize("draft_q", ["logits", "selector"])
+def test_sampled_drafts_see_the_whole_vocabulary_in_any_order_as_none(draft_q: str) -> None:
+    """At temperature > 0 a draft is sampled from q (the draft logits mapped back to token ids, or the
+    selector's walk) and kept by p/q: with every token in a shuffled order, rejection sampling drafts,
+    accepts and emits exactly what it does without a drafting vocabulary (a q left in the subset's order
+    would draft other tokens)."""
+    hot = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+    kw = dict(n_ctx=N_CTX, n_threads=THREADS, n_max=3, sampler="rejection", draft_q=draft_q)
+    draft = str(drafter_gguf("q8_0"))
+    shuffled = [int(t) for t in np.random.default_rng(5).permutation(N_VOCAB)]
+    runs = []
+    for vocab in (None, shuffled):
+        spec = SpeculativeLlama(str(TARGET), draft, draft_vocab=vocab, **kw)  # type: ignore[arg-type]
+        out = []
+        for p in prompts()[:4]:
+            prompt = spec.tokenize(p["text"], add_special=False)
+            out.append((list(spec.generate_tokens(prompt, max_tokens=40, seed=3, **hot)), spec.stats.accepted))
+        runs.append(out)
+    assert runs[0] == runs[1]
+    assert sum(acc for _, acc in runs[0]) > 0
+
+
+def test_sampling_with_a_subset_stays_exact(vocab_files: dict[int, Path]) -> None:
+    """At temperature > 0 the draft's q is zero outside the subset: seeded Gumbel sampling still gives
+    plain sampling's text (a draft token outside the subset, or q not renormalised on it, would not)."""
+    hot = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+    kw = dict(n_ctx=N_CTX, n_threads=THREADS, n_max=3, sampler="gumbel")
+    spec = SpeculativeLlama(str(TARGET), str(drafter_gguf("q8_0")), draft_vocab=str(vocab_files[256]), **kw)
+    accepted = 0
+    for p in prompts()[:4]:
+        prompt = spec.tokenize(p["text"], add_special=False)
+        for seed in (0, 7):
+            plain = list(spec.generate_tokens(prompt, max_tokens=40, seed=seed, plain=True, **hot))
+            assert list(spec.generate_tokens(prompt, max_tokens=40, seed=seed, **hot)) == plain
+            accepted += spec.stats.accepted
+    assert accepted > 0
