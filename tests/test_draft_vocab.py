@@ -169,14 +169,43 @@ def test_acceptance_drops_by_what_the_subset_misses(vocab_files: dict[int, Path]
     plain = [list(full.generate_tokens(t, max_tokens=96, temperature=0.0, plain=True)) for t in toks]
     got = {"full": _acceptance(full, toks, plain)}
     for size, path in vocab_files.items():
-        spec = SpeculativeLlama(str(TARGET), draft, draft_vocab=str(path), **kw)  # type: ignore[arg-type]
+        spec = full.share_weights(n_max=7, draft_vocab=str(path))
         assert spec.draft_vocab_size == size
         got[size] = _acceptance(spec, toks, plain)
-        shared = spec.share_weights(n_max=7)  # the subset is part of the loaded drafter
-        assert shared.draft_vocab_size == size
     print(f"mean accepted length: {got}")
     assert got[1024] >= 0.98 * got["full"]
     assert got[256] < 0.95 * got["full"]
+
+
+def test_shared_decoders_keep_or_change_the_subset(tmp_path: Path, vocab_files: dict[int, Path]) -> None:
+    """share_weights keeps the drafting vocabulary unless given one ([]: the whole vocabulary); a share with
+    a subset drafts and accepts as a fresh load with it."""
+    draft = str(drafter_gguf("q8_0"))
+    kw = dict(n_ctx=N_CTX, n_threads=THREADS, n_max=5)
+    fresh_sub = SpeculativeLlama(str(TARGET), draft, draft_vocab=str(vocab_files[256]), **kw)  # type: ignore[arg-type]
+    fresh_full = SpeculativeLlama(str(TARGET), draft, **kw)  # type: ignore[arg-type]
+    toks = [fresh_full.tokenize(p["text"], add_special=False) for p in prompts()[:4]]
+
+    def drafts(spec: SpeculativeLlama) -> list[tuple[list[int], int, int]]:
+        out = []
+        for t in toks:
+            out.append(
+                (list(spec.generate_tokens(t, max_tokens=40, temperature=0.0)), spec.stats.drafted, spec.stats.accepted)
+            )
+        return out
+
+    from_full = fresh_full.share_weights(n_max=5, draft_vocab=str(vocab_files[256]))
+    from_sub = fresh_sub.share_weights(n_max=5, draft_vocab=[])
+    kept = fresh_sub.share_weights(n_max=5)
+    assert (from_full.draft_vocab_size, from_sub.draft_vocab_size, kept.draft_vocab_size) == (256, N_VOCAB, 256)
+    assert drafts(from_full) == drafts(fresh_sub) == drafts(kept)
+    assert drafts(from_sub) == drafts(fresh_full)
+    assert drafts(fresh_sub) != drafts(fresh_full)  # the comparison can tell the two apart
+
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(json.loads(vocab_files[256].read_text()) | {"n_vocab": 151936}))
+    with pytest.raises(ValueError, match="made for a vocabulary of 151936 tokens"):
+        fresh_full.share_weights(draft_vocab=str(other))
 
 
 def test_draft_vocab_cli(tmp_path: Path, vocab_files: dict[int, Path]) -> None:

@@ -199,7 +199,8 @@ void register_speculator(py::module_ & m) {
         .def(
             "share_weights",
             [](PySpeculator & p, uint32_t n_max, bool adaptive, std::optional<std::string> draft_q,
-               std::optional<bool> fallback, const std::string & sampler) {
+               std::optional<bool> fallback, const std::string & sampler,
+               const std::optional<std::vector<int32_t>> & draft_vocab) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::Speculator & s = live(p);
                 dflash::SpeculatorOptions sopt = s.options();
@@ -211,14 +212,15 @@ void register_speculator(py::module_ & m) {
                 py::gil_scoped_release nogil;
                 auto t = s.target().share(most_drafted(sopt, s.drafter().hparams().block_size));
                 auto out = std::make_unique<PySpeculator>();
-                out->s = std::make_unique<dflash::Speculator>(std::move(t), s.drafter().share(), sopt);
+                auto d = s.drafter().share(draft_vocab ? &*draft_vocab : nullptr);
+                out->s = std::make_unique<dflash::Speculator>(std::move(t), std::move(d), sopt);
                 return out;
             },
             py::arg("n_max") = 0, py::arg("adaptive") = false, py::arg("draft_q") = py::none(),
-            py::arg("fallback") = py::none(), py::arg("sampler") = "gumbel",
+            py::arg("fallback") = py::none(), py::arg("sampler") = "gumbel", py::arg("draft_vocab") = py::none(),
             "Another Speculator on this one's loaded target and drafter weights, with a target context, draft cache "
-            "and draft-length controller of its own (made with the same options; draft_q and fallback: this one's "
-            "unless given).")
+            "and draft-length controller of its own (made with the same options; draft_q, fallback and draft_vocab: "
+            "this one's unless given, draft_vocab [] for the whole vocabulary).")
         .def(
             "start",
             [](PySpeculator & p, const std::vector<int32_t> & prompt, float temperature, int32_t top_k, float top_p,

@@ -150,6 +150,7 @@ class Speculator:
         draft_q: str | None = None,
         fallback: bool | None = None,
         sampler: str = "gumbel",
+        draft_vocab: list[int] | None = None,
     ) -> Speculator: ...
     @property
     def target_arch(self) -> str: ...

@@ -225,18 +225,27 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         draft_q: str | None = None,
         fallback: bool | None = None,
         sampler: str | None = None,
+        draft_vocab: str | os.PathLike[str] | Sequence[int] | None = None,
     ) -> SpeculativeLlama:
         """Another SpeculativeLlama on this one's loaded target and drafter weights: a target context,
         draft cache and draft-length controller of its own, made with this one's n_ctx, n_batch, threads,
         devices and weight placement. The weights stay in memory once, until the last decoder sharing them
         closes, so several n_max values or samplers cost one model's memory (`dflash bench` runs its n_max
-        configurations so). `draft_q`, `fallback` and `sampler`: this one's unless given. Not for a target
-        adopted by from_llama. Like any SpeculativeLlama, each is used by one thread at a time."""
+        configurations so). `draft_q`, `fallback`, `sampler` and `draft_vocab`: this one's unless given
+        (`draft_vocab=[]`: the whole vocabulary; another subset costs only its rows of the head). Not for a
+        target adopted by from_llama. Like any SpeculativeLlama, each is used by one thread at a time."""
         sampler = self.sampler if sampler is None else sampler
         cap, adaptive = _parse_n_max(n_max)
+        vocab_ids, vocab_path, made_for = draft_vocab_ids(draft_vocab)
         core = self._spec.share_weights(
-            n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback, sampler=sampler
+            n_max=cap,
+            adaptive=adaptive,
+            draft_q=draft_q,
+            fallback=fallback,
+            sampler=sampler,
+            draft_vocab=None if draft_vocab is None else vocab_ids,
         )
+        _check_vocab_file(core, vocab_path, made_for)
         obj = type(self)(
             self.model_path,
             self.draft_path,

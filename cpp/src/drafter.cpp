@@ -111,7 +111,8 @@ struct Drafter::Impl {
     std::shared_ptr<DraftModel> model;
     std::shared_ptr<TargetHead> head;
     ggml_tensor * tok_embd = nullptr;         // drafter's own or the target's
-    ggml_tensor * output = nullptr;           // the drafter's, the target's or the drafting vocabulary's rows of it
+    ggml_tensor * full_output = nullptr;      // the LM head: drafter's own or the target's
+    ggml_tensor * output = nullptr;           // full_output, or the drafting vocabulary's rows of it
     std::shared_ptr<const DraftVocab> vocab;  // null: drafts range over the whole vocabulary
     // ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each of those a pass
     // over the whole head through memory: with the head in such a buffer 3 rows cost more than 4 (a q4_0
@@ -639,24 +640,40 @@ struct Drafter::Impl {
         cpu_threads.set(n_threads);
     }
 
-    // opts.draft_vocab's rows of the head (the drafter's own or the target's) and of the selector's codebooks
-    void open_vocab(const std::string & draft_path, const std::vector<ggml_backend_buffer_type_t> & repacking) {
-        auto in_drafter = [&](const char * name, const ggml_tensor * t) {
-            for (const TensorInfo & ti : model->info.tensors)
-                if (ti.name == name) return RowSource{draft_path, ti.offset, t};
-            throw Error(draft_path + ": no tensor '" + name + "'");
-        };
-        const RowSource head_rows = output == model->output ? in_drafter("output.weight", output)
-                                                            : RowSource{head->path, head->output_offset, output};
-        RowSource prev, next;
-        if (hp().version == 2) {
-            prev = in_drafter("selector_predecessor.weight", model->sel_prev);
-            next = in_drafter("selector_successor.weight", model->sel_next);
+    // the CPU's extra buffer types a quantized matmul weight is repacked into (none off the CPU or with !repack)
+    std::vector<ggml_backend_buffer_type_t> repacking() const {
+        return on_cpu() && opts.repack ? repacking_bufts(dev) : std::vector<ggml_backend_buffer_type_t>{};
+    }
+
+    // The head the block graph multiplies: opts.draft_vocab's rows of the full head (and of the selector's
+    // codebooks), read from the files, or the full head when it is empty.
+    void open_vocab() {
+        vocab.reset();
+        output = full_output;
+        const std::vector<ggml_backend_buffer_type_t> bufts = repacking();
+        if (!opts.draft_vocab.empty()) {
+            const std::string & path = model->info.path;
+            auto in_drafter = [&](const char * name, const ggml_tensor * t) {
+                for (const TensorInfo & ti : model->info.tensors)
+                    if (ti.name == name) return RowSource{path, ti.offset, t};
+                throw Error(path + ": no tensor '" + name + "'");
+            };
+            const RowSource head_rows = full_output == model->output
+                                            ? in_drafter("output.weight", full_output)
+                                            : RowSource{head->path, head->output_offset, full_output};
+            const bool v2 = hp().version == 2;
+            RowSource prev, next;
+            if (v2) {
+                prev = in_drafter("selector_predecessor.weight", model->sel_prev);
+                next = in_drafter("selector_successor.weight", model->sel_next);
+            }
+            vocab =
+                make_draft_vocab(opts.draft_vocab, hp().n_vocab, v2 ? hp().selector_top_k : 1, head_rows,
+                                 v2 ? &prev : nullptr, v2 ? &next : nullptr, ggml_backend_dev_buffer_type(dev), bufts);
+            output = vocab->output;
         }
-        vocab = make_draft_vocab(opts.draft_vocab, hp().n_vocab, hp().version == 2 ? hp().selector_top_k : 1, head_rows,
-                                 hp().version == 2 ? &prev : nullptr, hp().version == 2 ? &next : nullptr,
-                                 ggml_backend_dev_buffer_type(dev), repacking);
-        output = vocab->output;
+        head_rows_by_4 = output->buffer && std::find(bufts.begin(), bufts.end(),
+                                                     ggml_backend_buffer_get_type(output->buffer)) != bufts.end();
     }
 
     // the draft cache of opts.n_ctx rows and the schedulers, once the weights are there
@@ -694,14 +711,12 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     Impl & m = *impl_;
     m.open_device(pick_device(opts.device), opts);
 
-    const std::vector<ggml_backend_buffer_type_t> repacking =
-        m.on_cpu() && opts.repack ? repacking_bufts(m.dev) : std::vector<ggml_backend_buffer_type_t>{};
     m.model =
-        std::make_shared<DraftModel>(load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev), repacking));
+        std::make_shared<DraftModel>(load_draft_model(draft_path, ggml_backend_dev_buffer_type(m.dev), m.repacking()));
     const DraftHparams & h = m.hp();
     if (m.model->tok_embd && m.model->output) {
         m.tok_embd = m.model->tok_embd;
-        m.output = m.model->output;
+        m.full_output = m.model->output;
     }
     if (!target_path.empty()) {
         m.head = load_target_head(target_path, m.dev);
@@ -726,17 +741,15 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         }
         if (!m.tok_embd) {
             m.tok_embd = m.head->tok_embd;
-            m.output = m.head->output;
+            m.full_output = m.head->output;
         }
         m.model->hp().n_vocab = m.head->n_vocab;
     }
     if (!m.tok_embd) {
         throw Error(draft_path + ": the drafter carries no token embedding / LM head, so a target GGUF is required");
     }
-    if (m.model->hp().n_vocab == 0) m.model->hp().n_vocab = (uint32_t)m.output->ne[1];
-    if (!opts.draft_vocab.empty()) m.open_vocab(draft_path, repacking);
-    m.head_rows_by_4 = m.output->buffer && std::find(repacking.begin(), repacking.end(),
-                                                     ggml_backend_buffer_get_type(m.output->buffer)) != repacking.end();
+    if (m.model->hp().n_vocab == 0) m.model->hp().n_vocab = (uint32_t)m.full_output->ne[1];
+    m.open_vocab();
     if ((uint32_t)h.mask_token_id >= m.model->hp().n_vocab) {
         throw Error(draft_path + ": tokenizer.ggml.mask_token_id " + std::to_string(h.mask_token_id) +
                     " is outside the vocabulary (" + std::to_string(m.model->hp().n_vocab) + ")");
@@ -745,16 +758,23 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
     m.open_cache();
 }
 
-std::unique_ptr<Drafter> Drafter::share() const {
+std::unique_ptr<Drafter> Drafter::share(const std::vector<int32_t> * draft_vocab) const {
     const Impl & src = *impl_;
     auto m = std::make_unique<Impl>();
-    m->open_device(src.dev, src.opts);
+    DrafterOptions o = src.opts;
+    if (draft_vocab) o.draft_vocab = *draft_vocab;
+    m->open_device(src.dev, o);
     m->model = src.model;
     m->head = src.head;
     m->tok_embd = src.tok_embd;
-    m->output = src.output;
-    m->vocab = src.vocab;
-    m->head_rows_by_4 = src.head_rows_by_4;
+    m->full_output = src.full_output;
+    if (draft_vocab) {
+        m->open_vocab();
+    } else {
+        m->output = src.output;
+        m->vocab = src.vocab;
+        m->head_rows_by_4 = src.head_rows_by_4;
+    }
     m->open_cache();
     return std::unique_ptr<Drafter>(new Drafter(std::move(m)));
 }

@@ -216,9 +216,8 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
         for v, vocab in enumerate(o.draft_vocab):
             # upstream has no drafting vocabulary: its servers run in the first vocabulary's configurations only
             mine = [s for s in systems if s != "upstream" or v == 0]
-            first = len(configs)
             for n_max in n_maxes:
-                base = configs[first].llm if len(configs) > first else None
+                base = configs[0].llm if configs else None
                 configs.append(_open_config(o, n_max, vocab, mine, server_bin, server_extra, threads, stack, base))
         result["configs"] = [c.record for c in configs]
         if len(configs) > 1:
@@ -262,9 +261,13 @@ def _open_config(
     stack: ExitStack,
     base: Any,
 ) -> _Config:
-    # the weights are loaded once per drafting vocabulary (`base`, that vocabulary's first configuration):
-    # a Q4_K_M target repacks into memory of its own per load
-    llm = base.share_weights(n_max=n_max) if base else _make_llm(o, n_max, draft_vocab, threads)
+    # the weights are loaded once (by `base`, the first configuration): a Q4_K_M target repacks into memory of
+    # its own per load; a drafting vocabulary adds only its rows of the head
+    llm = (
+        base.share_weights(n_max=n_max, draft_vocab=draft_vocab or [])
+        if base
+        else _make_llm(o, n_max, draft_vocab, threads)
+    )
     stack.callback(llm.close)
     record: dict[str, Any] = {
         "n_max": n_max,

@@ -70,7 +70,8 @@ public:
     Drafter & operator=(const Drafter &) = delete;
     // Another drafter on this one's weights (the drafter's and the target head it read), on the same device
     // with the same options and an empty cache of its own; the weights are freed with the last of them.
-    std::unique_ptr<Drafter> share() const;
+    // draft_vocab: its own drafting vocabulary (empty: the whole vocabulary); null: this one's.
+    std::unique_ptr<Drafter> share(const std::vector<int32_t> * draft_vocab = nullptr) const;
 
     const DraftHparams & hparams() const;
     const DraftFileInfo & info() const;
