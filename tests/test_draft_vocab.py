@@ -29,7 +29,7 @@ from tinycode import (  # noqa: E402
 
 import dflash_gguf  # noqa: E402
 from dflash_gguf import DFlashError, SpeculativeLlama  # noqa: E402
-from dflash_gguf.draft_vocab import make_draft_vocab, rank_tokens, save_draft_vocab  # noqa: E402
+from dflash_gguf.draft_vocab import corpus_texts, make_draft_vocab, rank_tokens, save_draft_vocab  # noqa: E402
 
 N_VOCAB = 2048
 DFLASH = [sys.executable, "-m", "dflash_gguf.cli"]
@@ -148,6 +148,18 @@ def test_ranking() -> None:
     assert rank_tokens(counts, 10, 3, always=[]) == [9, 3, 7]  # 50 lies outside a vocabulary of 10
     with pytest.raises(ValueError, match="size must be 1..10"):
         rank_tokens(counts, 10, 11)
+
+
+def test_corpus_files_and_directories(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("alpha")
+    (tmp_path / "sub" / "c.py").write_text("gamma")
+    (tmp_path / "b.bin").write_bytes(b"\xff\xfe\x00binary")
+    assert list(corpus_texts([str(tmp_path)])) == ["alpha", "gamma"]  # the binary file among them skipped
+    with pytest.raises(ValueError, match=f"{tmp_path / 'b.bin'}: not a UTF-8 text file"):
+        list(corpus_texts([str(tmp_path / "b.bin")]))  # but not when named
+    with pytest.raises(FileNotFoundError, match="nope: no such file"):
+        list(corpus_texts([str(tmp_path / "nope")]))
 
 
 def _acceptance(spec: SpeculativeLlama, toks: list[list[int]], plain: list[list[int]]) -> float:

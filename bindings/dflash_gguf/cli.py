@@ -699,18 +699,17 @@ def _bench_scale(
     "--size",
     default=32768,
     show_default=True,
-    help="Tokens a draft may propose (at most the vocabulary; FR-Spec's choice for Llama 3's 128k is 32768).",
+    help="Tokens a draft may propose (at most the vocabulary's).",
 )
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False), help="JSON file to write (new).")
 @click.argument("corpus", nargs=-1, required=True, type=click.Path(exists=True))
 def draft_vocab(target: str, size: int, output: str, corpus: tuple[str, ...]) -> None:
     """Count the target's tokens over CORPUS (text files, directories walked) and write its SIZE most
     frequent, with its end-of-generation tokens, as a drafting vocabulary for --draft-vocab."""
-    from .draft_vocab import make_draft_vocab, save_draft_vocab
+    from .draft_vocab import make_draft_vocab, refuse_existing, save_draft_vocab
 
     try:
-        if Path(output).exists():
-            raise FileExistsError(f"{output} exists; remove it or choose another output path")
+        refuse_existing(output)  # before the counting, not only after it
         vocab = make_draft_vocab(target, list(corpus), size)
         save_draft_vocab(vocab, output)
     except (ValueError, RuntimeError, OSError) as e:

@@ -41,26 +41,30 @@ def rank_tokens(counts: Counter[int], n_vocab: int, size: int, always: Sequence[
     return picked[:size]
 
 
-def corpus_texts(paths: Iterable[str]) -> Iterable[tuple[str, str]]:
-    """(path, text) of every UTF-8 file given, directories walked in name order; other files skipped."""
+def corpus_texts(paths: Iterable[str]) -> Iterable[str]:
+    """The text of every file given and of every UTF-8 file under the directories given (in name order)."""
     for p in paths:
         root = Path(p)
         if not root.exists():
             raise FileNotFoundError(f"{p}: no such file or directory")
-        files = [root] if root.is_file() else sorted(f for f in root.rglob("*") if f.is_file())
-        for f in files:
+        if root.is_file():
             try:
-                yield str(f), f.read_text(encoding="utf-8")
+                yield root.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{root}: not a UTF-8 text file") from None
+            continue
+        for f in sorted(f for f in root.rglob("*") if f.is_file()):
+            try:
+                yield f.read_text(encoding="utf-8")
             except (UnicodeDecodeError, OSError):
-                if root.is_file():
-                    raise ValueError(f"{f}: not a UTF-8 text file") from None
+                pass  # a binary or unreadable file among the texts
 
 
-def count_tokens(tokenize: Callable[[str], list[int]], texts: Iterable[tuple[str, str]]) -> tuple[Counter[int], int]:
-    """Token counts over the texts, and how many files were read."""
+def count_tokens(tokenize: Callable[[str], list[int]], texts: Iterable[str]) -> tuple[Counter[int], int]:
+    """Token counts over the texts, and how many were read."""
     counts: Counter[int] = Counter()
     files = 0
-    for _, text in texts:
+    for text in texts:
         counts.update(tokenize(text))
         files += 1
     return counts, files
@@ -113,10 +117,14 @@ def make_draft_vocab(target: str, corpus: Sequence[str], size: int) -> dict[str,
     }
 
 
-def save_draft_vocab(vocab: dict[str, Any], path: str) -> None:
-    """Write without ever leaving a half-written file, and never over an existing one."""
+def refuse_existing(path: str) -> None:
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists; remove it or choose another output path")
+
+
+def save_draft_vocab(vocab: dict[str, Any], path: str) -> None:
+    """Write without ever leaving a half-written file, and never over an existing one."""
+    refuse_existing(path)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(vocab, f)
