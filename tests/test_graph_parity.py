@@ -201,7 +201,13 @@ class Case:
         return self._gguf[key]
 
     def drafter(
-        self, outtype: str = "f32", embed_head: bool = False, n_ctx: int = 256, n_threads: int = 1, kv_type: str = "f32"
+        self,
+        outtype: str = "f32",
+        embed_head: bool = False,
+        n_ctx: int = 256,
+        n_threads: int = 1,
+        kv_type: str = "f32",
+        draft_vocab: list[int] | None = None,
     ) -> Any:
         """Our Drafter of this checkpoint; its cache in F32 unless asked (the reference's arithmetic)."""
         target = "" if embed_head else str(self.target_path)
@@ -212,6 +218,7 @@ class Case:
             n_threads=n_threads,
             n_ctx=n_ctx,
             kv_type=kv_type,
+            draft_vocab=draft_vocab or [],
         )
 
 
@@ -356,6 +363,40 @@ def test_f32_parity(case: Any, version: int, block: int) -> None:
             assert ours["tokens"] == np.asarray(ours["argmax"])[1:].tolist()  # DFlash 1: each row's argmax
     note(f"f32 v{version} B{block}", worst)
     print(f"f32 DFlash{version} B={block}: worst row NMSE {worst:.3e} over contexts {CONTEXTS}")
+
+
+@pytest.mark.parametrize("embed_head", (False, True))
+@pytest.mark.parametrize("version", (1, 2))
+def test_drafting_vocabulary_parity(case: Any, version: int, embed_head: bool) -> None:
+    """With a drafting vocabulary (half the tokens, in random order) the logits of its tokens are the
+    reference's and the others -inf; the argmax and (DFlash 2) the candidates are the reference's best
+    among the subset."""
+    c: Case = case(version, 8)
+    subset = [int(t) for t in np.random.default_rng(11).permutation(VOCAB)[: VOCAB // 2]]
+    d = c.drafter("f32", embed_head=embed_head, draft_vocab=subset)
+    assert d.draft_vocab_size == len(subset)
+    ours, ref = run_both(c, d, 37, anchor=99, seed=7)  # the anchor may lie outside the subset
+    outside = np.setdiff1d(np.arange(VOCAB), subset)
+    logits = np.asarray(ours["logits"])
+    assert np.isneginf(logits[:, outside]).all()
+    e = row_nmse(logits[:, subset], ref.logits.numpy()[:, subset])
+    assert e.max() <= NMSE_F32
+    masked = ref.logits.double().numpy()
+    masked[:, outside] = -np.inf
+    tie = TIE * float(np.abs(ref.logits.numpy()).max())
+    got = np.asarray(ours["argmax"])
+    for t in range(masked.shape[0]):
+        if got[t] != masked[t].argmax():
+            assert _margin(masked[t][subset]) < tie, f"row {t}: argmax {got[t]} != {masked[t].argmax()}"
+    if version == 2:
+        cand = np.asarray(ours["candidates"])
+        k = cand.shape[1]
+        for t in range(cand.shape[0]):
+            row = masked[t + 1]
+            best = np.argsort(-row, kind="stable")[:k]
+            top = np.sort(row[subset])[::-1]
+            if top[k - 1] - top[k] >= tie:
+                assert sorted(cand[t].tolist()) == sorted(best.tolist()), f"row {t + 1}: candidates differ"
 
 
 @pytest.mark.parametrize("version", (1, 2))
