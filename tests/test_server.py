@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,7 +291,9 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
         assert status == 200 and out["choices"] == llm.create_completion("x = 1", max_tokens=4, **GREEDY)["choices"]
 
 
-def test_cli_serves_until_interrupted() -> None:
+def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
+    vocab = tmp_path / "vocab.json"  # drafts from the first 1024 ids, in every slot
+    vocab.write_text(json.dumps({"format": "dflash-draft-vocab", "n_vocab": 2048, "tokens": list(range(1024))}))
     args = [
         sys.executable,
         "-m",
@@ -310,6 +313,8 @@ def test_cli_serves_until_interrupted() -> None:
         "16",
         "-np",
         "2",
+        "--draft-vocab",
+        str(vocab),
         "--port",
     ]
     # SIGINT at its default: a suite started in the background (CI) passes it on ignored
@@ -318,7 +323,7 @@ def test_cli_serves_until_interrupted() -> None:
     )
     try:
         line = proc.stderr.readline()  # type: ignore[union-attr]
-        found = re.search(r"http://127\.0\.0\.1:(\d+)/v1 \(2 slots;", line)
+        found = re.search(r"http://127\.0\.0\.1:(\d+)/v1 \(2 slots; drafts from 1024 of 2048 tokens;", line)
         assert found, line
         port = int(found.group(1))
         status, models = request(port, "GET", "/v1/models")

@@ -423,9 +423,10 @@ def serve(
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]
+    vocab = f"drafts from {llm.draft_vocab_size} of {llm.n_vocab()} tokens; " if model.get("draft_vocab") else ""
     click.echo(
         f"[dflash] serving {Path(model['target']).name} + {Path(model['draft']).name} on http://{h}:{p}/v1 "
-        f"({parallel} slot{'s' if parallel > 1 else ''}; Ctrl-C stops)",
+        f"({parallel} slot{'s' if parallel > 1 else ''}; {vocab}Ctrl-C stops)",
         err=True,
     )
     try:
