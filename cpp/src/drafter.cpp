@@ -749,11 +749,11 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
         throw Error(draft_path + ": the drafter carries no token embedding / LM head, so a target GGUF is required");
     }
     if (m.model->hp().n_vocab == 0) m.model->hp().n_vocab = (uint32_t)m.full_output->ne[1];
-    m.open_vocab();
     if ((uint32_t)h.mask_token_id >= m.model->hp().n_vocab) {
         throw Error(draft_path + ": tokenizer.ggml.mask_token_id " + std::to_string(h.mask_token_id) +
                     " is outside the vocabulary (" + std::to_string(m.model->hp().n_vocab) + ")");
     }
+    m.open_vocab();
 
     m.open_cache();
 }
