@@ -12,7 +12,7 @@ import contextlib
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._core import DFlashError, Speculator
@@ -79,12 +79,18 @@ def tensor_overrides(
     return out
 
 
-def _check_vocab_file(core: Speculator, path: str | None, made_for: int) -> None:
-    """A drafting vocabulary file counted with another tokenizer would pass the id checks and draft
-    nonsense: its recorded vocabulary size must be the target's."""
+def _open_with_vocab(
+    draft_vocab: str | os.PathLike[str] | Sequence[int] | None, open_core: Callable[[list[int] | None], Speculator]
+) -> Speculator:
+    """open_core with draft_vocab's token ids (None when not given), then the file's check: one counted
+    with another tokenizer would pass the id checks and draft nonsense, so the vocabulary size it records
+    must be the target's."""
+    ids, path, made_for = draft_vocab_ids(draft_vocab)
+    core = open_core(None if draft_vocab is None else ids)
     if path is not None and made_for != (n_vocab := core.n_vocab):
         core.close()
         raise ValueError(f"{path}: made for a vocabulary of {made_for} tokens, but the target has {n_vocab}")
+    return core
 
 
 class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
@@ -126,25 +132,26 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
             cap, adaptive = _parse_n_max(n_max)
             overrides = tensor_overrides(override_tensor, cpu_moe, n_cpu_moe)
-            vocab_ids, vocab_path, made_for = draft_vocab_ids(draft_vocab)
-            _core = Speculator(
-                target,
-                draft,
-                n_ctx=n_ctx,
-                n_batch=n_batch,
-                n_gpu_layers=n_gpu_layers,
-                n_threads=n_threads,
-                device=draft_device_for(device, n_gpu_layers),
-                n_max=cap,
-                adaptive=adaptive,
-                draft_q=draft_q,
-                fallback=fallback,
-                repack=repack,
-                sampler=sampler,
-                tensor_overrides=overrides,
-                draft_vocab=vocab_ids,
+            _core = _open_with_vocab(
+                draft_vocab,
+                lambda ids: Speculator(
+                    target,
+                    draft,
+                    n_ctx=n_ctx,
+                    n_batch=n_batch,
+                    n_gpu_layers=n_gpu_layers,
+                    n_threads=n_threads,
+                    device=draft_device_for(device, n_gpu_layers),
+                    n_max=cap,
+                    adaptive=adaptive,
+                    draft_q=draft_q,
+                    fallback=fallback,
+                    repack=repack,
+                    sampler=sampler,
+                    tensor_overrides=overrides,
+                    draft_vocab=ids or [],
+                ),
             )
-            _check_vocab_file(_core, vocab_path, made_for)
         self._spec = _core
         self.sampler = sampler
         self._fingerprint: str | None = None
@@ -191,22 +198,23 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         model_ptr, ctx_ptr = int(model), int(ctx)
         cap, adaptive = _parse_n_max(n_max)
         n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
-        vocab_ids, vocab_path, made_for = draft_vocab_ids(draft_vocab)
-        core = Speculator.adopt(
-            model_ptr,
-            ctx_ptr,
-            path,
-            draft,
-            n_threads=int(llm.n_threads or 0),
-            device=draft_device_for(device, n_gpu_layers),
-            n_max=cap,
-            adaptive=adaptive,
-            draft_q=draft_q,
-            fallback=fallback,
-            sampler=sampler,
-            draft_vocab=vocab_ids,
+        core = _open_with_vocab(
+            draft_vocab,
+            lambda ids: Speculator.adopt(
+                model_ptr,
+                ctx_ptr,
+                path,
+                draft,
+                n_threads=int(llm.n_threads or 0),
+                device=draft_device_for(device, n_gpu_layers),
+                n_max=cap,
+                adaptive=adaptive,
+                draft_q=draft_q,
+                fallback=fallback,
+                sampler=sampler,
+                draft_vocab=ids or [],
+            ),
         )
-        _check_vocab_file(core, vocab_path, made_for)
         window = int(getattr(llm, "last_n_tokens_size", 64))
         obj = cls(path, draft, n_max=n_max, last_n_tokens_size=window, sampler=sampler, _core=core)
         obj.n_batch = int(getattr(llm, "n_batch", obj.n_batch))
@@ -236,16 +244,12 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         target adopted by from_llama. Like any SpeculativeLlama, each is used by one thread at a time."""
         sampler = self.sampler if sampler is None else sampler
         cap, adaptive = _parse_n_max(n_max)
-        vocab_ids, vocab_path, made_for = draft_vocab_ids(draft_vocab)
-        core = self._spec.share_weights(
-            n_max=cap,
-            adaptive=adaptive,
-            draft_q=draft_q,
-            fallback=fallback,
-            sampler=sampler,
-            draft_vocab=None if draft_vocab is None else vocab_ids,
+        core = _open_with_vocab(
+            draft_vocab,  # None: this one's
+            lambda ids: self._spec.share_weights(
+                n_max=cap, adaptive=adaptive, draft_q=draft_q, fallback=fallback, sampler=sampler, draft_vocab=ids
+            ),
         )
-        _check_vocab_file(core, vocab_path, made_for)
         obj = type(self)(
             self.model_path,
             self.draft_path,
