@@ -147,6 +147,25 @@ def load_draft_vocab(path: str) -> tuple[list[int], int]:
     return tokens, n_vocab
 
 
+def target_vocab_size(target: str) -> int | None:
+    """The vocabulary size a target GGUF's header records (the length of its token list), read without
+    loading the model; None where the header does not say (libllama then reports a bad file itself)."""
+    from dflash_convert.errors import ConversionError
+    from dflash_convert.gguf_file import read_header
+
+    try:
+        tokens = read_header(Path(target)).fields.get("tokenizer.ggml.tokens")
+    except ConversionError:
+        return None
+    return None if tokens is None else len(tokens.value)
+
+
+def check_made_for(path: str, made_for: int, n_vocab: int) -> None:
+    """A file counted with another tokenizer would pass the id checks and draft nonsense."""
+    if made_for != n_vocab:
+        raise ValueError(f"{path}: made for a vocabulary of {made_for} tokens, but the target has {n_vocab}")
+
+
 def draft_vocab_ids(draft_vocab: str | os.PathLike[str] | Sequence[int] | None) -> tuple[list[int], str | None, int]:
     """SpeculativeLlama's draft_vocab as token ids ([]: the whole vocabulary), with the file they came from
     and the vocabulary size it was made for (None, 0 for a list of ids)."""

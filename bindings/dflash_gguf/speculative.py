@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ._core import DFlashError, Speculator
 from .chat import ChatMixin
 from .completion import CompletionMixin
-from .draft_vocab import draft_vocab_ids
+from .draft_vocab import check_made_for, draft_vocab_ids, target_vocab_size
 from .generation import GenerationMixin
 from .infill import require_fim, server_infill_prompt
 from .llama_compat import (
@@ -80,16 +80,23 @@ def tensor_overrides(
 
 
 def _open_with_vocab(
-    draft_vocab: str | os.PathLike[str] | Sequence[int] | None, open_core: Callable[[list[int] | None], Speculator]
+    draft_vocab: str | os.PathLike[str] | Sequence[int] | None,
+    open_core: Callable[[list[int] | None], Speculator],
+    target: str | None = None,
 ) -> Speculator:
-    """open_core with draft_vocab's token ids (None when not given), then the file's check: one counted
-    with another tokenizer would pass the id checks and draft nonsense, so the vocabulary size it records
-    must be the target's."""
+    """open_core with draft_vocab's token ids (None when not given). A file's recorded vocabulary size must
+    be the target's: checked against the `target` file's header before anything loads (a target of many GB
+    should not load only to be refused), and against the loaded target after."""
     ids, path, made_for = draft_vocab_ids(draft_vocab)
+    if path is not None and target is not None and (n_vocab := target_vocab_size(target)) is not None:
+        check_made_for(path, made_for, n_vocab)
     core = open_core(None if draft_vocab is None else ids)
-    if path is not None and made_for != (n_vocab := core.n_vocab):
-        core.close()
-        raise ValueError(f"{path}: made for a vocabulary of {made_for} tokens, but the target has {n_vocab}")
+    if path is not None:
+        try:
+            check_made_for(path, made_for, core.n_vocab)
+        except ValueError:
+            core.close()
+            raise
     return core
 
 
@@ -151,6 +158,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                     tensor_overrides=overrides,
                     draft_vocab=ids or [],
                 ),
+                target,
             )
         self._spec = _core
         self.sampler = sampler
