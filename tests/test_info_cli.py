@@ -77,7 +77,24 @@ def test_text_dflash2(files):
     assert by_type == {"f16": 3 * 9 + 4, "f32": 2 + 3 * 6}
     assert f"f16: {by_type['f16']} (" in tl and f"f32: {by_type['f32']} (" in tl
     assert str(path) in lines["file"]
+    assert lines["draft cache"].endswith("0.38 KiB per context row (K and V in F16): 1.50 MiB for 4096 rows")
     assert r.stderr == ""
+
+
+def test_cache_per_row_is_what_the_runtime_holds():
+    """`dflash info`'s figure is the bytes per row of the drafter's cache that a saved context carries."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    from tinycode import TARGET, drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+
+    draft = drafter_gguf("q8_0")
+    per_row = json.loads(run_info(str(draft), "--json").stdout)["cache_bytes_per_row"]
+    llm = SpeculativeLlama(str(TARGET), str(draft), n_ctx=256, n_threads=1)
+    llm.create_completion("def add(a, b):", max_tokens=8, temperature=0)
+    state = llm.save_state()
+    assert len(state.input_ids) > 0 and len(state.draft) == len(state.input_ids) * per_row
+    llm.close()
 
 
 def test_text_dflash1(files):
@@ -138,6 +155,7 @@ def test_json_numbers_equal_what_was_written(files, which):
         "tensors_by_type": _by_type(tensors),
         "tensor_bytes": sum(a.nbytes for a in tensors.values()),
         "file_size": path.stat().st_size,
+        "cache_bytes_per_row": (3 if version == 2 else 2) * 2 * 2 * 16 * 2,  # layers x (K, V) x kv heads x dim x f16
     }
     assert {k: s[k] for k in expect} == expect
     assert s["rms_eps"] == pytest.approx(1e-6, rel=1e-6)

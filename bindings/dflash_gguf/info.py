@@ -38,6 +38,9 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
         "bytes_by_type": dict(sorted(bytes_by_type.items())),
         "tensor_bytes": sum(t["nbytes"] for t in info["tensors"]),
         "file_size": info["file_size"],
+        # the draft context cache per row: K and V of every layer in F16 (the runtime's default), so that the
+        # memory a context length costs can be planned before loading
+        "cache_bytes_per_row": hp["n_layer"] * 2 * hp["n_head_kv"] * hp["head_dim"] * 2,
     }
     if hp["version"] == 2:
         out["conv"] = {"kernel_size": hp["conv_kernel_size"], "group_size": hp["conv_group_size"]}
@@ -101,4 +104,8 @@ def format_text(s: dict[str, Any]) -> str:
     types = "  ".join(f"{t}: {n} ({_mib(s['bytes_by_type'][t])})" for t, n in s["tensors_by_type"].items())
     lines.append(f"tensors         {s['tensor_count']}  ({types})")
     lines.append(f"total size      {_mib(s['tensor_bytes'])} of tensor data")
+    row, ctx = s["cache_bytes_per_row"], s["context_length"]
+    lines.append(
+        f"draft cache     {row / 1024:.2f} KiB per context row (K and V in F16): {_mib(row * ctx)} for {ctx} rows"
+    )
     return "\n".join(lines)
