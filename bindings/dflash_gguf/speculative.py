@@ -50,6 +50,21 @@ def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     return n_max, False
 
 
+def _loop_options(
+    n_max: int | str, draft_q: str, device: str, n_gpu_layers: int, fallback: bool, sampler: str
+) -> dict[str, Any]:
+    """The speculative loop's keyword arguments, which a loaded and an adopted target's Speculator share."""
+    cap, adaptive = _parse_n_max(n_max)
+    return dict(
+        device=draft_device_for(device, n_gpu_layers),
+        n_max=cap,
+        adaptive=adaptive,
+        draft_q=draft_q,
+        fallback=fallback,
+        sampler=sampler,
+    )
+
+
 # a MoE's routed experts, by libllama's tensor names (ffn_{gate,up,down}_exps, a fused ffn_gate_up_exps, and
 # the chexps of archs that keep experts in chunks); shared experts (shexp) stay with their layer, as
 # llama-server's --cpu-moe leaves them
@@ -137,7 +152,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                     raise ValueError(f"{what} must be a GGUF file path, got {path!r}")
             if n_ctx < 16:
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
-            cap, adaptive = _parse_n_max(n_max)
+            loop = _loop_options(n_max, draft_q, device, n_gpu_layers, fallback, sampler)
             overrides = tensor_overrides(override_tensor, cpu_moe, n_cpu_moe)
             _core = _open_with_vocab(
                 draft_vocab,
@@ -148,15 +163,10 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                     n_batch=n_batch,
                     n_gpu_layers=n_gpu_layers,
                     n_threads=n_threads,
-                    device=draft_device_for(device, n_gpu_layers),
-                    n_max=cap,
-                    adaptive=adaptive,
-                    draft_q=draft_q,
-                    fallback=fallback,
                     repack=repack,
-                    sampler=sampler,
                     tensor_overrides=overrides,
                     draft_vocab=ids or [],
+                    **loop,
                 ),
                 target,
             )
@@ -204,23 +214,12 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         if model is None or ctx is None:
             raise ValueError("from_llama: this llama_cpp.Llama is closed (it has no model or context left)")
         model_ptr, ctx_ptr = int(model), int(ctx)
-        cap, adaptive = _parse_n_max(n_max)
         n_gpu_layers = int(getattr(getattr(llm, "model_params", None), "n_gpu_layers", 0))
+        loop = _loop_options(n_max, draft_q, device, n_gpu_layers, fallback, sampler)
         core = _open_with_vocab(
             draft_vocab,
             lambda ids: Speculator.adopt(
-                model_ptr,
-                ctx_ptr,
-                path,
-                draft,
-                n_threads=int(llm.n_threads or 0),
-                device=draft_device_for(device, n_gpu_layers),
-                n_max=cap,
-                adaptive=adaptive,
-                draft_q=draft_q,
-                fallback=fallback,
-                sampler=sampler,
-                draft_vocab=ids or [],
+                model_ptr, ctx_ptr, path, draft, n_threads=int(llm.n_threads or 0), draft_vocab=ids or [], **loop
             ),
         )
         window = int(getattr(llm, "last_n_tokens_size", 64))

@@ -114,6 +114,7 @@ struct Drafter::Impl {
     ggml_tensor * full_output = nullptr;      // the LM head: drafter's own or the target's
     ggml_tensor * output = nullptr;           // full_output, or the drafting vocabulary's rows of it
     std::shared_ptr<const DraftVocab> vocab;  // null: drafts range over the whole vocabulary
+    std::vector<float> subset_logits;         // scratch: a step's logits over the drafting vocabulary's rows
     // ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each of those a pass
     // over the whole head through memory: with the head in such a buffer 3 rows cost more than 4 (a q4_0
     // 151,936 x 2048 head on 2 EPYC cores: 27.8 against 23.9 ms), so 3 (7, 11, ...) take one more
@@ -997,11 +998,10 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
         for (int32_t & t : r.argmax) t = dv->ids[t];
     if (want_logits) {
         const size_t V = dv ? dv->ids.size() : h.n_vocab;
-        std::vector<float> lg((size_t)out_rows * V);
+        std::vector<float> & lg = dv ? m.subset_logits : r.logits;
+        lg.resize((size_t)out_rows * V);
         ggml_backend_tensor_get(bg.logits, lg.data(), 0, lg.size() * sizeof(float));
-        if (!dv) {
-            r.logits = std::move(lg);
-        } else {  // tokens outside the drafting vocabulary are never drafted: -inf
+        if (dv) {  // tokens outside the drafting vocabulary are never drafted: -inf
             r.logits.assign((size_t)out_rows * h.n_vocab, -INFINITY);
             for (uint32_t row = 0; row < out_rows; ++row)
                 for (size_t j = 0; j < V; ++j) r.logits[(size_t)row * h.n_vocab + dv->ids[j]] = lg[row * V + j];
