@@ -1212,6 +1212,66 @@ def test_quantized_target_runs(repack: bool | None, draft: str, tmp_path: Path) 
     assert r.returncode == 0 and "ok 48" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
 
 
+def test_repacked_target_without_amx(draft: str, tmp_path: Path) -> None:
+    """repack="no-amx", what repack=None does for a quantized target on a CPU with AMX (libllama 0.3.36 crashes in
+    its AMX kernels there): libllama's extra CPU buffers off, and each layer weight and the output head that
+    ggml's repacked layout takes placed there by name: exactly the Q4_0 matrices with rows in multiples of 8
+    (ggml's x86 rule), never token_embd, whose rows libllama reads. Decoding is lossless against plain
+    decoding of that target; in a subprocess, so that a crash fails this test instead of the suite."""
+    import ctypes
+    import re
+    import subprocess
+    import sys
+
+    import gguf
+
+    from dflash_gguf import _core
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.is_file() or "avx2" not in cpuinfo.read_text(errors="replace").split():
+        pytest.skip("asserts ggml's x86 Q4_0 repack, which needs AVX2 (read from Linux's /proc/cpuinfo)")
+    q4 = tmp_path / "target-q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(TARGET).encode(), str(q4).encode(), ctypes.byref(params)) == 0
+
+    use_extra_bufts, placed = _core.target_weight_placement(str(q4), repack="no-amx")
+    assert use_extra_bufts is False
+    assert {name for _, name, _ in placed} == {"CPU_REPACK"}
+    tensors = gguf.GGUFReader(q4).tensors
+    want = {
+        t.name
+        for t in tensors
+        if (t.name.startswith("blk.") or t.name == "output.weight")
+        and t.tensor_type == gguf.GGMLQuantizationType.Q4_0
+        and len(t.shape) == 2
+        and t.shape[1] % 8 == 0
+    }
+    assert want and any(t.name == "token_embd.weight" for t in tensors)
+    got = {t.name for t in tensors if any(re.search(p, t.name) for p, _, _ in placed)}
+    assert got == want
+    assert _core.target_weight_placement(str(q4), repack=False) == (False, [])
+    assert _core.target_weight_placement(str(TARGET), repack="no-amx")[1] == []  # F16: no repacked layout
+    with pytest.raises(ValueError, match="no-amx"):
+        _core.target_weight_placement(str(q4), repack="amx")
+    with pytest.raises(DFlashError, match=re.escape(str(q4)) + ".*n_gpu_layers = 0"):
+        _core.target_weight_placement(str(q4), n_gpu_layers=1, repack="no-amx")
+
+    script = (
+        "from dflash_gguf import SpeculativeLlama\n"
+        f"llm = SpeculativeLlama({str(q4)!r}, {draft!r}, n_ctx=512, n_threads=1, n_max=3, repack='no-amx')\n"
+        f"toks = llm.tokenize({_text(0)!r}, add_special=False, parse_special=False)\n"
+        "spec = list(llm.generate_tokens(toks, max_tokens=48))\n"
+        "assert llm.stats.accepted > 0, llm.stats\n"
+        "plain = list(llm.generate_tokens(toks, max_tokens=48, plain=True))\n"
+        "assert spec == plain, (spec, plain)\n"
+        "print('ok', len(spec))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "ok 48" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+
+
 def test_a_list_of_prompts_gives_one_choice_each(spec: SpeculativeLlama) -> None:
     """OpenAI's and llama-server's list `prompt` (LangChain's OpenAI class sends ["..."], lm-eval several):
     choice i is what prompt i alone gives, streamed too, echo and logprobs included."""

@@ -629,43 +629,54 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
         assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8
 
 
-def test_repacked_head_takes_rows_by_four(tiny_gguf: Any, golden_features: dict[str, np.ndarray]) -> None:
+def test_repacked_head_pads_left_over_rows(
+    tiny_gguf: Any, golden_features: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each a pass over the
-    whole LM head, so a repacked head of 3 or 7 rows runs as 4 or 8 (a padded row, dropped after): drafts
-    of 1-7 tokens are the plain layout's, and the profile shows a draft of 3 running the head on 4 rows."""
+    whole LM head, so a repacked head's rows left over after multiples of 4 run padded to the next multiple
+    from a count timed at load (head_pad_from; DFLASH_HEAD_PAD_FROM sets it): whatever it is, drafts of 1-7
+    tokens are the plain layout's, and the profile shows the head's rows padded as it says."""
     skip_without_x86_repack()
     path, target = str(tiny_gguf("q4_0", embed_head=True)), str(TINY / "target-f16.gguf")
-    packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, kv_type="f32")
     plain = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=False, kv_type="f32")
-    assert packed.repacked_weights == 2 + 9 * 2  # the head too
+    assert plain.head_pad_from == 4  # nothing to pad for
+    timed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, kv_type="f32")
+    assert timed.repacked_weights == 2 + 9 * 2  # the head too
+    assert 1 <= timed.head_pad_from <= 4
     c = GOLDEN["cases"][0]
     f = golden_features[c["prompt_id"]]
     n = f.shape[0]
-    for d in (packed, plain):
-        d.inject(f, np.arange(n, dtype=np.int32))
-    for k in range(1, 8):
-        a, b = (d.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True) for d in (packed, plain))
-        assert a["tokens"] == b["tokens"], k
-        assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), k
-        assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), k
-        assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, k
+    plain.inject(f, np.arange(n, dtype=np.int32))
+    want = [plain.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True) for k in range(1, 8)]
+    for pad_from in (1, 2, 3):
+        monkeypatch.setenv("DFLASH_HEAD_PAD_FROM", str(pad_from))
+        packed = dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, kv_type="f32")
+        assert packed.head_pad_from == pad_from
+        packed.inject(f, np.arange(n, dtype=np.int32))
+        for k, b in zip(range(1, 8), want):
+            a = packed.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True)
+            assert a["tokens"] == b["tokens"], (pad_from, k)
+            assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), (pad_from, k)
+            assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), (pad_from, k)
+            assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, (pad_from, k)
+    monkeypatch.delenv("DFLASH_HEAD_PAD_FROM")
     code = (
         "import sys, numpy as np, dflash_gguf\n"
         "d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1, n_ctx=64)\n"
         "d.inject(np.zeros((4, d.hparams['target_hidden'] * len(d.hparams['target_layers'])), np.float32), "
         "np.arange(4, dtype=np.int32))\n"
-        "for k in (2, 3): d.draft(1, 4, k, short_block=True)\n"
+        "for k in (1, 2, 3, 5): d.draft(1, 4, k, short_block=True)\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", code, path, target],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "DFLASH_PROFILE": "1"},
+        env={**os.environ, "DFLASH_PROFILE": "1", "DFLASH_HEAD_PAD_FROM": "2"},
     )
     assert r.returncode == 0, r.stderr
     head = [line.split()[2] for line in r.stderr.splitlines() if "x2048x" in line and "MUL_MAT q4_0" in line]
-    assert sorted(head) == ["256x2048x2", "256x2048x4"], r.stderr
+    assert sorted(head) == ["256x2048x1", "256x2048x4", "256x2048x5"], r.stderr  # 2 and 3 rows both run as 4
 
 
 def test_repacking_prints_nothing(tiny_gguf: Any) -> None:

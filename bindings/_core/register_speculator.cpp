@@ -138,6 +138,15 @@ std::unique_ptr<PySpeculator> make_speculator(
     return p;
 }
 
+// Python's repack=: None (auto), True, False, or "no-amx" (ggml's repacked layouts, never AMX's)
+dflash::Repack to_repack(const py::object & repack) {
+    if (repack.is_none()) return dflash::Repack::Auto;
+    if (py::isinstance<py::bool_>(repack)) return repack.cast<bool>() ? dflash::Repack::On : dflash::Repack::Off;
+    if (py::isinstance<py::str>(repack) && repack.cast<std::string>() == "no-amx") return dflash::Repack::WithoutAmx;
+    throw py::value_error("repack must be None, True, False or \"no-amx\", not " +
+                          py::repr(repack).cast<std::string>());
+}
+
 }  // namespace
 
 void register_speculator(py::module_ & m) {
@@ -149,10 +158,26 @@ void register_speculator(py::module_ & m) {
         "target_flash_attn", [](int n_gpu_layers) { return (int)dflash::target_flash_attn(n_gpu_layers); },
         py::arg("n_gpu_layers"),
         "The llama_context_params.flash_attn_type the target's context gets with n_gpu_layers offloaded");
+    m.def(
+        "target_weight_placement",
+        [](const std::string & path, int n_gpu_layers, const py::object & repack) {
+            dflash::TargetOptions opts;
+            opts.n_gpu_layers = n_gpu_layers;
+            opts.repack = to_repack(repack);
+            const dflash::WeightPlacement p = dflash::target_weight_placement(path, opts);
+            py::list overrides;
+            for (const auto & [pattern, buft] : p.overrides) {
+                overrides.append(py::make_tuple(pattern, ggml_backend_buft_name(buft), (uintptr_t)buft));
+            }
+            return py::make_tuple(p.use_extra_bufts, overrides);
+        },
+        py::arg("path"), py::arg("n_gpu_layers") = 0, py::arg("repack") = py::none(),
+        "(use_extra_bufts, [(pattern, buffer type name, ggml_backend_buffer_type_t address)]): how a target "
+        "loads its weights for these options (dflash::target_weight_placement)");
     py::class_<PySpeculator>(m, "Speculator")
         .def(py::init([](const std::string & target, const std::string & draft, uint32_t n_ctx, uint32_t n_batch,
                          int n_gpu_layers, int n_threads, const std::string & device, uint32_t n_max, bool adaptive,
-                         const std::string & draft_q, bool fallback, std::optional<bool> repack,
+                         const std::string & draft_q, bool fallback, const py::object & repack,
                          const std::string & sampler,
                          const std::vector<std::pair<std::string, std::string>> & tensor_overrides,
                          const std::vector<int32_t> & draft_vocab) {
@@ -162,7 +187,7 @@ void register_speculator(py::module_ & m) {
                  topt.n_batch = n_batch;
                  topt.n_gpu_layers = n_gpu_layers;
                  topt.n_threads = n_threads;
-                 topt.repack = repack ? (int)*repack : -1;
+                 topt.repack = to_repack(repack);
                  topt.tensor_overrides = tensor_overrides;
                  py::gil_scoped_release nogil;
                  return make_speculator(
@@ -170,7 +195,7 @@ void register_speculator(py::module_ & m) {
                          topt.n_rs_seq = max_draft;
                          return std::make_unique<dflash::Target>(target, topt);
                      },
-                     target, draft, device, n_threads, repack.value_or(true), draft_vocab, sopt);
+                     target, draft, device, n_threads, topt.repack != dflash::Repack::Off, draft_vocab, sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,

@@ -1,5 +1,5 @@
 from collections.abc import Callable
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -35,6 +35,8 @@ class Drafter:
     def head_zero_copy(self) -> bool: ...
     @property
     def repacked_weights(self) -> int: ...
+    @property
+    def head_pad_from(self) -> int: ...
     @property
     def draft_vocab_size(self) -> int: ...
     @property
@@ -108,6 +110,9 @@ class DraftLengthController:
 def release_openmp_threads() -> bool: ...
 def default_cpu_threads() -> int: ...
 def target_flash_attn(n_gpu_layers: int) -> int: ...
+def target_weight_placement(
+    path: str, n_gpu_layers: int = 0, repack: bool | Literal["no-amx"] | None = None
+) -> tuple[bool, list[tuple[str, str, int]]]: ...
 
 class Speculator:
     def __init__(
@@ -123,7 +128,7 @@ class Speculator:
         adaptive: bool = False,
         draft_q: str = "logits",
         fallback: bool = True,
-        repack: bool | None = None,
+        repack: bool | Literal["no-amx"] | None = None,
         sampler: str = "gumbel",
         tensor_overrides: list[tuple[str, str]] = ...,
         draft_vocab: list[int] = ...,

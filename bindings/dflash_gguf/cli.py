@@ -136,9 +136,10 @@ _MODEL_OPTIONS = [
         "--no-repack",
         is_flag=True,
         help="Keep the target's weights out of libllama's repacked / AMX CPU buffers (llama-server's "
-        "--no-repack) and the drafter's in their file layout. Default: the target's out of them only "
-        "where AMX would take them (an AMX CPU and weights of a type its kernels take), where "
-        "libllama can crash; a quantized drafter's in ggml's repacked CPU layouts (never AMX).",
+        "--no-repack) and the drafter's in their file layout. Default: all of them, except where AMX "
+        "would take the target's (an AMX CPU and weights of a type its kernels take), where libllama can "
+        "crash: there its layers' weights go to ggml's repacked layouts by name; a quantized drafter's "
+        "in ggml's repacked CPU layouts (never AMX).",
     ),
     *_PLACEMENT_OPTIONS,
     _DRAFT_VOCAB_OPTION,

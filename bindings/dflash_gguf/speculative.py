@@ -13,7 +13,7 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ._core import DFlashError, Speculator
 from .chat import ChatMixin
@@ -131,7 +131,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         draft_q: str = "logits",
         device: str = "auto",
         fallback: bool = True,
-        repack: bool | None = None,
+        repack: bool | Literal["no-amx"] | None = None,
         override_tensor: str | Sequence[str] | None = None,
         cpu_moe: bool = False,
         n_cpu_moe: int = 0,

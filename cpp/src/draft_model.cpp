@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 
+#include "cpu_repack.h"
 #include "dflash/error.h"
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -436,18 +437,6 @@ void place_matmul_weights(DraftModel & m, const std::string & path,
 }
 
 }  // namespace
-
-bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
-    ggml_init_params ip = {4 * ggml_tensor_overhead(), nullptr, true};
-    ggml_context_ptr ctx(ggml_init(ip));
-    ggml_tensor * wt = ggml_new_tensor(ctx.get(), w->type, GGML_MAX_DIMS, w->ne);
-    ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, w->ne[0], 4);
-    ggml_tensor * y = ggml_mul_mat(ctx.get(), wt, x);
-    ggml_backend_buffer_ptr probe(ggml_backend_buft_alloc_buffer(buft, 0));
-    if (!probe) return false;
-    wt->buffer = probe.get();
-    return ggml_backend_dev_supports_op(ggml_backend_buft_get_device(buft), y);
-}
 
 DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t buft,
                             const std::vector<ggml_backend_buffer_type_t> & matmul_bufts) {

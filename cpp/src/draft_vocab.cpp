@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "cpu_repack.h"
 #include "dflash/draft_model.h"
 #include "dflash/error.h"
 #include "ggml-alloc.h"

@@ -15,6 +15,7 @@
 #include "op_profile.h"
 #include "packed_tensors.h"
 #include "cpu_conv.h"
+#include "cpu_repack.h"
 #include "thread_pick.h"
 
 namespace dflash {
@@ -49,20 +50,6 @@ size_t max_block_shapes(uint32_t block_size, bool exact) {
     std::set<uint32_t> rows;
     for (uint32_t n = 1; n < block_size; ++n) rows.insert(short_block_rows(n + 1, block_size, exact));
     return rows.size() + 1;
-}
-
-// The CPU's extra weight buffer types (ggml's repacked layouts: Q4_0/Q4_K/IQ4_NL... for AVX2, more on ARM),
-// without AMX: llama-cpp-python 0.3.36 segfaults in its quantized kernels (llama.cpp#20824) and its F16
-// kernel drafts no faster than the plain one (0.545 vs 0.550 ms, tinycode k = 3).
-std::vector<ggml_backend_buffer_type_t> repacking_bufts(ggml_backend_dev_t cpu) {
-    using ExtraBufts = ggml_backend_buffer_type_t * (*)(ggml_backend_dev_t);
-    auto get = (ExtraBufts)ggml_backend_reg_get_proc_address(ggml_backend_dev_backend_reg(cpu),
-                                                             "ggml_backend_dev_get_extra_bufts");
-    std::vector<ggml_backend_buffer_type_t> out;
-    for (ggml_backend_buffer_type_t * b = get ? get(cpu) : nullptr; b && *b; ++b) {
-        if (std::string(ggml_backend_buft_name(*b)) != "AMX") out.push_back(*b);
-    }
-    return out;
 }
 
 ggml_backend_dev_t pick_device(const std::string & want) {
@@ -115,10 +102,9 @@ struct Drafter::Impl {
     ggml_tensor * output = nullptr;           // full_output, or the drafting vocabulary's rows of it
     std::shared_ptr<const DraftVocab> vocab;  // null: drafts range over the whole vocabulary
     std::vector<float> subset_logits;         // scratch: a step's logits over the drafting vocabulary's rows
-    // ggml's repacked CPU kernels multiply 4 rows at a time and the rest one by one, each of those a pass
-    // over the whole head through memory: with the head in such a buffer 3 rows cost more than 4 (a q4_0
-    // 151,936 x 2048 head on 2 EPYC cores: 27.8 against 23.9 ms), so 3 (7, 11, ...) take one more
-    bool head_rows_by_4 = false;
+    // With the head in a repacked CPU layout, head rows left over after multiples of 4 (n % 4) from this
+    // many on are padded to the next multiple of 4 (timed_pad_rows_from; 4: never)
+    uint32_t head_pad_from = 4;
 
     ggml_backend_dev_t dev = nullptr;
     ggml_backend_ptr backend;      // the chosen device
@@ -417,14 +403,14 @@ struct Drafter::Impl {
         ggml_tensor * h_final = rms_norm(ctx, x, model->output_norm);  // [E, B]
         ggml_tensor * h_head =
             ggml_view_2d(ctx, h_final, h.n_embd, head_rows, h_final->nb[1], head_first * h_final->nb[1]);
-        const bool pad_row = head_rows_by_4 && head_rows % 4 == 3;
-        if (pad_row) h_head = ggml_pad(ctx, h_head, 0, 1, 0, 0);
-        ggml_tensor * logits = ggml_mul_mat(ctx, output, h_head);  // [V, head_rows (+ 1)]
+        const bool pad_rows = head_rows % 4 >= head_pad_from;
+        if (pad_rows) h_head = ggml_pad(ctx, h_head, 0, 4 - head_rows % 4, 0, 0);
+        ggml_tensor * logits = ggml_mul_mat(ctx, output, h_head);  // [V, head_rows (+ padding)]
         if (h.logit_scale != 0.0f) logits = ggml_scale(ctx, logits, h.logit_scale);
         if (h.logit_softcap > 0.0f) {
             logits = ggml_scale(ctx, ggml_tanh(ctx, ggml_scale(ctx, logits, 1.0f / h.logit_softcap)), h.logit_softcap);
         }
-        if (pad_row) {
+        if (pad_rows) {
             ggml_set_output(logits);  // keeps the allocator from reusing what the view below reads
             logits = ggml_view_2d(ctx, logits, logits->ne[0], head_rows, logits->nb[1], 0);
         }
@@ -673,8 +659,13 @@ struct Drafter::Impl {
                                  v2 ? &prev : nullptr, v2 ? &next : nullptr, ggml_backend_dev_buffer_type(dev), bufts);
             output = vocab->output;
         }
-        head_rows_by_4 = output->buffer && std::find(bufts.begin(), bufts.end(),
-                                                     ggml_backend_buffer_get_type(output->buffer)) != bufts.end();
+        const bool repacked = output->buffer && std::find(bufts.begin(), bufts.end(),
+                                                          ggml_backend_buffer_get_type(output->buffer)) != bufts.end();
+        head_pad_from = 4;
+        if (repacked) {
+            const char * forced = std::getenv("DFLASH_HEAD_PAD_FROM");  // 1-4, for tests
+            head_pad_from = forced ? std::clamp(std::atoi(forced), 1, 4) : timed_pad_rows_from(backend.get(), output);
+        }
     }
 
     // the draft cache of opts.n_ctx rows and the schedulers, once the weights are there
@@ -774,7 +765,7 @@ std::unique_ptr<Drafter> Drafter::share(const std::vector<int32_t> * draft_vocab
     } else {
         m->output = src.output;
         m->vocab = src.vocab;
-        m->head_rows_by_4 = src.head_rows_by_4;
+        m->head_pad_from = src.head_pad_from;
     }
     m->open_cache();
     return std::unique_ptr<Drafter>(new Drafter(std::move(m)));
@@ -790,6 +781,7 @@ uint32_t Drafter::n_cached() const { return impl_->n_cached + impl_->n_pending; 
 std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->dev); }
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
 size_t Drafter::repacked_weights() const { return impl_->model->repacked_weights; }
+uint32_t Drafter::head_pad_from() const { return impl_->head_pad_from; }
 uint32_t Drafter::draft_vocab_size() const {
     return impl_->vocab ? (uint32_t)impl_->vocab->ids.size() : impl_->hp().n_vocab;
 }

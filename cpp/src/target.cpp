@@ -6,6 +6,7 @@
 #include <cstring>
 #include <regex>
 
+#include "cpu_repack.h"
 #include "dflash/cpu_threads.h"
 #include "dflash/error.h"
 #include "dflash/llama_ext.h"
@@ -37,6 +38,18 @@ bool amx_would_take(const std::string & path) {
         }
     }
     return false;
+}
+
+Repack resolved_repack(const TargetOptions & opts, const std::string & path) {
+    if (opts.repack != Repack::Auto) {
+        if (opts.repack == Repack::WithoutAmx && opts.n_gpu_layers != 0) {
+            throw Error(path + ": repack without AMX places the layers' weights on the CPU: it needs n_gpu_layers = 0");
+        }
+        return opts.repack;
+    }
+    if (!amx_would_take(path)) return Repack::On;
+    // the repacked layouts without AMX only where every layer runs on the CPU: the placement is by name
+    return opts.n_gpu_layers == 0 ? Repack::WithoutAmx : Repack::Off;
 }
 
 std::string supported_list() {
@@ -101,10 +114,13 @@ std::string gguf_architecture(const std::string & path) {
 
 namespace {
 
+// libllama's tensor overrides: the user's (pattern, buffer type name) first, then `placed`; the patterns'
+// strings must outlive the load
 std::vector<llama_model_tensor_buft_override> resolve_tensor_overrides(
-    const std::vector<std::pair<std::string, std::string>> & overrides, const std::string & path) {
+    const std::vector<std::pair<std::string, std::string>> & overrides,
+    const std::vector<std::pair<std::string, ggml_backend_buffer_type_t>> & placed, const std::string & path) {
     std::vector<llama_model_tensor_buft_override> out;
-    if (overrides.empty()) return out;
+    if (overrides.empty() && placed.empty()) return out;
     // the buffer types a weight can be placed in: each device's own, by name (CPU, CUDA0, Vulkan0, ...)
     std::vector<std::pair<std::string, ggml_backend_buffer_type_t>> known;
     for (size_t i = 0; i < ggml_backend_dev_count(); ++i) {
@@ -124,13 +140,25 @@ std::vector<llama_model_tensor_buft_override> resolve_tensor_overrides(
             throw Error(path + ": tensor override '" + pattern + "=" + name + "': unknown buffer type '" + name +
                         "' (this build has: " + names + ")");
         }
-        out.push_back({pattern.c_str(), it->second});  // the strings outlive the load: they are opts'
+        out.push_back({pattern.c_str(), it->second});
     }
+    for (const auto & [pattern, buft] : placed) out.push_back({pattern.c_str(), buft});
     out.push_back({nullptr, nullptr});
     return out;
 }
 
 }  // namespace
+
+WeightPlacement target_weight_placement(const std::string & path, const TargetOptions & opts) {
+    WeightPlacement out;
+    const Repack repack = resolved_repack(opts, path);
+    out.use_extra_bufts = repack == Repack::On;
+    if (repack == Repack::WithoutAmx) {
+        out.overrides =
+            repacked_placement(path, repacking_bufts(ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU)));
+    }
+    return out;
+}
 
 llama_flash_attn_type target_flash_attn(int n_gpu_layers) {
     // flash attention on the CPU verifies more slowly once the context is more than a few hundred tokens
@@ -148,8 +176,9 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers;
-    mp.use_extra_bufts = opts.repack < 0 ? !amx_would_take(path) : opts.repack != 0;
-    const auto overrides = resolve_tensor_overrides(opts.tensor_overrides, path);
+    const WeightPlacement placed = target_weight_placement(path, opts);
+    mp.use_extra_bufts = placed.use_extra_bufts;
+    const auto overrides = resolve_tensor_overrides(opts.tensor_overrides, placed.overrides, path);
     mp.tensor_buft_overrides = overrides.empty() ? nullptr : overrides.data();
     model_ = llama_model_load_from_file(path.c_str(), mp);
     if (!model_) {

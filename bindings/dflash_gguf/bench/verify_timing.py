@@ -53,10 +53,33 @@ def load_model(path: str | Path, n_gpu_layers: int = 0, quiet: bool = True) -> t
     llc.llama_backend_init()
     mp = llc.llama_model_default_params()
     mp.n_gpu_layers = n_gpu_layers
+    overrides = _place_weights_as_runtime(mp, path, n_gpu_layers)
     model = llc.llama_model_load_from_file(str(path).encode(), mp)
+    del overrides  # libllama reads them during the load only
     if not model:
         raise RuntimeError(f"{path}: libllama could not load the model")
     return llc, model
+
+
+class _TensorBuftOverride(ctypes.Structure):
+    # llama_model_tensor_buft_override (llama-cpp-python declares the field a void pointer)
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def _place_weights_as_runtime(mp: Any, path: str | Path, n_gpu_layers: int) -> Any:
+    """Give `mp` the weight placement our runtime's target gets (dflash::target_weight_placement): on an AMX CPU
+    a quantized target's weights go to ggml's repacked layouts by name, not to AMX's, where libllama 0.3.36
+    crashes. Returns the overrides array, which must stay alive until the load returns."""
+    from .._core import target_weight_placement
+
+    mp.use_extra_bufts, placed = target_weight_placement(str(path), n_gpu_layers)
+    if not placed:
+        return None
+    overrides = (_TensorBuftOverride * (len(placed) + 1))()
+    for i, (pattern, _name, buft) in enumerate(placed):
+        overrides[i] = _TensorBuftOverride(pattern.encode(), buft)
+    mp.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+    return overrides
 
 
 class Verifier:

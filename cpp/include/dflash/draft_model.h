@@ -135,10 +135,6 @@ struct DraftModel {
     std::vector<DraftLayer> layers;
 };
 
-// Whether the CPU runs ggml_mul_mat(w, x [w->ne[0], 4] f32) with w held in a buffer of `buft`: the
-// extra buffer types answer for the layouts their kernels take.
-bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w);
-
 // Loads a validated drafter into a buffer of `buft`; weights only ever multiplied go to the first of
 // `matmul_bufts` that runs a matmul with them (ggml's repacked CPU layouts).
 DraftModel load_draft_model(const std::string & path, ggml_backend_buffer_type_t buft,

@@ -80,7 +80,10 @@ public:
     uint32_t n_cached() const;  // context rows in the draft cache
     std::string device_name() const;
     bool head_zero_copy() const;
-    size_t repacked_weights() const;    // weights held in a repacked CPU layout
+    size_t repacked_weights() const;  // weights held in a repacked CPU layout
+    // with the head repacked, head rows left over after multiples of 4 from this many on run padded to the
+    // next multiple (timed at load; DFLASH_HEAD_PAD_FROM=1..4 sets it); 4 = never
+    uint32_t head_pad_from() const;
     uint32_t draft_vocab_size() const;  // tokens a draft may propose: the drafting vocabulary's, else n_vocab()
     const DrafterCounters & counters() const;
 

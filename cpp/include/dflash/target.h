@@ -14,17 +14,21 @@
 
 namespace dflash {
 
+enum class Repack { Auto, Off, On, WithoutAmx };
+
 struct TargetOptions {
     uint32_t n_ctx = 4096;
     uint32_t n_batch = 512;
     int n_gpu_layers = 0;
     int n_threads = 0;  // 0 = default_cpu_threads() (physical cores we may use)
-    // libllama's extra CPU weight buffers (repacked layouts, AMX; llama-server's --no-repack turns them off):
-    // 1 on, 0 off, -1 auto = off only where AMX would take the weights (an AMX CPU, weights of a type its
-    // kernels take), as libllama 0.3.36 can segfault in ggml_backend_amx_mul_mat on the first decode
-    // (ggml-org/llama.cpp#20824; seen here with a Q8_0 target). Elsewhere they pay: the F16 tinycode
-    // target verifies 4 tokens in 1.05-1.1 ms with them, 1.3-1.35 ms without, on this AMX Xeon.
-    int repack = -1;
+    // libllama's extra CPU weight buffers (ggml's repacked layouts, AMX). Auto: all of them, except where AMX
+    // would take the weights (an AMX CPU, weights of a type its kernels take): libllama 0.3.36 crashes in
+    // ggml_backend_amx_mul_mat on the first decode there (ggml-org/llama.cpp#20824; SIGSEGV with a Q8_0
+    // target, SIGILL at tilezero with a Q4_K_M one, on two AMX Xeons). Then each weight goes to the repacked
+    // layout that takes it by name (WithoutAmx: layers on the CPU only), or with layers offloaded to a GPU
+    // stays in the plain one (Off, llama-server's --no-repack). The repacked layouts pay: the F16 tinycode
+    // target verifies 4 tokens in 1.05-1.1 ms with them, 1.3-1.35 ms without, on an AMX Xeon.
+    Repack repack = Repack::Auto;
     // recurrent-state snapshots per sequence (llama_context_params.n_rs_seq) for archs whose recurrent
     // layers libllama can roll back itself; other archs ignore it
     uint32_t n_rs_seq = 0;
@@ -48,6 +52,14 @@ bool arch_exposes_layer_inputs(const std::string & arch);
 const std::vector<std::string> & archs_exposing_layer_inputs();
 // The arch string of a GGUF file (general.architecture), read from its header alone.
 std::string gguf_architecture(const std::string & path);
+// Where the target's weights go on the CPU (opts.repack resolved for this file): whether libllama's extra
+// buffers are on, and the tensor overrides that put weights into ggml's repacked layouts without AMX. The
+// bench's own verify timing loads the target the same way.
+struct WeightPlacement {
+    bool use_extra_bufts = true;
+    std::vector<std::pair<std::string, ggml_backend_buffer_type_t>> overrides;
+};
+WeightPlacement target_weight_placement(const std::string & path, const TargetOptions & opts);
 // The flash-attention setting the target's context gets (llama_context_params.flash_attn_type). The bench
 // gives it to its own verify timing and to llama-server, so that all systems run the same kernels.
 llama_flash_attn_type target_flash_attn(int n_gpu_layers);
