@@ -142,6 +142,43 @@ def test_an_adopted_llama_without_snapshots_takes_the_checkpoint_path(arch_: str
     assert spec._spec.rollback_counters["restored"] > 0
 
 
+@pytest.mark.parametrize("arch_", [a for a in SUPPORTED if "moe" in a or a == "gpt-oss"])
+def test_quantized_experts_go_to_the_repacked_layout(arch_: str, tmp_path: Path) -> None:
+    """repack="no-amx" (the default for a quantized target on a CPU with AMX) on a MoE at Q4_0: the routed
+    experts' stacks go to ggml's repacked layout too (as mul_mat_id weights), and the loop decodes the
+    quantized target's own greedy output (lossless against its plain decoding in the same load)."""
+    import ctypes
+    import re
+
+    import gguf
+    import llama_cpp
+
+    from dflash_gguf import _core
+
+    if not any("avx2" in line.split() for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()):
+        pytest.skip("asserts ggml's x86 Q4_0 repack, which needs AVX2 (read from Linux's /proc/cpuinfo)")
+    q4 = tmp_path / "target-q4_0.gguf"
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
+    params.nthread = 1
+    assert llama_cpp.llama_model_quantize(str(target_gguf(arch_)).encode(), str(q4).encode(), ctypes.byref(params)) == 0
+    _, placed = _core.target_weight_placement(str(q4), repack="no-amx")
+    experts = [
+        t.name
+        for t in gguf.GGUFReader(q4).tensors
+        if "_exps." in t.name and t.tensor_type == gguf.GGMLQuantizationType.Q4_0 and t.shape[1] % 8 == 0
+    ]
+    assert experts
+    assert all(any(re.search(p, name) for p, _, _ in placed) for name in experts), placed
+    assert not any(re.search(p, "token_embd.weight") for p, _, _ in placed)
+    spec = SpeculativeLlama(str(q4), str(drafter_for(arch_)), n_ctx=N_CTX, n_threads=1, n_max=3, repack="no-amx")
+    for text in PROMPTS:
+        prompt = spec.tokenize(text.encode())
+        ours = list(spec.generate_tokens(prompt, max_tokens=N_NEW))
+        plain = list(spec.generate_tokens(prompt, max_tokens=N_NEW, plain=True))
+        assert ours == plain, text
+
+
 @pytest.mark.parametrize("arch_", UNSUPPORTED)
 def test_an_arch_without_layer_inputs_is_refused_in_process(arch_: str) -> None:
     import llama_cpp

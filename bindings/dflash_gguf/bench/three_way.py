@@ -167,7 +167,8 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
             server_extra.append("--no-repack")
             notes.append(
                 "llama-server got --no-repack: llama.cpp 0.3.36's AMX repack crashes on quantized "
-                "weights on this CPU (docs/converting.md)"
+                "weights on this CPU (docs/converting.md); ar and ours keep ggml's repacked layouts, "
+                "placed by name without AMX, which llama-server cannot"
             )
         if runtime_flash_attn(o.n_gpu_layers) == FLASH_ATTN_OFF and not {"-fa", "--flash-attn"} & set(server_extra):
             # the same attention kernels as ours, where our runtime turns flash attention off and llama-server's
