@@ -49,8 +49,8 @@ uint32_t timed_pad_rows_from(ggml_backend_t backend, ggml_tensor * w) {
     ggml_build_forward_expand(g[1], ggml_mul_mat(ctx.get(), w, x));
     ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors(ctx.get(), backend));
     if (!buf) return 4;
-    std::vector<float> ones(4 * w->ne[0], 0.01f);
-    ggml_backend_tensor_set(x, ones.data(), 0, ggml_nbytes(x));
+    const std::vector<float> x_values(4 * w->ne[0], 0.01f);
+    ggml_backend_tensor_set(x, x_values.data(), 0, ggml_nbytes(x));
     double best[2] = {1e30, 1e30};  // the fastest of 3 (after one untimed), alternating
     for (int rep = 0; rep < 4; ++rep) {
         for (int i = 0; i < 2; ++i) {

@@ -21,9 +21,9 @@ bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w);
 // ggml's repacked kernels multiply 4 rows of x at a time and the others one by one, each of those a pass
 // over all of w: n rows cost n / 4 four-row passes and n % 4 one-row passes. Whether padding x to a
 // multiple of 4 rows pays depends on the CPU (a q4_0 151,936 x 2048 head on 2 cores: on an EPYC Zen 2
-// three rows 27.8 ms and four 23.9, on a Xeon with AMX one row and four about 20 ms each), so it is timed on `backend`:
-// the fewest left-over rows from which padding pays, or 4 where it never does. Costs 4 one-row and 4
-// four-row matmuls.
+// three rows 27.8 ms and four 23.9; on a Xeon with AMX one row 12.6 ms and four 14.5), so it is timed on
+// `backend`: the fewest left-over rows from which padding pays, or 4 where it never does. Costs 4
+// one-row and 4 four-row matmuls.
 uint32_t timed_pad_rows_from(ggml_backend_t backend, ggml_tensor * w);
 
 // For a target file: regexes for libllama's tensor overrides putting each layer weight (blk.N.*) and the
