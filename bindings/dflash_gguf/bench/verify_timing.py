@@ -53,7 +53,7 @@ def load_model(path: str | Path, n_gpu_layers: int = 0, quiet: bool = True) -> t
     llc.llama_backend_init()
     mp = llc.llama_model_default_params()
     mp.n_gpu_layers = n_gpu_layers
-    overrides = _place_weights_as_runtime(mp, path, n_gpu_layers)
+    overrides = place_weights_as_runtime(mp, path, n_gpu_layers)
     model = llc.llama_model_load_from_file(str(path).encode(), mp)
     del overrides  # libllama reads them during the load only
     if not model:
@@ -66,7 +66,7 @@ class _TensorBuftOverride(ctypes.Structure):
     _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
 
 
-def _place_weights_as_runtime(mp: Any, path: str | Path, n_gpu_layers: int) -> Any:
+def place_weights_as_runtime(mp: Any, path: str | Path, n_gpu_layers: int) -> Any:
     """Give `mp` the weight placement our runtime's target gets (dflash::target_weight_placement): on an AMX CPU
     a quantized target's weights go to ggml's repacked layouts by name, not to AMX's, where libllama 0.3.36
     crashes. Returns the overrides array, which must stay alive until the load returns."""
@@ -230,4 +230,12 @@ class Verifier:
         self.ctxs.clear()
 
 
-__all__ = ["FLASH_ATTN_AUTO", "FLASH_ATTN_OFF", "FLASH_ATTN_ON", "Verifier", "load_model", "runtime_flash_attn"]
+__all__ = [
+    "FLASH_ATTN_AUTO",
+    "FLASH_ATTN_OFF",
+    "FLASH_ATTN_ON",
+    "Verifier",
+    "load_model",
+    "place_weights_as_runtime",
+    "runtime_flash_attn",
+]
