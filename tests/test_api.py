@@ -1182,25 +1182,24 @@ def test_default_draft_device_follows_the_target() -> None:
     assert draft_device_for("cpu", 99) == "cpu"
 
 
-@pytest.mark.parametrize("repack", [None, False], ids=["default", "off"])
-def test_quantized_target_runs(repack: bool | None, draft: str, tmp_path: Path) -> None:
-    """A Q8_0 target: by default (repack=None) out of libllama's extra CPU buffers on CPUs with AMX, where
-    libllama 0.3.36 segfaults in ggml_backend_amx_mul_mat on its first decode (seen on this project's
-    Xeon, with repack=True), and lossless against plain decoding of that target. In a subprocess, so
-    that a crash fails this test instead of the suite."""
-    import ctypes
+def _quantized_target(folder: Path, ftype: str) -> Path:
+    """The bundled target quantized by libllama's quantizer."""
+    from dflash_convert.quantize import llama_quantize, parse_outtype
+
+    out = folder / f"target-{ftype}.gguf"
+    llama_quantize(TARGET, out, parse_outtype(ftype))
+    return out
+
+
+def _assert_lossless_in_subprocess(target: Path, draft: str, repack: bool | str | None) -> None:
+    """Speculative decoding of `target` with `repack` equals its plain decoding, drafts accepted; in a
+    subprocess, so that a crash in libllama fails the test instead of the suite."""
     import subprocess
     import sys
 
-    q8 = tmp_path / "target-q8_0.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = 7  # LLAMA_FTYPE_MOSTLY_Q8_0
-    params.nthread = 1
-    assert llama_cpp.llama_model_quantize(str(TARGET).encode(), str(q8).encode(), ctypes.byref(params)) == 0
     script = (
-        "import sys\n"
         "from dflash_gguf import SpeculativeLlama\n"
-        f"llm = SpeculativeLlama({str(q8)!r}, {draft!r}, n_ctx=512, n_threads=1, n_max=3, repack={repack!r})\n"
+        f"llm = SpeculativeLlama({str(target)!r}, {draft!r}, n_ctx=512, n_threads=1, n_max=3, repack={repack!r})\n"
         f"toks = llm.tokenize({_text(0)!r}, add_special=False, parse_special=False)\n"
         "spec = list(llm.generate_tokens(toks, max_tokens=48))\n"
         "assert llm.stats.accepted > 0, llm.stats\n"
@@ -1212,16 +1211,24 @@ def test_quantized_target_runs(repack: bool | None, draft: str, tmp_path: Path) 
     assert r.returncode == 0 and "ok 48" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
 
 
+@pytest.mark.parametrize("repack", [None, False], ids=["default", "off"])
+def test_quantized_target_runs(repack: bool | None, draft: str, tmp_path: Path) -> None:
+    """A Q8_0 target: by default (repack=None) out of libllama's extra CPU buffers on CPUs with AMX, where
+    libllama 0.3.36 segfaults in ggml_backend_amx_mul_mat on its first decode (seen on this project's
+    Xeon, with repack=True), and lossless against plain decoding of that target. In a subprocess, so
+    that a crash fails this test instead of the suite."""
+
+    q8 = _quantized_target(tmp_path, "q8_0")
+    _assert_lossless_in_subprocess(q8, draft, repack)
+
+
 def test_repacked_target_without_amx(draft: str, tmp_path: Path) -> None:
     """repack="no-amx", what repack=None does for a quantized target on a CPU with AMX (libllama 0.3.36 crashes in
     its AMX kernels there): libllama's extra CPU buffers off, and each layer weight and the output head that
     ggml's repacked layout takes placed there by name: exactly the Q4_0 matrices with rows in multiples of 8
     (ggml's x86 rule), never token_embd, whose rows libllama reads. Decoding is lossless against plain
     decoding of that target; in a subprocess, so that a crash fails this test instead of the suite."""
-    import ctypes
     import re
-    import subprocess
-    import sys
 
     import gguf
 
@@ -1230,11 +1237,7 @@ def test_repacked_target_without_amx(draft: str, tmp_path: Path) -> None:
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.is_file() or "avx2" not in cpuinfo.read_text(errors="replace").split():
         pytest.skip("asserts ggml's x86 Q4_0 repack, which needs AVX2 (read from Linux's /proc/cpuinfo)")
-    q4 = tmp_path / "target-q4_0.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
-    params.nthread = 1
-    assert llama_cpp.llama_model_quantize(str(TARGET).encode(), str(q4).encode(), ctypes.byref(params)) == 0
+    q4 = _quantized_target(tmp_path, "q4_0")
 
     use_extra_bufts, placed = _core.target_weight_placement(str(q4), repack="no-amx")
     assert use_extra_bufts is False
@@ -1258,18 +1261,7 @@ def test_repacked_target_without_amx(draft: str, tmp_path: Path) -> None:
     with pytest.raises(DFlashError, match=re.escape(str(q4)) + ".*n_gpu_layers = 0"):
         _core.target_weight_placement(str(q4), n_gpu_layers=1, repack="no-amx")
 
-    script = (
-        "from dflash_gguf import SpeculativeLlama\n"
-        f"llm = SpeculativeLlama({str(q4)!r}, {draft!r}, n_ctx=512, n_threads=1, n_max=3, repack='no-amx')\n"
-        f"toks = llm.tokenize({_text(0)!r}, add_special=False, parse_special=False)\n"
-        "spec = list(llm.generate_tokens(toks, max_tokens=48))\n"
-        "assert llm.stats.accepted > 0, llm.stats\n"
-        "plain = list(llm.generate_tokens(toks, max_tokens=48, plain=True))\n"
-        "assert spec == plain, (spec, plain)\n"
-        "print('ok', len(spec))\n"
-    )
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "ok 48" in r.stdout, (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    _assert_lossless_in_subprocess(q4, draft, "no-amx")
 
 
 def test_a_list_of_prompts_gives_one_choice_each(spec: SpeculativeLlama) -> None:

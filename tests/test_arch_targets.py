@@ -147,21 +147,17 @@ def test_quantized_experts_go_to_the_repacked_layout(arch_: str, tmp_path: Path)
     """repack="no-amx" (the default for a quantized target on a CPU with AMX) on a MoE at Q4_0: the routed
     experts' stacks go to ggml's repacked layout too (as mul_mat_id weights), and the loop decodes the
     quantized target's own greedy output (lossless against its plain decoding in the same load)."""
-    import ctypes
     import re
 
     import gguf
-    import llama_cpp
 
+    from dflash_convert.quantize import llama_quantize, parse_outtype
     from dflash_gguf import _core
 
     if not any("avx2" in line.split() for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines()):
         pytest.skip("asserts ggml's x86 Q4_0 repack, which needs AVX2 (read from Linux's /proc/cpuinfo)")
     q4 = tmp_path / "target-q4_0.gguf"
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = 2  # LLAMA_FTYPE_MOSTLY_Q4_0
-    params.nthread = 1
-    assert llama_cpp.llama_model_quantize(str(target_gguf(arch_)).encode(), str(q4).encode(), ctypes.byref(params)) == 0
+    llama_quantize(target_gguf(arch_), q4, parse_outtype("q4_0"))
     _, placed = _core.target_weight_placement(str(q4), repack="no-amx")
     experts = [
         t.name
