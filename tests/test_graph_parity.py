@@ -679,6 +679,70 @@ def test_repacked_head_pads_left_over_rows(
     assert sorted(head) == ["256x2048x1", "256x2048x4", "256x2048x5"], r.stderr  # 2 and 3 rows both run as 4
 
 
+def test_repacked_layers_pad_short_block_rows(
+    tiny_gguf: Any, golden_features: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the layers' weights repacked, a short block's rows left over after multiples of 4 run padded
+    to the next multiple from a count timed at load (block_pad_from; DFLASH_BLOCK_PAD_FROM sets it). The
+    padding rows are masked out of attention and come after every real row, so drafts of 1-7 tokens, with
+    pending context rows written by the block graph itself, are the plain layout's; the profile shows the
+    layers' rows padded as it says."""
+    skip_without_x86_repack()
+    path, target = str(tiny_gguf("q4_0")), str(TINY / "target-f16.gguf")
+
+    def drafter(repack: bool = True) -> Any:
+        return dflash_gguf.Drafter(path, target, device="cpu", n_threads=1, n_ctx=512, repack=repack, kv_type="f32")
+
+    c = GOLDEN["cases"][0]
+    f = golden_features[c["prompt_id"]]
+    n = f.shape[0]
+
+    def drafts(d: Any) -> list[dict[str, Any]]:
+        out = []
+        for k in range(1, 8):
+            d.truncate(n - 3 if n - 3 <= d.n_cached else d.n_cached)
+            d.inject(f[d.n_cached :], np.arange(d.n_cached, n, dtype=np.int32))  # 3 rows pending
+            out.append(d.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True))
+        return out
+
+    plain = drafter(repack=False)
+    assert plain.block_pad_from == 4  # nothing to pad for
+    assert 1 <= drafter().block_pad_from <= 4
+    plain.inject(f[: n - 3], np.arange(n - 3, dtype=np.int32))
+    want = drafts(plain)
+    for pad_from in (1, 2, 3):
+        monkeypatch.setenv("DFLASH_BLOCK_PAD_FROM", str(pad_from))
+        packed = drafter()
+        assert packed.block_pad_from == pad_from
+        packed.inject(f[: n - 3], np.arange(n - 3, dtype=np.int32))
+        for k, (a, b) in enumerate(zip(drafts(packed), want), start=1):
+            assert a["tokens"] == b["tokens"], (pad_from, k)
+            assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), (pad_from, k)
+            assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), (pad_from, k)
+            assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, (pad_from, k)
+    monkeypatch.delenv("DFLASH_BLOCK_PAD_FROM")
+    code = (
+        "import sys, numpy as np, dflash_gguf\n"
+        "d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1, n_ctx=64)\n"
+        "d.inject(np.zeros((4, d.hparams['target_hidden'] * len(d.hparams['target_layers'])), np.float32), "
+        "np.arange(4, dtype=np.int32))\n"
+        "for k in (1, 2, 5, 6): d.draft(1, 4, k, short_block=True)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, path, target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DFLASH_PROFILE": "1", "DFLASH_BLOCK_PAD_FROM": "3"},
+    )
+    assert r.returncode == 0, r.stderr
+    ffn_up = f"{plain.hparams['n_embd']}x{plain.hparams['n_ff']}x"
+    rows = sorted(
+        int(w.rsplit("x", 1)[1]) for line in r.stderr.splitlines() for w in line.split() if w.startswith(ffn_up)
+    )
+    assert rows == [2, 4, 6, 8], r.stderr  # drafts of 1, 2, 5, 6: 3 and 7 block rows run as 4 and 8
+
+
 def test_repacking_prints_nothing(tiny_gguf: Any) -> None:
     """ggml logs each weight it repacks at debug level and its default logger prints every level: a
     Drafter opened without llama_cpp's logger must not fill stderr with them."""

@@ -69,6 +69,7 @@ void register_drafter(py::module_ & m) {
         .def_property_readonly("head_zero_copy", [](PyDrafter & p) { return p.d->head_zero_copy(); })
         .def_property_readonly("repacked_weights", [](PyDrafter & p) { return p.d->repacked_weights(); })
         .def_property_readonly("head_pad_from", [](PyDrafter & p) { return p.d->head_pad_from(); })
+        .def_property_readonly("block_pad_from", [](PyDrafter & p) { return p.d->block_pad_from(); })
         .def_property_readonly("draft_vocab_size", [](PyDrafter & p) { return p.d->draft_vocab_size(); })
         .def_property_readonly("counters", [](PyDrafter & p) { return counters_dict(p.d->counters()); })
         .def(

@@ -39,18 +39,25 @@ bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w) {
     return ggml_backend_dev_supports_op(ggml_backend_buft_get_device(buft), y);
 }
 
-uint32_t timed_pad_rows_from(ggml_backend_t backend, ggml_tensor * w) {
-    ggml_init_params ip = {8 * ggml_tensor_overhead() + 2 * ggml_graph_overhead(), nullptr, true};
+uint32_t timed_pad_rows_from(ggml_backend_t backend, const std::vector<ggml_tensor *> & ws) {
+    if (ws.empty()) return 4;
+    ggml_init_params ip = {4 * ws.size() * ggml_tensor_overhead() + 2 * ggml_graph_overhead(), nullptr, true};
     ggml_context_ptr ctx(ggml_init(ip));
-    ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, w->ne[0], 4);
-    ggml_tensor * x1 = ggml_view_2d(ctx.get(), x, w->ne[0], 1, x->nb[1], 0);
     ggml_cgraph * g[2] = {ggml_new_graph(ctx.get()), ggml_new_graph(ctx.get())};
-    ggml_build_forward_expand(g[0], ggml_mul_mat(ctx.get(), w, x1));
-    ggml_build_forward_expand(g[1], ggml_mul_mat(ctx.get(), w, x));
+    std::vector<ggml_tensor *> xs;
+    for (ggml_tensor * w : ws) {
+        ggml_tensor * x = ggml_new_tensor_2d(ctx.get(), GGML_TYPE_F32, w->ne[0], 4);
+        ggml_build_forward_expand(g[0],
+                                  ggml_mul_mat(ctx.get(), w, ggml_view_2d(ctx.get(), x, w->ne[0], 1, x->nb[1], 0)));
+        ggml_build_forward_expand(g[1], ggml_mul_mat(ctx.get(), w, x));
+        xs.push_back(x);
+    }
     ggml_backend_buffer_ptr buf(ggml_backend_alloc_ctx_tensors(ctx.get(), backend));
     if (!buf) return 4;
-    const std::vector<float> x_values(4 * w->ne[0], 0.01f);
-    ggml_backend_tensor_set(x, x_values.data(), 0, ggml_nbytes(x));
+    for (ggml_tensor * x : xs) {
+        const std::vector<float> x_values(4 * x->ne[0], 0.01f);
+        ggml_backend_tensor_set(x, x_values.data(), 0, ggml_nbytes(x));
+    }
     double best[2] = {1e30, 1e30};  // the fastest of 3 (after one untimed), alternating
     for (int rep = 0; rep < 4; ++rep) {
         for (int i = 0; i < 2; ++i) {

@@ -22,9 +22,9 @@ bool mul_mat_runs_from(ggml_backend_buffer_type_t buft, const ggml_tensor * w);
 // over all of w: n rows cost n / 4 four-row passes and n % 4 one-row passes. Whether padding x to a
 // multiple of 4 rows pays depends on the CPU (a q4_0 151,936 x 2048 head on 2 cores: on an EPYC Zen 2
 // three rows 27.8 ms and four 23.9; on a Xeon with AMX one row 12.6 ms and four 14.5), so it is timed on
-// `backend`: the fewest left-over rows from which padding pays, or 4 where it never does. Costs 4
-// one-row and 4 four-row matmuls.
-uint32_t timed_pad_rows_from(ggml_backend_t backend, ggml_tensor * w);
+// `backend` on the weights of ws together (a head; a layer's matmuls): the fewest left-over rows from which
+// padding pays, or 4 where it never does. Costs 4 one-row and 4 four-row passes over ws.
+uint32_t timed_pad_rows_from(ggml_backend_t backend, const std::vector<ggml_tensor *> & ws);
 
 // For a target file: regexes for libllama's tensor overrides putting each layer weight (blk.N.*) and the
 // output head into the first of `bufts` that runs a matmul from it, the rest where libllama puts them. One

@@ -32,11 +32,13 @@ constexpr uint32_t kWindowGpu = 256;
 constexpr uint32_t kWindowCpu = 128;
 // Off the CPU a short block's rows are padded up to one of these (capped at the block size), so that few
 // graphs (and device graphs) cover every draft length: a padding row costs a GPU next to nothing. A CPU is
-// compute-bound and pays for every row: its short block has exactly the rows drafted (at Qwen3-1.7B width a
-// draft of 4 costs 40 ms as 5 rows, 50 ms padded to 6, half of it the LM head).
+// compute-bound and pays for every row (at Qwen3-1.7B width on an EPYC Zen 2 a draft of 4 costs 40 ms as 5
+// rows, 50 ms padded to 6), except that ggml's repacked kernels take rows 4 at a time and the rest one by
+// one: there rows left over after multiples of 4 from `cpu_pad_from` on are padded (on a Xeon with AMX a
+// 1.7B-shaped drafter's layers cost about as much for 4 rows as for 2, and 3 rows a third more).
 constexpr uint32_t kShortBlockRows[] = {2, 3, 4, 6, 8, 12, 16, 24};
-uint32_t short_block_rows(uint32_t needed, uint32_t block_size, bool exact) {
-    if (exact) return std::min(needed, block_size);
+uint32_t short_block_rows(uint32_t needed, uint32_t block_size, bool on_cpu, uint32_t cpu_pad_from) {
+    if (on_cpu) return std::min(needed % 4 >= cpu_pad_from ? (needed + 3) / 4 * 4 : needed, block_size);
     for (uint32_t r : kShortBlockRows) {
         if (r >= needed) return std::min(r, block_size);
     }
@@ -46,9 +48,10 @@ uint32_t short_block_rows(uint32_t needed, uint32_t block_size, bool exact) {
 // block), so that a loop or a bench going through every draft length builds each shape once; beyond that
 // the least recently used goes. Each holds compute buffers reserved for a window of the whole cache (e.g.
 // ~70 MB of attention scores for 16 rows x 32 heads over 32k rows; the smaller shapes less).
-size_t max_block_shapes(uint32_t block_size, bool exact) {
+size_t max_block_shapes(uint32_t block_size, bool on_cpu) {
+    if (on_cpu) return block_size;  // a shape per draft length (its head rows: the drafted ones) and the full block
     std::set<uint32_t> rows;
-    for (uint32_t n = 1; n < block_size; ++n) rows.insert(short_block_rows(n + 1, block_size, exact));
+    for (uint32_t n = 1; n < block_size; ++n) rows.insert(short_block_rows(n + 1, block_size, false, 4));
     return rows.size() + 1;
 }
 
@@ -105,6 +108,8 @@ struct Drafter::Impl {
     // With the head in a repacked CPU layout, head rows left over after multiples of 4 (n % 4) from this
     // many on are padded to the next multiple of 4 (timed_pad_rows_from; 4: never)
     uint32_t head_pad_from = 4;
+    // the same for the block's rows through the layers, timed on the first layer's repacked matmul weights
+    uint32_t block_pad_from = 4;
 
     ggml_backend_dev_t dev = nullptr;
     ggml_backend_ptr backend;      // the chosen device
@@ -664,8 +669,25 @@ struct Drafter::Impl {
         head_pad_from = 4;
         if (repacked) {
             const char * forced = std::getenv("DFLASH_HEAD_PAD_FROM");  // 1-4, for tests
-            head_pad_from = forced ? std::clamp(std::atoi(forced), 1, 4) : timed_pad_rows_from(backend.get(), output);
+            head_pad_from = forced ? std::clamp(std::atoi(forced), 1, 4) : timed_pad_rows_from(backend.get(), {output});
         }
+    }
+
+    // block_pad_from, from the first layer's matmul weights held in a repacked layout (4 where none is)
+    void time_block_padding() {
+        const std::vector<ggml_backend_buffer_type_t> bufts = repacking();
+        const DraftLayer & l = model->layers[0];
+        std::vector<ggml_tensor *> ws;
+        for (ggml_tensor * w :
+             {l.wq, l.wk, l.wv, l.wo, l.ffn_gate, l.ffn_up, l.ffn_down, l.attn_conv_proj, l.ffn_conv_proj}) {
+            if (w && w->buffer &&
+                std::find(bufts.begin(), bufts.end(), ggml_backend_buffer_get_type(w->buffer)) != bufts.end())
+                ws.push_back(w);
+        }
+        const char * forced = std::getenv("DFLASH_BLOCK_PAD_FROM");  // 1-4, for tests
+        block_pad_from = ws.empty() ? 4
+                         : forced   ? std::clamp(std::atoi(forced), 1, 4)
+                                    : timed_pad_rows_from(backend.get(), ws);
     }
 
     // the draft cache of opts.n_ctx rows and the schedulers, once the weights are there
@@ -746,6 +768,7 @@ Drafter::Drafter(const std::string & draft_path, const std::string & target_path
                     " is outside the vocabulary (" + std::to_string(m.model->hp().n_vocab) + ")");
     }
     m.open_vocab();
+    m.time_block_padding();
 
     m.open_cache();
 }
@@ -767,6 +790,7 @@ std::unique_ptr<Drafter> Drafter::share(const std::vector<int32_t> * draft_vocab
         m->vocab = src.vocab;
         m->head_pad_from = src.head_pad_from;
     }
+    m->block_pad_from = src.block_pad_from;
     m->open_cache();
     return std::unique_ptr<Drafter>(new Drafter(std::move(m)));
 }
@@ -782,6 +806,7 @@ std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->d
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
 size_t Drafter::repacked_weights() const { return impl_->model->repacked_weights; }
 uint32_t Drafter::head_pad_from() const { return impl_->head_pad_from; }
+uint32_t Drafter::block_pad_from() const { return impl_->block_pad_from; }
 uint32_t Drafter::draft_vocab_size() const {
     return impl_->vocab ? (uint32_t)impl_->vocab->ids.size() : impl_->hp().n_vocab;
 }
@@ -890,17 +915,16 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
 
     const uint32_t ctx_end = m.n_cached + m.n_pending;  // the block's rows follow the context
     // Block rows and head rows. A short block is [anchor, MASK x n] (as llama.cpp's draft-dflash runs it):
-    // the MASK rows after the draft take no part. Off the CPU its graph's rows are padded up to a few sizes
-    // (short_block_rows): no real row attends to a padding row (the mask) and the conv reads only earlier
-    // rows, so they change nothing. A full block computes all B rows and the head for rows 1..n rounded up
-    // to a power of two.
+    // the MASK rows after the draft take no part. Its graph's rows may be padded (short_block_rows): no real
+    // row attends to a padding row (the mask) and the conv reads only earlier rows, so they change nothing. A full
+    // block computes all B rows and the head for rows 1..n rounded up to a power of two.
     uint32_t head_first = 0, head_rows = B, R = B, seen_rows = B, out_rows = B;
     if (short_block && !all_rows) {
         head_first = 1;
         out_rows = std::max(n, 1u);
         seen_rows = out_rows + 1;
-        R = short_block_rows(seen_rows, B, m.on_cpu());
-        head_rows = R - 1;
+        R = short_block_rows(seen_rows, B, m.on_cpu(), m.block_pad_from);
+        head_rows = m.on_cpu() ? out_rows : R - 1;  // the CPU's head pads its rows itself (head_pad_from)
     } else if (!all_rows) {
         head_first = 1;
         for (head_rows = 1; head_rows < n; head_rows *= 2) {}

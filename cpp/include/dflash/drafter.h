@@ -84,6 +84,8 @@ public:
     // with the head repacked, head rows left over after multiples of 4 from this many on run padded to the
     // next multiple (timed at load; DFLASH_HEAD_PAD_FROM=1..4 sets it); 4 = never
     uint32_t head_pad_from() const;
+    // the same for a short block's rows through the layers (their weights repacked; DFLASH_BLOCK_PAD_FROM)
+    uint32_t block_pad_from() const;
     uint32_t draft_vocab_size() const;  // tokens a draft may propose: the drafting vocabulary's, else n_vocab()
     const DrafterCounters & counters() const;
 
