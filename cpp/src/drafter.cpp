@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <numeric>
 #include <set>
@@ -35,7 +36,7 @@ constexpr uint32_t kWindowCpu = 128;
 // compute-bound and pays for every row (at Qwen3-1.7B width on an EPYC Zen 2 a draft of 4 costs 40 ms as 5
 // rows, 50 ms padded to 6), except that ggml's repacked kernels take rows 4 at a time and the rest one by
 // one: there rows left over after multiples of 4 from `cpu_pad_from` on are padded (on a Xeon with AMX a
-// 1.7B-shaped drafter's layers cost about as much for 4 rows as for 2, and 3 rows a third more).
+// 1.7B-shaped drafter's layers cost about as much for 4 rows as for 2, and 40% more for 3).
 constexpr uint32_t kShortBlockRows[] = {2, 3, 4, 6, 8, 12, 16, 24};
 uint32_t short_block_rows(uint32_t needed, uint32_t block_size, bool on_cpu, uint32_t cpu_pad_from) {
     if (on_cpu) return std::min(needed % 4 >= cpu_pad_from ? (needed + 3) / 4 * 4 : needed, block_size);
@@ -664,30 +665,29 @@ struct Drafter::Impl {
                                  v2 ? &prev : nullptr, v2 ? &next : nullptr, ggml_backend_dev_buffer_type(dev), bufts);
             output = vocab->output;
         }
-        const bool repacked = output->buffer && std::find(bufts.begin(), bufts.end(),
-                                                          ggml_backend_buffer_get_type(output->buffer)) != bufts.end();
-        head_pad_from = 4;
-        if (repacked) {
-            const char * forced = std::getenv("DFLASH_HEAD_PAD_FROM");  // 1-4, for tests
-            head_pad_from = forced ? std::clamp(std::atoi(forced), 1, 4) : timed_pad_rows_from(backend.get(), {output});
-        }
+        head_pad_from = pad_rows_from("DFLASH_HEAD_PAD_FROM", {output});
     }
 
-    // block_pad_from, from the first layer's matmul weights held in a repacked layout (4 where none is)
-    void time_block_padding() {
+    // From how many rows left over after multiples of 4 on padding them pays for the matmuls with ws:
+    // timed on those of ws held in a repacked layout (4, never, where none is). `env` (1-4) sets it, for tests.
+    uint32_t pad_rows_from(const char * env, std::initializer_list<ggml_tensor *> ws) const {
         const std::vector<ggml_backend_buffer_type_t> bufts = repacking();
-        const DraftLayer & l = model->layers[0];
-        std::vector<ggml_tensor *> ws;
-        for (ggml_tensor * w :
-             {l.wq, l.wk, l.wv, l.wo, l.ffn_gate, l.ffn_up, l.ffn_down, l.attn_conv_proj, l.ffn_conv_proj}) {
+        std::vector<ggml_tensor *> repacked;
+        for (ggml_tensor * w : ws) {
             if (w && w->buffer &&
                 std::find(bufts.begin(), bufts.end(), ggml_backend_buffer_get_type(w->buffer)) != bufts.end())
-                ws.push_back(w);
+                repacked.push_back(w);
         }
-        const char * forced = std::getenv("DFLASH_BLOCK_PAD_FROM");  // 1-4, for tests
-        block_pad_from = ws.empty() ? 4
-                         : forced   ? std::clamp(std::atoi(forced), 1, 4)
-                                    : timed_pad_rows_from(backend.get(), ws);
+        if (repacked.empty()) return 4;
+        const char * forced = std::getenv(env);
+        return forced ? std::clamp(std::atoi(forced), 1, 4) : timed_pad_rows_from(backend.get(), repacked);
+    }
+
+    // the block's rows go through every layer alike: the first one's matmuls stand for them
+    void time_block_padding() {
+        const DraftLayer & l = model->layers[0];
+        block_pad_from = pad_rows_from("DFLASH_BLOCK_PAD_FROM", {l.wq, l.wk, l.wv, l.wo, l.ffn_gate, l.ffn_up,
+                                                                 l.ffn_down, l.attn_conv_proj, l.ffn_conv_proj});
     }
 
     // the draft cache of opts.n_ctx rows and the schedulers, once the weights are there
