@@ -700,8 +700,8 @@ def test_repacked_layers_pad_short_block_rows(
     def drafts(d: Any) -> list[dict[str, Any]]:
         out = []
         for k in range(1, 8):
-            d.truncate(n - 3 if n - 3 <= d.n_cached else d.n_cached)
-            d.inject(f[d.n_cached :], np.arange(d.n_cached, n, dtype=np.int32))  # 3 rows pending
+            d.truncate(n - 3)
+            d.inject(f[n - 3 :], np.arange(n - 3, n, dtype=np.int32))  # 3 rows pending
             out.append(d.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True))
         return out
 
