@@ -629,6 +629,35 @@ def test_bundled_repacked(tiny_gguf: Any, golden_features: dict[str, np.ndarray]
         assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8
 
 
+def assert_same_draft(a: dict[str, Any], b: dict[str, Any], k: int, where: Any) -> None:
+    """Two short-block drafts of k tokens with details: the same tokens, candidates and logits."""
+    assert a["tokens"] == b["tokens"], where
+    assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), where
+    assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), where
+    assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, where
+
+
+def profiled_drafts(path: str, target: str, ks: tuple[int, ...], **env: str) -> str:
+    """DFLASH_PROFILE=1's per-op table (stderr) of a fresh CPU drafter's short-block drafts of each of ks
+    tokens over 4 zero context rows, with env set: matmuls appear as 'MUL_MAT TYPE ROWSxCOLSxN'."""
+    code = (
+        "import sys, numpy as np, dflash_gguf\n"
+        "d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1, n_ctx=64)\n"
+        "d.inject(np.zeros((4, d.hparams['target_hidden'] * len(d.hparams['target_layers'])), np.float32), "
+        "np.arange(4, dtype=np.int32))\n"
+        f"for k in {ks!r}: d.draft(1, 4, k, short_block=True)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, path, target],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "DFLASH_PROFILE": "1", **env},
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stderr
+
+
 def test_repacked_head_pads_left_over_rows(
     tiny_gguf: Any, golden_features: dict[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -655,28 +684,11 @@ def test_repacked_head_pads_left_over_rows(
         packed.inject(f, np.arange(n, dtype=np.int32))
         for k, b in zip(range(1, 8), want):
             a = packed.draft(c["anchor"], n, k, details=True, all_rows=False, short_block=True)
-            assert a["tokens"] == b["tokens"], (pad_from, k)
-            assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), (pad_from, k)
-            assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), (pad_from, k)
-            assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, (pad_from, k)
+            assert_same_draft(a, b, k, (pad_from, k))
     monkeypatch.delenv("DFLASH_HEAD_PAD_FROM")
-    code = (
-        "import sys, numpy as np, dflash_gguf\n"
-        "d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1, n_ctx=64)\n"
-        "d.inject(np.zeros((4, d.hparams['target_hidden'] * len(d.hparams['target_layers'])), np.float32), "
-        "np.arange(4, dtype=np.int32))\n"
-        "for k in (1, 2, 3, 5): d.draft(1, 4, k, short_block=True)\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", code, path, target],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "DFLASH_PROFILE": "1", "DFLASH_HEAD_PAD_FROM": "2"},
-    )
-    assert r.returncode == 0, r.stderr
-    head = [line.split()[2] for line in r.stderr.splitlines() if "x2048x" in line and "MUL_MAT q4_0" in line]
-    assert sorted(head) == ["256x2048x1", "256x2048x4", "256x2048x5"], r.stderr  # 2 and 3 rows both run as 4
+    profile = profiled_drafts(path, target, (1, 2, 3, 5), DFLASH_HEAD_PAD_FROM="2")
+    head = [line.split()[2] for line in profile.splitlines() if "x2048x" in line and "MUL_MAT q4_0" in line]
+    assert sorted(head) == ["256x2048x1", "256x2048x4", "256x2048x5"], profile  # 2 and 3 rows both run as 4
 
 
 def test_repacked_layers_pad_short_block_rows(
@@ -716,31 +728,14 @@ def test_repacked_layers_pad_short_block_rows(
         assert packed.block_pad_from == pad_from
         packed.inject(f[: n - 3], np.arange(n - 3, dtype=np.int32))
         for k, (a, b) in enumerate(zip(drafts(packed), want), start=1):
-            assert a["tokens"] == b["tokens"], (pad_from, k)
-            assert np.array_equal(np.asarray(a["candidates"]), np.asarray(b["candidates"])), (pad_from, k)
-            assert np.asarray(a["logits"]).shape == np.asarray(b["logits"]).shape == (k, 2048), (pad_from, k)
-            assert float(row_nmse(np.asarray(a["logits"]), np.asarray(b["logits"])).max()) <= 1e-8, (pad_from, k)
+            assert_same_draft(a, b, k, (pad_from, k))
     monkeypatch.delenv("DFLASH_BLOCK_PAD_FROM")
-    code = (
-        "import sys, numpy as np, dflash_gguf\n"
-        "d = dflash_gguf.Drafter(sys.argv[1], sys.argv[2], device='cpu', n_threads=1, n_ctx=64)\n"
-        "d.inject(np.zeros((4, d.hparams['target_hidden'] * len(d.hparams['target_layers'])), np.float32), "
-        "np.arange(4, dtype=np.int32))\n"
-        "for k in (1, 2, 5, 6): d.draft(1, 4, k, short_block=True)\n"
-    )
-    r = subprocess.run(
-        [sys.executable, "-c", code, path, target],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "DFLASH_PROFILE": "1", "DFLASH_BLOCK_PAD_FROM": "3"},
-    )
-    assert r.returncode == 0, r.stderr
+    profile = profiled_drafts(path, target, (1, 2, 5, 6), DFLASH_BLOCK_PAD_FROM="3")
     ffn_up = f"{plain.hparams['n_embd']}x{plain.hparams['n_ff']}x"
     rows = sorted(
-        int(w.rsplit("x", 1)[1]) for line in r.stderr.splitlines() for w in line.split() if w.startswith(ffn_up)
+        int(w.rsplit("x", 1)[1]) for line in profile.splitlines() for w in line.split() if w.startswith(ffn_up)
     )
-    assert rows == [2, 4, 6, 8], r.stderr  # drafts of 1, 2, 5, 6: 3 and 7 block rows run as 4 and 8
+    assert rows == [2, 4, 6, 8], profile  # drafts of 1, 2, 5, 6: 3 and 7 block rows run as 4 and 8
 
 
 def test_repacking_prints_nothing(tiny_gguf: Any) -> None:
