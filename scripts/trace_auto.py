@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/trace_auto.py [--target T.gguf] [--draft D.gguf] [--prompts FILE.jsonl]
                                            [-n 128] [--rounds 2] [--threads 2] [-ngl 0] [--n-max auto]
-                                           [--steps] [--json OUT]
+                                           [--draft-vocab V.json] [--steps] [--json OUT]
 
 Per prompt it prints plain decoding's ms/token (`ar`, the bench's baseline on the same object), ours in
 auto mode, their ratio, how many steps drafted, and what the drafted steps cost against decoding
@@ -38,6 +38,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="target layers on the GPU (default 0)")
     ap.add_argument("--n-max", default="auto", help="'auto' (default) or a fixed draft length, to compare")
+    ap.add_argument("--draft-vocab", type=Path, help="a drafting vocabulary (`dflash draft-vocab`'s file)")
     ap.add_argument("--steps", action="store_true", help="print every step")
     ap.add_argument("--json", type=Path, help="write the trace here")
     args = ap.parse_args()
@@ -60,6 +61,7 @@ def main() -> int:
         n_threads=args.threads,
         n_max=n_max[0],
         n_gpu_layers=args.n_gpu_layers,
+        draft_vocab=args.draft_vocab,
     )
     prompts = load_prompts(args.prompts, None)
     token_lists = [llm.tokenize(p["text"].encode(), add_bos=False, special=False) for p in prompts]
