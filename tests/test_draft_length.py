@@ -614,3 +614,46 @@ def test_a_check_that_moved_the_plain_cost_comes_again_soon() -> None:
     # down, so both are followed by the first interval; the third agrees and doubles it (without the rule:
     # about 32, 64, 128, 256)
     assert gaps[1] <= 32 and gaps[2] <= 32 and 60 <= gaps[3] <= 64, (gaps, checks)
+
+
+# a 2.8B-hybrid Q8_0 target and its q4_0 drafter on 2 Xeon cores (`scripts/trace_auto.py --steps`, ms):
+# plain 220; a drafted step of 1-3 tokens 314 / 330 / 370, of 4 575 (the verify's kernels change at 5 rows)
+HYBRID_Q8_STEP_MS = [314.0, 330.0, 370.0, 575.0, 667.0, 755.0, 843.0]
+HYBRID_Q8: Costs = {
+    "plain": 220.0,
+    "draft": lambda k: 60.0,
+    "verify": lambda k: HYBRID_Q8_STEP_MS[k - 1] - 60.0,
+}
+
+
+def test_a_length_timed_in_a_slow_phase_is_timed_again() -> None:
+    """A length's cost is timed only while it is drafted. In the trace this replays, 3 drafted tokens
+    pay best, a prompt's worth of steps of 3 ran 1.35x slow (plain decoding hardly slower), auto mode
+    went down to 2, and with 3's estimate left at the slow phase's it drafted 2 from then on, ~7% slower.
+    A drafting run re-times the length one further when it was last timed 32 drafted steps ago (then 64,
+    ... while the re-timings agree), so after the phase it drafts 3 again."""
+    rates = [expected_rate(HYBRID_Q8, k) for k in range(8)]
+    assert max(range(8), key=lambda k: rates[k]) == 3 and rates[3] > 1.05 * rates[2]
+    rng = np.random.default_rng(0)
+    c = DraftLengthController(7, "auto")
+    calibrate_as_the_speculator(c, HYBRID_Q8, warmup_factor=1.1)
+    prev, drafted, after, phase_over = -1, 0, [], False
+    while drafted < 400:
+        k = c.choose()
+        if k == 0:
+            c.observe_plain(HYBRID_Q8["plain"], prev == 0)  # type: ignore[arg-type]
+        else:
+            drafted += 1
+            # the slow phase: from the 8th drafted step until auto mode drafts something else than 3
+            phase_over = phase_over or (drafted > 8 and k != 3)
+            slow = 1.35 if drafted >= 8 and not phase_over else 1.0
+            j = iid_acceptance(rng, 0, 0, k)
+            c.observe_draft(k, j, HYBRID_Q8["draft"](k) * slow, HYBRID_Q8["verify"](k) * slow, prev == k)  # type: ignore[operator]
+            if drafted >= 100:
+                after.append(k)
+        prev = k
+    share = np.mean(np.array(after) == 3)
+    print(
+        f"after the slow phase: k = 3 in {share:.0%} of the drafted steps, k = 2 in {np.mean(np.array(after) == 2):.0%}"
+    )
+    assert share >= 0.8, np.bincount(after)

@@ -29,6 +29,18 @@ constexpr uint32_t kProbeSteps = 2;
 // a drafting run tries one position further for this many steps in a row: a step after a change of
 // length is not timed (libllama rebuilt its graph), so a single step would never measure its cost
 constexpr uint32_t kExploreSteps = 2;
+// A length's cost is timed only while it is drafted, so one timed in a slow phase would keep auto mode
+// drafting one token fewer for good (a 2.8B-hybrid Q8_0 target on 2 Xeon cores: its steps of 3 drafted
+// tokens took 450-570 ms through one prompt, 360-390 in the prompts around it, and auto mode drafted 2
+// from then on at ~5% less speed; `scripts/trace_auto.py --steps`). So a drafting run re-times the length
+// one position further once it was last timed kRetimeFirst drafted steps ago and would pay at the lowest
+// cost it was ever estimated at (where it never would, a re-timing cannot change the choice), the interval
+// doubling up to kRetimeMax after each re-timing that did not find it cheaper (by kPlainCheckAgree). A
+// re-timing drafts that length kRetimeSteps steps: one untimed (the shape changed), then enough timings to
+// move the lower quartile of its window of 9.
+constexpr uint32_t kRetimeFirst = 32;
+constexpr uint32_t kRetimeMax = 256;
+constexpr uint32_t kRetimeSteps = 4;
 // a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
 // up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
 // process) would otherwise keep a drafter drafting through a whole round slower than plain; a check is
@@ -111,6 +123,7 @@ void DraftLengthController::Cost::observe(double x) {
     const uint32_t q = (kept - 1) / 4;
     std::nth_element(sorted, sorted + q, sorted + kept);
     ms = sorted[q];
+    lowest = lowest < 0.0 ? ms : std::min(lowest, ms);
 }
 
 double DraftLengthController::Cost::fastest_kept() const {
@@ -136,6 +149,8 @@ DraftLengthController::DraftLengthController(uint32_t cap) :
     t_plain_(kPlainWindow),
     probe_every_(kProbeFirst),
     plain_check_every_(kPlainCheckFirst),
+    timed_at_(cap + 1, 0),
+    retime_every_(kRetimeFirst),
     run_reached_(cap, 0.0),
     run_accepted_(cap, 0.0) {}
 
@@ -219,6 +234,12 @@ uint32_t DraftLengthController::choose() {
         --hold_left_;
         return hold_k_;  // probing_ stays as the hold began
     }
+    if (retime_k_ != 0) {  // a re-timing's steps are over
+        // only a cost found lower matters: the estimate was stale; one found higher is what drafting less said
+        const bool stale = expected_cost_ms(retime_k_) < retime_before_ms_ * (1.0 - kPlainCheckAgree);
+        retime_every_ = stale ? kRetimeFirst : std::min(2 * retime_every_, kRetimeMax);
+        retime_k_ = 0;
+    }
     probing_ = false;
     uint32_t best = 0;
     uint32_t probe_with = n_max_;  // auto mode: the length whose bound pays best
@@ -291,7 +312,16 @@ uint32_t DraftLengthController::choose() {
             // one position further, as it might be: the estimate of a position no longer reached is stale (a
             // run of 2 drafts after a hard prompt could otherwise keep 3 out for good where 3 pays best)
             const double cost = best < cap_ ? expected_cost_ms(best + 1) : 0.0;
-            if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) best = hold(best + 1, kExploreSteps, false);
+            if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) {
+                best = hold(best + 1, kExploreSteps, false);
+            } else if (cost > 0.0 && drafted_steps_ - timed_at_[best + 1] >= retime_every_ &&
+                       t_draft_[best + 1].lowest >= 0.0 && t_verify_[best + 1].lowest >= 0.0 &&
+                       tokens_at(best + 1, best) / (t_draft_[best + 1].lowest + t_verify_[best + 1].lowest) >
+                           best_rate) {
+                retime_k_ = best + 1;
+                retime_before_ms_ = cost;
+                best = hold(best + 1, kRetimeSteps, false);
+            }
         }
         drafting_ = best != 0;
         // a probe costs the time of several plain steps (a 7-token probe ~7 on a 2-core CPU, ~3 on a GPU):
@@ -324,6 +354,7 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
                                           bool steady) {
     plain_streak_ = 0;
     seen_draft_ = true;
+    ++drafted_steps_;
     for (uint32_t i = 0; i < cap_; ++i) {
         reached_[i] *= kDecay;
         accepted_[i] *= kDecay;
@@ -337,6 +368,7 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
     }
     if (!steady || probing_) return;
     observe_cost(k, draft_ms, verify_ms);
+    if (k <= cap_) timed_at_[k] = drafted_steps_;
 }
 
 void DraftLengthController::record_cost(uint32_t k, double draft_ms, double verify_ms, void (Cost::*add)(double)) {

@@ -23,7 +23,8 @@
 // drafter); after a run that the estimates never favoured it waits a few plain
 // steps (more after each such run) before the bound may begin another. Within a
 // run it tries k + 1 for two steps whenever position k + 1 at its bound would
-// pay (an estimate no longer reached goes stale). Fixed mode
+// pay (an estimate no longer reached goes stale), and re-times k + 1 when it
+// was last timed long ago (a cost timed in a slow phase goes stale too). Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
@@ -74,6 +75,7 @@ private:
         explicit Cost(uint32_t window = 9) : window(std::min(window, kMaxWindow)) {}
         uint32_t window;
         double ms = -1.0;             // < 0: not measured often enough to believe
+        double lowest = -1.0;         // the lowest ms ever had (< 0: none yet)
         uint32_t kept = 0, next = 0;  // measurements in recent (counted since a restart), where the next goes
         bool seeded = false;          // recent holds a calibration's timing: believed without kMinSamples
         double recent[kMaxWindow] = {};
@@ -111,9 +113,14 @@ private:
     // the plain estimate when the check being timed began (0: no check; -1: plain never timed, so any
     // result counts as moved)
     double checked_plain_ms_ = 0.0;
-    bool run_favoured_ = false;  // the estimates favoured drafting at some step of the current run
-    bool seen_draft_ = false;    // a drafted step was observed (until then auto mode probes)
-    uint32_t entry_wait_ = 0;    // plain steps before the bound may begin another run
+    uint32_t drafted_steps_ = 0;      // drafted steps observed
+    std::vector<uint32_t> timed_at_;  // [k]: drafted_steps_ when the loop last timed k
+    uint32_t retime_every_;           // drafted steps after which a run re-times the length one further
+    uint32_t retime_k_ = 0;           // the length being re-timed (0: none)
+    double retime_before_ms_ = 0.0;   // its estimated cost when the re-timing began
+    bool run_favoured_ = false;       // the estimates favoured drafting at some step of the current run
+    bool seen_draft_ = false;         // a drafted step was observed (until then auto mode probes)
+    uint32_t entry_wait_ = 0;         // plain steps before the bound may begin another run
     // what the current drafting run's steps lost against plain decoding (a CUSUM, ms) and the run's own
     // acceptance counts, which replace the memory when that loss ends the run
     double run_loss_ = 0.0;
