@@ -414,6 +414,10 @@ def test_slots_share_the_saved_contexts_and_serve_concurrent_requests() -> None:
         with running(server) as port:
             got: dict[int, Any] = {}
             _complete(port, 0, got)  # in the first slot, which saves its context to the cache
+            # the handler sends its response inside the slot and frees it just after: wait for that
+            deadline = time.monotonic() + 10
+            while len(server._free) < len(server.slots) and time.monotonic() < deadline:
+                time.sleep(0.01)
             with server.slot() as busy:  # that slot busy: the same prompt again goes to the other one
                 assert busy is llm
                 _complete(port, 0, got)
