@@ -221,6 +221,11 @@ double DraftLengthController::expected_cost_ms(uint32_t k) const {
     return estimate(t_draft_, 0.0) + estimate(t_verify_, std::max(t_plain_.ms, 0.0));
 }
 
+double DraftLengthController::lowest_cost_ms(uint32_t k) const {
+    const double d = t_draft_[k].lowest, v = t_verify_[k].lowest;
+    return d >= 0.0 && v >= 0.0 ? d + v : -1.0;
+}
+
 uint32_t DraftLengthController::hold(uint32_t k, uint32_t steps, bool probe) {
     hold_k_ = k;
     hold_left_ = steps - 1;
@@ -315,9 +320,8 @@ uint32_t DraftLengthController::choose() {
             if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) {
                 best = hold(best + 1, kExploreSteps, false);
             } else if (cost > 0.0 && drafted_steps_ - timed_at_[best + 1] >= retime_every_ &&
-                       t_draft_[best + 1].lowest >= 0.0 && t_verify_[best + 1].lowest >= 0.0 &&
-                       tokens_at(best + 1, best) / (t_draft_[best + 1].lowest + t_verify_[best + 1].lowest) >
-                           best_rate) {
+                       lowest_cost_ms(best + 1) > 0.0 &&
+                       tokens_at(best + 1, best) / lowest_cost_ms(best + 1) > best_rate) {
                 retime_k_ = best + 1;
                 retime_before_ms_ = cost;
                 best = hold(best + 1, kRetimeSteps, false);

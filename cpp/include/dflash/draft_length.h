@@ -88,6 +88,8 @@ private:
         void restart() { kept = 0, seeded = false; }
     };
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
+    // the lowest draft + verify cost k was ever estimated at (-1: not yet estimated)
+    double lowest_cost_ms(uint32_t k) const;
     // k's draft and verify costs (k = 0: the plain step's, verify_ms) given to Cost::observe or Cost::seed
     void record_cost(uint32_t k, double draft_ms, double verify_ms, void (Cost::*add)(double));
     // plain steps after a drafted one that are not timed (slower: graph rebuild, cold caches)
