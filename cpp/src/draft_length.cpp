@@ -148,9 +148,9 @@ DraftLengthController::DraftLengthController(uint32_t cap) :
     t_verify_(cap + 1),
     t_plain_(kPlainWindow),
     probe_every_(kProbeFirst),
-    plain_check_every_(kPlainCheckFirst),
+    plain_check_(kPlainCheckFirst, kPlainCheckMax),
     timed_at_(cap + 1, 0),
-    retime_every_(kRetimeFirst),
+    retime_(kRetimeFirst, kRetimeMax),
     run_reached_(cap, 0.0),
     run_accepted_(cap, 0.0) {}
 
@@ -241,8 +241,7 @@ uint32_t DraftLengthController::choose() {
     }
     if (retime_k_ != 0) {  // a re-timing's steps are over
         // only a cost found lower matters: the estimate was stale; one found higher is what drafting less said
-        const bool stale = expected_cost_ms(retime_k_) < retime_before_ms_ * (1.0 - kPlainCheckAgree);
-        retime_every_ = stale ? kRetimeFirst : std::min(2 * retime_every_, kRetimeMax);
+        retime_.end(expected_cost_ms(retime_k_) < retime_.before_ms * (1.0 - kPlainCheckAgree));
         retime_k_ = 0;
     }
     probing_ = false;
@@ -278,8 +277,8 @@ uint32_t DraftLengthController::choose() {
         // way back costs two graph rebuilds in libllama and a cold drafter). A run left after one step
         // would alternate plain and drafted steps for as long as plain decoding lies between bound and
         // estimate (each switch a graph rebuild); leaving on the bound would keep drafting where plain is ahead.
-        if (drafting_ && ++drafted_untimed_ >= plain_check_every_) {
-            checked_plain_ms_ = t_plain_.ms;  // observe_plain sets the next interval once the check is timed
+        if (drafting_ && ++drafted_untimed_ >= plain_check_.every) {
+            plain_check_.begin(t_plain_.ms);  // observe_plain ends it once the check is timed
             t_plain_.restart();               // joining a slow phase's timings, a check would be outvoted by them
             // still a drafting run: judged again after the check
             return hold(0, plain_warm_steps() + kPlainCheckTimed, false);
@@ -319,11 +318,11 @@ uint32_t DraftLengthController::choose() {
             const double cost = best < cap_ ? expected_cost_ms(best + 1) : 0.0;
             if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) {
                 best = hold(best + 1, kExploreSteps, false);
-            } else if (cost > 0.0 && drafted_steps_ - timed_at_[best + 1] >= retime_every_ &&
+            } else if (cost > 0.0 && drafted_steps_ - timed_at_[best + 1] >= retime_.every &&
                        lowest_cost_ms(best + 1) > 0.0 &&
                        tokens_at(best + 1, best) / lowest_cost_ms(best + 1) > best_rate) {
                 retime_k_ = best + 1;
-                retime_before_ms_ = cost;
+                retime_.begin(cost);
                 best = hold(best + 1, kRetimeSteps, false);
             }
         }
@@ -411,11 +410,8 @@ void DraftLengthController::observe_plain(double ms, bool steady) {
     if (++plain_streak_ > plain_warm_steps() && steady) {
         t_plain_.observe(ms);
         drafted_untimed_ = 0;
-        if (checked_plain_ms_ != 0.0 && t_plain_.kept >= kPlainCheckTimed) {
-            const bool agreed = std::abs(t_plain_.ms / checked_plain_ms_ - 1.0) <= kPlainCheckAgree;
-            plain_check_every_ = agreed ? std::min(2 * plain_check_every_, kPlainCheckMax) : kPlainCheckFirst;
-            checked_plain_ms_ = 0.0;
-        }
+        if (plain_check_.before_ms != 0.0 && t_plain_.kept >= kPlainCheckTimed)
+            plain_check_.end(std::abs(t_plain_.ms / plain_check_.before_ms - 1.0) > kPlainCheckAgree);
     }
 }
 

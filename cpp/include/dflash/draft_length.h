@@ -87,6 +87,18 @@ private:
         // later measurements replace the earlier ones (ms stays until there are kMinSamples of them)
         void restart() { kept = 0, seeded = false; }
     };
+    // a cost timed again now and then, every `every` drafted steps: the interval doubles up to `max` after a
+    // re-check that left the estimate where it was, and goes back to `first` after one that moved it
+    struct Recheck {
+        Recheck(uint32_t first, uint32_t max) : first(first), max(max), every(first) {}
+        uint32_t first, max, every;
+        double before_ms = 0.0;  // the estimate when the re-check under way began (0: none under way)
+        void begin(double estimate_ms) { before_ms = estimate_ms; }
+        void end(bool moved) {
+            every = moved ? first : std::min(2 * every, max);
+            before_ms = 0.0;
+        }
+    };
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
     // the lowest draft + verify cost k was ever estimated at (-1: not yet estimated)
     double lowest_cost_ms(uint32_t k) const;
@@ -111,15 +123,12 @@ private:
     uint32_t probe_every_;
     uint32_t drafted_untimed_ = 0;  // steps of a drafting run since plain decoding was last timed
     uint32_t plain_streak_ = 0;     // plain steps since the last drafted one
-    uint32_t plain_check_every_;
-    // the plain estimate when the check being timed began (0: no check; -1: plain never timed, so any
-    // result counts as moved)
-    double checked_plain_ms_ = 0.0;
+    // plain decoding re-timed within a drafting run (before_ms -1: plain never timed, so any result moves it)
+    Recheck plain_check_;
     uint32_t drafted_steps_ = 0;      // drafted steps observed
     std::vector<uint32_t> timed_at_;  // [k]: drafted_steps_ when the loop last timed k
-    uint32_t retime_every_;           // drafted steps after which a run re-times the length one further
+    Recheck retime_;                  // a drafting run's re-timing of the length one further
     uint32_t retime_k_ = 0;           // the length being re-timed (0: none)
-    double retime_before_ms_ = 0.0;   // its estimated cost when the re-timing began
     bool run_favoured_ = false;       // the estimates favoured drafting at some step of the current run
     bool seen_draft_ = false;         // a drafted step was observed (until then auto mode probes)
     uint32_t entry_wait_ = 0;         // plain steps before the bound may begin another run
