@@ -390,7 +390,7 @@ def test_a_request_waits_only_while_every_slot_is_busy(parallel: int) -> None:
         assert len(server.slots) == parallel and all(s.n_max == 3 and s.n_ctx() == 512 for s in server.slots)
         with running(server) as port:
             got: dict[int, Any] = {}
-            with server.slot() as busy:  # a generation under way in one slot (the first: llm)
+            with server.slot() as (busy, _):  # a generation under way in one slot (the first: llm)
                 asker = threading.Thread(target=_complete, args=(port, 5, got))
                 asker.start()
                 asker.join(30 if parallel > 1 else 1)
@@ -414,11 +414,7 @@ def test_slots_share_the_saved_contexts_and_serve_concurrent_requests() -> None:
         with running(server) as port:
             got: dict[int, Any] = {}
             _complete(port, 0, got)  # in the first slot, which saves its context to the cache
-            # the handler sends its response inside the slot and frees it just after: wait for that
-            deadline = time.monotonic() + 10
-            while len(server._free) < len(server.slots) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            with server.slot() as busy:  # that slot busy: the same prompt again goes to the other one
+            with server.slot() as (busy, _):  # that slot busy: the same prompt again goes to the other one
                 assert busy is llm
                 _complete(port, 0, got)
             assert got[0]["choices"][0]["text"] == want[0]
@@ -445,7 +441,9 @@ def test_a_conversation_comes_back_to_the_slot_that_holds_it() -> None:
 
             first = [{"role": "user", "content": prompts()[0]["text"]}]
             chat(first)  # into the slot freed last: llm
-            with server.slot():  # llm busy: the other conversation goes to the other slot
+            with (
+                server.slot()
+            ):  # llm busy (freed before its answer was sent): the other conversation goes to the other slot
                 text = prompts()[1]["text"]
                 other = request(port, "POST", "/v1/completions", {"prompt": text, "max_tokens": 8, **GREEDY})[1]
             # the other slot is now the one freed last; the first conversation's next turn still goes to llm
@@ -458,3 +456,41 @@ def test_a_conversation_comes_back_to_the_slot_that_holds_it() -> None:
                 {"prompt": text + other["choices"][0]["text"], "max_tokens": 8, **GREEDY},
             )[1]
             assert again["timings"]["cache_n"] > 20, again["timings"]
+
+
+def test_a_slot_is_free_before_its_answer_is_sent() -> None:
+    """As in llama-server, a generation's slot is freed before the last bytes of its answer are sent, streamed
+    or not: a client's next request (a conversation's next turn) finds the slot that holds its prefix free,
+    rather than racing the handler for it and landing, with a cold context, in another slot."""
+    from dflash_gguf.server.routes import Handler
+
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
+        server = make_server(llm, port=0, parallel=2)
+        free_at_write: list[bool] = []  # per write of an answer: was the serving slot (llm) free then
+
+        class Watched(Handler):
+            def _send_json(self, status: Any, obj: Any) -> None:
+                free_at_write.append(llm in server._free)
+                super()._send_json(status, obj)
+
+            def _event(self, obj: Any) -> None:
+                free_at_write.append(llm in server._free)
+                super()._event(obj)
+
+        server.RequestHandlerClass = Watched
+        text = prompts()[0]["text"]
+        with running(server) as port:
+            for path, body in [
+                ("/v1/completions", {"prompt": text}),
+                ("/v1/completions", {"prompt": text, "stream": True}),
+                ("/v1/chat/completions", {"messages": CHAT, "stream": True}),
+                ("/completion", {"prompt": text, "stream": True}),
+            ]:
+                free_at_write.clear()
+                status, _ = request(port, "POST", path, {**body, "max_tokens": 4, **GREEDY})
+                assert status == 200 and free_at_write[-1], (path, free_at_write)
+                if body.get("stream"):  # busy while it streams
+                    assert not free_at_write[0], (path, free_at_write)
+                # with no prompt to match, the slot freed last: the one that served
+                with server.slot() as (free, _):
+                    assert free is llm, path

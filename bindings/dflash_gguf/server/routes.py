@@ -81,9 +81,9 @@ class Handler(JSONEventHandler):
         except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
             self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
             return
-        with self.server.slot(self._prompt_tokens(llm, kw)) as llm:
+        with self.server.slot(self._prompt_tokens(llm, kw)) as (llm, release):
             if self.path in NATIVE:
-                self._native(llm, body, NATIVE[self.path])
+                self._native(llm, release, body, NATIVE[self.path])
                 return
             # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
             options = body.get("stream_options")
@@ -98,6 +98,7 @@ class Handler(JSONEventHandler):
                 lambda out: {**out, "timings": timings(llm.stats)},
                 lambda held: openai_last_events(held, llm.stats, llm.last_usage if usage else None),
                 done=True,
+                release=release,
             )
 
     def _prompt_tokens(self, llm: SpeculativeLlama, kw: dict[str, Any]) -> list[int] | None:
@@ -117,7 +118,13 @@ class Handler(JSONEventHandler):
             pass
         return None
 
-    def _native(self, llm: SpeculativeLlama, body: Any, make_request: Callable[[SpeculativeLlama, Any], Any]) -> None:
+    def _native(
+        self,
+        llm: SpeculativeLlama,
+        release: Callable[[], None],
+        body: Any,
+        make_request: Callable[[SpeculativeLlama, Any], Any],
+    ) -> None:
         """llama-server's /completion or /infill, answered in its native shape (no [DONE] after a stream)."""
         model_name = self.server.model_name
         stream = isinstance(body, dict) and bool(body.get("stream"))
@@ -143,4 +150,5 @@ class Handler(JSONEventHandler):
             lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
             lambda held: [native_response(held["content"], model_name, (prompt[0], llm.stats))],
             done=False,
+            release=release,
         )

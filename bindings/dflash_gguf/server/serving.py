@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -54,22 +54,31 @@ class DFlashServer(ThreadingHTTPServer):
         self._freed = threading.Condition()
 
     @contextlib.contextmanager
-    def slot(self, prompt: Sequence[int] | None = None) -> Iterator[SpeculativeLlama]:
-        """A free decoder for one generation, waiting for one when every slot is busy: the one whose context
-        holds the longest prefix of `prompt` (llama-server's choice by prompt similarity), so that
-        conversations that take turns each come back to their own; among equals, the one freed last."""
+    def slot(self, prompt: Sequence[int] | None = None) -> Iterator[tuple[SpeculativeLlama, Callable[[], None]]]:
+        """A free decoder for one generation and the call that frees it (at the latest on leaving), waiting
+        for one when every slot is busy: the one whose context holds the longest prefix of `prompt`
+        (llama-server's choice by prompt similarity), so that conversations that take turns each come back to
+        their own; among equals, the one freed last."""
         with self._freed:
             while not self._free:
                 self._freed.wait()
             held = llama_cpp.Llama.longest_token_prefix
             llm = max(reversed(self._free), key=lambda s: held(s._spec.cached_tokens, prompt) if prompt else 0)
             self._free.remove(llm)
+        freed = False
+
+        def release() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                with self._freed:
+                    self._free.append(llm)
+                    self._freed.notify()
+
         try:
-            yield llm
+            yield llm, release
         finally:
-            with self._freed:
-                self._free.append(llm)
-                self._freed.notify()
+            release()
 
     def server_close(self) -> None:
         super().server_close()

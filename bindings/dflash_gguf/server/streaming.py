@@ -50,9 +50,13 @@ class JSONEventHandler(BaseHTTPRequestHandler):
         reply: Callable[[dict[str, Any]], dict[str, Any]],
         last: Callable[[dict[str, Any]], list[dict[str, Any]]],
         done: bool,
+        release: Callable[[], None],
     ) -> None:
         """start() -> a result, or a stream of chunks of which `last` makes the final events; `reply`
-        makes the response of a result; `done`: a stream ends with OpenAI's [DONE]."""
+        makes the response of a result; `done`: a stream ends with OpenAI's [DONE]. `release` frees the
+        generation's slot once the generation is over and its answer made, before the answer's last bytes
+        are sent (as llama-server does): a client's next request, a conversation's next turn, then finds
+        the slot that holds its prefix free."""
         try:
             # settings errors raise here; a stream's prefill (a grammar that does not parse, a prompt
             # longer than the context) in its first chunks: both before any byte is sent
@@ -68,9 +72,11 @@ class JSONEventHandler(BaseHTTPRequestHandler):
             )
             return
         if not stream:
-            self._send_json(HTTPStatus.OK, reply(result))
+            answer = reply(result)
+            release()
+            self._send_json(HTTPStatus.OK, answer)
             return
-        self._send_events(first, result, last, done)
+        self._send_events(first, result, last, done, release)
 
     def _send_events(
         self,
@@ -78,6 +84,7 @@ class JSONEventHandler(BaseHTTPRequestHandler):
         rest: Iterator[dict[str, Any]],
         last: Callable[[dict[str, Any]], list[dict[str, Any]]],
         done: bool,
+        release: Callable[[], None],
     ) -> None:
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", "text/event-stream")
@@ -95,12 +102,13 @@ class JSONEventHandler(BaseHTTPRequestHandler):
             except (BrokenPipeError, ConnectionResetError):
                 raise
             except Exception as e:  # noqa: BLE001 (mid-stream: the status is sent; say it in the stream)
-                if held is not None:
-                    self._event(held)
-                self._event(error_body(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
+                end = [] if held is None else [held]
+                end.append(error_body(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
             else:
-                for event in last(held) if held is not None else []:
-                    self._event(event)
+                end = last(held) if held is not None else []
+            release()  # the generation is over (its stream exhausted): only sending is left
+            for event in end:
+                self._event(event)
             if done:
                 self.wfile.write(b"data: [DONE]\n\n")
         except (BrokenPipeError, ConnectionResetError):
