@@ -144,6 +144,9 @@ def test_json_structure(bench_run: dict[str, Any]) -> None:
         ):
             assert key in rec, key
         assert len(rec["per_position_acceptance"]) == 7
+        by_length = rec["steps_by_length"]  # [k]: steps that drafted k tokens, [0] the plain ones
+        assert len(by_length) == 8 and sum(by_length) == rec["steps"] and by_length[0] == rec["plain_steps"]
+        assert sum(k * n for k, n in enumerate(by_length)) == rec["drafted"], rec
         # a step's time split: model work, picking the target's tokens, the rest; the timed parts sit
         # inside the decode time (a part counted twice, or one timed outside the decode, breaks this)
         assert rec["sample_ms_per_step"] > 0, rec

@@ -115,6 +115,10 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
         assert row["implied_speedup"] == pytest.approx(statistics.median(r["limit_vs_ar"] for r in ours))
         for key in ("sample_ms", "rest_ms"):
             assert row["systems"]["ours"][key] == pytest.approx(statistics.median(r[f"{key}_per_step"] for r in ours))
+        by_length = row["systems"]["ours"]["steps_by_length"]  # over the row's runs: [k] steps that drafted k
+        assert by_length == [sum(col) for col in zip(*(r["steps_by_length"] for r in ours))]
+        assert sum(by_length) == sum(r["steps"] for r in ours) and by_length[0] == sum(r["plain_steps"] for r in ours)
+        assert row["n_max"] == "auto" or sum(by_length[3:]) == 0, by_length  # a fixed 2 never drafts more
     for res in scale_json["_raw"]:  # auto over the fixed length, paired by prompt run
         fixed, auto = (
             {(r["prompt_index"], r["round"]): r["tok_s"] for r in c["runs"] if r["system"] == "ours"}

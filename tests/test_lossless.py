@@ -75,6 +75,7 @@ def _run_all(
     ties = []
     steps = plain_steps = drafted = accepted = emitted = 0
     per_prompt_mal = []
+    by_length: list[int] = []
     for p, toks in zip(prompts(), ptoks):
         ours = list(spec.generate_tokens(toks, max_tokens=N_NEW, temperature=0.0, plain=plain))
         s = spec.stats
@@ -84,6 +85,7 @@ def _run_all(
         accepted += s.accepted
         emitted += s.completion_tokens
         per_prompt_mal.append(s.mean_accepted_length)
+        by_length = [a + b for a, b in zip(by_length or [0] * len(s.steps_by_length), s.steps_by_length)]
         pr, tv = compare_greedy(ref, toks, ours, N_NEW, EPS, name=p["id"])
         problems += pr
         ties += tv
@@ -94,6 +96,7 @@ def _run_all(
         "tokens": emitted,
         "steps": steps,
         "plain_steps": plain_steps,
+        "steps_by_length": by_length,
         "drafted": drafted,
         "accepted": accepted,
         "acceptance_rate": accepted / drafted if drafted else 0.0,
@@ -130,6 +133,12 @@ def test_greedy_lossless_bundled(
     # generation, which draft no further than its end: with r tokens still wanted a step drafts r - 1, and r
     # falls at each step, so a generation's steps fall short by at most (n_max - 1) + ... + 1 drafts
     drafted_steps = s["steps"] - s["plain_steps"]
+    # every step counted once under the length it drafted (0: plain), never past n_max; only a
+    # generation's last steps draft fewer than n_max, at most one per length below it
+    by_length = s["steps_by_length"]
+    assert sum(by_length) == s["steps"] and by_length[0] == s["plain_steps"], by_length
+    assert sum(k * n for k, n in enumerate(by_length)) == s["drafted"], by_length
+    assert sum(by_length[n_max + 1 :]) == 0 and sum(by_length[1:n_max]) <= s["prompts"] * (n_max - 1), by_length
     short = s["prompts"] * n_max * (n_max - 1) // 2
     assert n_max * drafted_steps - short <= s["drafted"] <= n_max * drafted_steps
     assert s["mean_accepted_length"] > 1.0 + 0.35 * n_max, s["mean_accepted_length"]

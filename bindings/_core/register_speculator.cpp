@@ -413,6 +413,7 @@ void register_speculator(py::module_ & m) {
                                    d["emitted"] = s.emitted;
                                    d["pos_reached"] = s.pos_reached;
                                    d["pos_accepted"] = s.pos_accepted;
+                                   d["steps_by_length"] = s.steps_by_length;
                                    d["prefill_ms"] = s.prefill_ms;
                                    d["calibration_ms"] = s.calibration_ms;
                                    d["draft_ms"] = s.draft_ms;

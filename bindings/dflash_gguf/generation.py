@@ -245,6 +245,7 @@ class GenerationMixin:
             accepted=s["accepted"],
             mean_accepted_length=(s["accepted"] + drafted_steps) / drafted_steps if drafted_steps else 1.0,
             per_position_acceptance=[a / r if r else 0.0 for a, r in zip(acc, reached)],
+            steps_by_length=list(s["steps_by_length"]),
             prefill_ms=s["prefill_ms"],
             calibration_ms=s["calibration_ms"],
             decode_ms=decode_s * 1e3,

@@ -20,6 +20,7 @@ class GenerationStats:
     accepted: int = 0
     mean_accepted_length: float = 0.0  # tokens per target pass, bonus token included
     per_position_acceptance: list[float] = field(default_factory=list)
+    steps_by_length: list[int] = field(default_factory=list)  # steps per draft length 0..n_max ([0]: plain)
     prefill_ms: float = 0.0
     calibration_ms: float = 0.0  # n_max="auto": timing each draft length, once, before the first prefill
     decode_ms: float = 0.0

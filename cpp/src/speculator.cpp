@@ -149,6 +149,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     if (opts_.adaptive && !calibrated_) calibrate();
     stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
     stats_.pos_accepted.assign(drafter_->hparams().block_size - 1, 0);
+    stats_.steps_by_length.assign(drafter_->hparams().block_size, 0);
     length_->reset_acceptance();
 
     // reuse the longest common prefix; the last prompt token is always decoded for its logits
@@ -456,6 +457,7 @@ StepOutput Speculator::step(uint32_t max_tokens) {
     const uint32_t m = std::min({length_->choose(), target_->n_ctx() - n - 1, max_tokens - 1});
     if (m == 0) {
         stats_.plain_steps++;
+        stats_.steps_by_length[0]++;
         StepOutput plain = step_plain();
         length_->observe_plain(ms_since(t_step), target_->repeated_shape());
         return plain;
@@ -556,6 +558,7 @@ StepOutput Speculator::step(uint32_t max_tokens) {
     stats_.steps++;
     stats_.drafted += m;
     stats_.accepted += j;
+    stats_.steps_by_length[m]++;
     stats_.emitted += out.tokens.size();
     for (uint32_t i = 0; i < m && i <= j; ++i) {
         stats_.pos_reached[i]++;

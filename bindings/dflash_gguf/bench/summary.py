@@ -103,6 +103,8 @@ def summarize_config(cfg: dict[str, Any]) -> dict[str, Any]:
         if system == "ours":
             s["verify_ms_per_step"] = spread([r["verify_ms_per_step"] for r in runs])
             s["plain_steps"] = sum(r["plain_steps"] for r in runs)
+            if all("steps_by_length" in r for r in runs):  # what auto mode drafted: [k] steps of k ([0] plain)
+                s["steps_by_length"] = [sum(col) for col in zip(*(r["steps_by_length"] for r in runs))]
             for key in ("sample_ms_per_step", "rest_ms_per_step"):
                 if all(key in r for r in runs):
                     s[key] = spread([r[key] for r in runs])
@@ -227,6 +229,10 @@ def format_table(result: dict[str, Any]) -> str:
             extra = ""
             if system == "ours" and s.get("plain_steps"):
                 extra = f"; {s['plain_steps']} fallback plain steps"
+            if system == "ours" and cfg.get("n_max") == "auto" and s.get("steps_by_length"):
+                extra += "; steps by draft length " + ", ".join(
+                    f"{k}: {n}" for k, n in enumerate(s["steps_by_length"]) if n
+                )
             lines.append(
                 f"{system} per-position conditional acceptance: {txt}  "
                 f"({s['accepted']}/{s['drafted']} drafts accepted{extra})"

@@ -88,6 +88,7 @@ def run_ours(
             accepted=s.accepted,
             mean_accepted_length=s.mean_accepted_length,
             per_position_acceptance=list(s.per_position_acceptance),
+            steps_by_length=list(s.steps_by_length),
             draft_ms=s.draft_ms,
             verify_ms=s.verify_ms,
             inject_ms=s.inject_ms,
