@@ -95,7 +95,7 @@ def end_to_end_row(size: str, target_type: str, draft_type: str, cfg: dict[str, 
             for key in ("sample_ms", "rest_ms"):
                 if f"{key}_per_step" in s:
                     row["systems"]["ours"][key] = s[f"{key}_per_step"]["median"]
-        if system == "ours" and "steps_by_length" in s:  # what auto mode chose: a short cell's story
+        if system == "ours" and "steps_by_length" in s:  # what auto mode chose
             row["systems"]["ours"]["steps_by_length"] = s["steps_by_length"]
         if system == "ours" and "vs_upstream" in s:
             row["systems"]["ours"]["vs_upstream"] = s["vs_upstream"]["median"]
