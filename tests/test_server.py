@@ -441,9 +441,8 @@ def test_a_conversation_comes_back_to_the_slot_that_holds_it() -> None:
 
             first = [{"role": "user", "content": prompts()[0]["text"]}]
             chat(first)  # into the slot freed last: llm
-            with (
-                server.slot()
-            ):  # llm busy (freed before its answer was sent): the other conversation goes to the other slot
+            # llm busy (freed before its answer was sent): the other conversation goes to the other slot
+            with server.slot():
                 text = prompts()[1]["text"]
                 other = request(port, "POST", "/v1/completions", {"prompt": text, "max_tokens": 8, **GREEDY})[1]
             # the other slot is now the one freed last; the first conversation's next turn still goes to llm

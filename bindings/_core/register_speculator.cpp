@@ -407,7 +407,7 @@ void register_speculator(py::module_ & m) {
                                    const auto & s = live(p).stats();
                                    py::dict d;
                                    d["steps"] = s.steps;
-                                   d["plain_steps"] = s.plain_steps;
+                                   d["plain_steps"] = s.steps_by_length.empty() ? 0 : s.steps_by_length[0];
                                    d["drafted"] = s.drafted;
                                    d["accepted"] = s.accepted;
                                    d["emitted"] = s.emitted;

@@ -456,7 +456,6 @@ StepOutput Speculator::step(uint32_t max_tokens) {
     if (max_tokens == 0) throw Error("step(max_tokens = 0): a step emits at least one token");
     const uint32_t m = std::min({length_->choose(), target_->n_ctx() - n - 1, max_tokens - 1});
     if (m == 0) {
-        stats_.plain_steps++;
         stats_.steps_by_length[0]++;
         StepOutput plain = step_plain();
         length_->observe_plain(ms_since(t_step), target_->repeated_shape());

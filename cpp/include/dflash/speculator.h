@@ -37,9 +37,8 @@ struct SpecStats {
     uint64_t drafted = 0;
     uint64_t accepted = 0;
     uint64_t emitted = 0;                             // tokens produced by steps (excludes the prefill's first token)
-    uint64_t plain_steps = 0;                         // steps without drafting (fallback)
     std::vector<uint64_t> pos_reached, pos_accepted;  // per draft position 1..n_max
-    std::vector<uint64_t> steps_by_length;            // steps per draft length 0..n_max ([0]: the plain ones)
+    std::vector<uint64_t> steps_by_length;  // steps per draft length 0..n_max ([0]: the plain ones, no drafting)
     double prefill_ms = 0, draft_ms = 0, verify_ms = 0, inject_ms = 0, sample_ms = 0;
     double rollback_ms = 0;     // a recurrent target's checkpoints before verifies and restores after
     double calibration_ms = 0;  // the draft-length calibration run by this start(), if any
