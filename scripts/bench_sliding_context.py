@@ -8,8 +8,10 @@
 Two random DFlash2 drafters shaped like the published 5-layer ones at 1.7B (hidden 2048, 16 heads, 8 KV
 heads of 128, MLP 6144, block 16), with the same weights: one attends to the whole context in every layer,
 the other slides a window of --window positions in its first 4 layers as z-lab's Qwen3.6 drafters do
-(the DFlash 2 release's is_causal false). The drafter's attention reads every cached row it attends to,
-so its cost grows with the context; a sliding layer attends only to the rows its window reaches. Per
+(the DFlash 2 release's is_causal false), its sliding layers' rows in rings of their last positions, and
+the same again with swa_full (every row kept, as llama.cpp's --swa-full). The drafter's attention reads every cached row it attends to,
+so its cost grows with the context; a sliding layer attends only to the rows its window reaches, and
+keeps only a ring of its last positions' rows (the memory line). Per
 context, both drafters' draft steps of 3 tokens (the short block the loop runs) alternate, so they share
 the machine's load; the table gives medians and the ratio. Needs the test install (tests/factories.py).
 The files go to a temporary directory.
@@ -48,15 +50,9 @@ def main() -> int:
     from dflash_convert import Options, convert
 
     sliding = ["sliding_attention"] * (LAYERS - 1) + ["full_attention"]
-    layouts = {
-        "whole context": {},
-        f"window {args.window}": {
-            "use_sliding_window": True,
-            "sliding_window": args.window,
-            "layer_types": sliding,
-            "is_causal": False,
-        },
-    }
+    window = {"use_sliding_window": True, "sliding_window": args.window, "layer_types": sliding, "is_causal": False}
+    # name: (checkpoint config, swa_full)
+    layouts = {"whole context": ({}, False), f"window {args.window}": (window, False), "swa_full": (window, True)}
     with tempfile.TemporaryDirectory(prefix="dflash-sliding-") as tmp:
         work = Path(tmp)
         target = work / "target.gguf"
@@ -72,7 +68,7 @@ def main() -> int:
             context_length=max(contexts) + 64,
         )
         drafters = {}
-        for name, config in layouts.items():
+        for name, (config, swa_full) in layouts.items():
             src = work / name.replace(" ", "_")
             make_checkpoint(
                 src,
@@ -101,6 +97,7 @@ def main() -> int:
                 n_threads=args.threads,
                 n_ctx=max(contexts) + 64,
                 kv_type=args.kv_type,
+                swa_full=swa_full,
             )
 
         rng = np.random.default_rng(0)
@@ -108,7 +105,12 @@ def main() -> int:
             f"draft of 3 tokens, median ms over {args.reps} ({args.threads} threads, {args.outtype}, "
             f"{args.kv_type} cache)"
         )
-        print(f"{'context':>8}  " + "  ".join(f"{n:>14}" for n in drafters) + "  ratio")
+        print(
+            f"draft cache for {max(contexts) + 64} rows: "
+            + ", ".join(f"{name} {d.cache_bytes / 2**20:.1f} MiB" for name, d in drafters.items())
+            + "".join(f" (rings of {d.ring_rows} rows in the sliding layers)" for d in drafters.values() if d.ring_rows)
+        )
+        print(f"{'context':>8}  " + "  ".join(f"{n:>14}" for n in drafters) + "  whole / window  ring / swa_full")
         for n in contexts:
             feats = rng.standard_normal((n, TAPS * HIDDEN)).astype(np.float32)
             for d in drafters.values():
@@ -123,7 +125,10 @@ def main() -> int:
                     d.draft(5, n, 3, all_rows=False, short_block=True)
                     times[name].append((time.perf_counter() - t0) * 1e3)
             med = [statistics.median(t) for t in times.values()]
-            print(f"{n:>8}  " + "  ".join(f"{m:>14.2f}" for m in med) + f"  {med[0] / med[1]:.2f}x")
+            print(
+                f"{n:>8}  " + "  ".join(f"{m:>14.2f}" for m in med) + f"  {med[0] / med[1]:>13.2f}x"
+                f"  {med[1] / med[2]:>14.2f}x"
+            )
     return 0
 
 

@@ -208,6 +208,7 @@ class Case:
         n_threads: int = 1,
         kv_type: str = "f32",
         draft_vocab: list[int] | None = None,
+        swa_full: bool = False,
     ) -> Any:
         """Our Drafter of this checkpoint; its cache in F32 unless asked (the reference's arithmetic)."""
         target = "" if embed_head else str(self.target_path)
@@ -219,6 +220,7 @@ class Case:
             n_ctx=n_ctx,
             kv_type=kv_type,
             draft_vocab=draft_vocab or [],
+            swa_full=swa_full,
         )
 
 
@@ -478,13 +480,77 @@ def test_variant_parity(work: Path, target: tuple[Path, dict[str, np.ndarray]], 
     apart = float(row_nmse(np.asarray(ours["logits"]), plain.logits.numpy()).max())
     assert apart > 1e-3
     if hparams.get("sliding_window"):
-        # past a window's length of context the sliding layers attend to the window's rows only: from
-        # (graph window - its unit - B - sliding_window + 2 = 238 or 245) rounded down to 64 rows
-        _, _, e = check_f32_draft(c, d, version, 300, anchor=77, seed=3100)
-        assert d.counters["swa_first_last"] == 192, d.counters
+        # the sliding layers' rows are rings of 320 here (window + block + 256, rounded up to 64 rows): at
+        # 450 rows of context they have wrapped
+        assert d.ring_rows == 320
+        _, _, e = check_f32_draft(c, d, version, 450, anchor=77, seed=3100)
+        worst = max(worst, e)
+        # with swa_full those layers keep every row and, past a window's length of context, attend to the
+        # window's rows only: from (graph window - its unit - B - sliding_window + 2 = 238 or 245) rounded
+        # down to 64 rows
+        whole = c.drafter("f32", n_ctx=512, swa_full=True)
+        assert whole.ring_rows == 0
+        _, _, e = check_f32_draft(c, whole, version, 300, anchor=77, seed=3100)
+        assert whole.counters["swa_first_last"] == 192, whole.counters
         worst = max(worst, e)
     note(f"f32 v{version} B8 {variant}", worst)
     print(f"f32 DFlash{version} B=8 {variant}: worst row NMSE {worst:.3e}; without it {apart:.3e}")
+
+
+@pytest.mark.parametrize("variant", ("swa_causal_layers", "swa_not_causal"))
+def test_sliding_layers_rings(work: Path, target: tuple[Path, dict[str, np.ndarray]], variant: str) -> None:
+    """The sliding layers' rings (320 rows here) against the reference holding every row, through what the
+    loop does: a prompt injected in chunks, then steps whose accepted rows the next draft writes, across the
+    rings' wrap; a rollback within their slack, new rows after it; one far deeper, after which drafting goes
+    on and, once the window has only new rows, drafts the reference's again; the cache saved and loaded
+    into another drafter. A sliding layer whose ring held the wrong position's row, or kept a row rolled
+    back, would attend to other keys than the reference's. Memory: only the full layers hold every row."""
+    overrides, _ = DRAFTER_VARIANTS[variant]
+    c = Case(work, target, 2, 8, name=variant, **overrides)
+    d = c.drafter("f32", n_ctx=1024)
+    assert d.ring_rows == 320
+    swa = d.hparams["sliding_window_layers"]
+    width = d.hparams["n_head_kv"] * d.hparams["head_dim"]
+    rows = sum(321 if s else 1025 for s in swa)
+    assert d.cache_bytes - 2 * 4 * width * rows in range(0, 4096), (d.cache_bytes, rows)
+
+    feats = features(800, c.width, 4000)
+
+    def check(n: int, context: np.ndarray, anchor: int) -> None:
+        ref = c.ref.draft(c.ref.inject(context[:n], list(range(n))), anchor, n)
+        ours = d.draft(anchor, n, details=True)
+        e = row_nmse(np.asarray(ours["logits"]), ref.logits.numpy())
+        assert e.max() <= NMSE_F32, f"{n} rows: per-row logits NMSE {e}"
+        check_argmax(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
+
+    d.inject(feats[:300], np.arange(300, dtype=np.int32))
+    n = 300
+    for step in range(9):  # accepted rows pending, written by the next draft: 300 .. 336, across 320
+        d.inject(feats[n : n + 4], np.arange(n, n + 4, dtype=np.int32))
+        n += 4
+        check(n, feats, anchor=5 + step)
+    d.truncate(250)  # 86 rows back: within the slack, the window keeps every row
+    fresh = features(800, c.width, 4001)
+    context = np.concatenate([feats[:250], fresh[250:]])
+    d.inject(context[250:290], np.arange(250, 290, dtype=np.int32))
+    check(290, context, anchor=17)
+
+    d.inject(context[290:700], np.arange(290, 700, dtype=np.int32))
+    check(700, context, anchor=19)
+    saved, other = d.save_cache(), c.drafter("f32", n_ctx=1024)
+    other.load_cache(saved, 700)
+    assert other.n_cached == 700
+    a, b = d.draft(23, 700, details=True), other.draft(23, 700, details=True)
+    np.testing.assert_array_equal(np.asarray(a["logits"]), np.asarray(b["logits"]))
+    with pytest.raises(dflash_gguf.DFlashError, match="saved draft cache has .* bytes"):
+        other.load_cache(saved[:-4], 700)
+
+    d.truncate(100)  # 600 back: the rings no longer hold the rows before 100
+    d.inject(fresh[100:104], np.arange(100, 104, dtype=np.int32))
+    assert np.isfinite(np.asarray(d.draft(29, 104, details=True)["logits"])).all()
+    context = np.concatenate([context[:100], fresh[100:]])
+    d.inject(context[104:160], np.arange(104, 160, dtype=np.int32))
+    check(160, context, anchor=31)  # the window (12 rows) holds only rows written since
 
 
 # --------------------------------------------------------------------------- #

@@ -124,6 +124,16 @@ def test_attention_variants_and_gelu(tmp_path):
     assert "causal          layers [0, 1]: a block row attends to the rows before it, not after" in r.stdout
     s = json.loads(run_info(str(p), "--json").stdout)
     assert s["sliding_window"] == {"window": 512, "layers": [True, True, False]}
+    # the sliding layers keep a ring of their last window + block + 256 positions (to 64 rows), the last
+    # layer every row: K and V of 2 KV heads x 16 dimensions in F16 per row and layer
+    rows = (512 + s["block_size"] + 256 + 63) // 64 * 64
+    assert s["context_length"] > rows
+    assert s["cache_bytes_per_row"] == 128 and s["cache_ring"] == {"rows": rows, "bytes": 2 * rows * 128}
+    total = (128 * s["context_length"] + 2 * rows * 128) / 2**20
+    assert (
+        f"draft cache     0.12 KiB per context row (K and V in F16) + a ring of {rows} rows per sliding layer "
+        f"(0.20 MiB): {total:.2f} MiB for {s['context_length']} rows" in r.stdout
+    )
     assert s["hidden_activation"] == "gelu_pytorch_tanh"
     assert s["causal_layers"] == [True, True, False]
 

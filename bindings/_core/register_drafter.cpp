@@ -39,10 +39,13 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
 }
 
 void register_drafter(py::module_ & m) {
+    m.def("sliding_ring_rows", &dflash::sliding_ring_rows, py::arg("swa_window"), py::arg("block_size"),
+          py::arg("n_ctx"),
+          "Rows of a sliding-window layer's ring cache in a draft cache of n_ctx rows (0: none, it holds every row).");
     py::class_<PyDrafter>(m, "Drafter")
         .def(py::init([](const std::string & draft, const std::string & target, const std::string & device,
                          int n_threads, uint32_t n_ctx, bool repack, const std::string & kv_type,
-                         const std::vector<int32_t> & draft_vocab) {
+                         const std::vector<int32_t> & draft_vocab, bool swa_full) {
                  dflash::DrafterOptions o;
                  o.device = device;
                  o.n_threads = n_threads;
@@ -53,6 +56,7 @@ void register_drafter(py::module_ & m) {
                  }
                  o.kv_type = kv_type == "f32" ? GGML_TYPE_F32 : GGML_TYPE_F16;
                  o.draft_vocab = draft_vocab;
+                 o.swa_full = swa_full;
                  auto p = std::make_unique<PyDrafter>();
                  py::gil_scoped_release nogil;
                  p->d = std::make_unique<dflash::Drafter>(draft, target, o);
@@ -60,7 +64,7 @@ void register_drafter(py::module_ & m) {
              }),
              py::arg("draft"), py::arg("target") = "", py::arg("device") = "auto", py::arg("n_threads") = 0,
              py::arg("n_ctx") = 4096, py::arg("repack") = true, py::arg("kv_type") = "f16",
-             py::arg("draft_vocab") = std::vector<int32_t>{})
+             py::arg("draft_vocab") = std::vector<int32_t>{}, py::arg("swa_full") = false)
         .def_property_readonly("hparams", [](PyDrafter & p) { return hparams_dict(p.d->hparams()); })
         .def_property_readonly("n_vocab", [](PyDrafter & p) { return p.d->n_vocab(); })
         .def_property_readonly("n_ctx", [](PyDrafter & p) { return p.d->n_ctx(); })
@@ -71,6 +75,8 @@ void register_drafter(py::module_ & m) {
         .def_property_readonly("head_pad_from", [](PyDrafter & p) { return p.d->head_pad_from(); })
         .def_property_readonly("block_pad_from", [](PyDrafter & p) { return p.d->block_pad_from(); })
         .def_property_readonly("draft_vocab_size", [](PyDrafter & p) { return p.d->draft_vocab_size(); })
+        .def_property_readonly("ring_rows", [](PyDrafter & p) { return p.d->ring_rows(); })
+        .def_property_readonly("cache_bytes", [](PyDrafter & p) { return p.d->cache_bytes(); })
         .def_property_readonly("counters", [](PyDrafter & p) { return counters_dict(p.d->counters()); })
         .def(
             "inject",
@@ -95,6 +101,20 @@ void register_drafter(py::module_ & m) {
                 p.d->truncate(n);
             },
             py::arg("n"))
+        .def("save_cache",
+             [](PyDrafter & p) {
+                 Busy busy(p.mu, "this Drafter");
+                 const std::vector<uint8_t> bytes = p.d->save_cache();
+                 return py::bytes((const char *)bytes.data(), bytes.size());
+             })
+        .def(
+            "load_cache",
+            [](PyDrafter & p, const py::bytes & bytes, uint32_t n) {
+                Busy busy(p.mu, "this Drafter");
+                const std::string_view view = bytes;
+                p.d->load_cache(std::vector<uint8_t>(view.begin(), view.end()), n);
+            },
+            py::arg("bytes"), py::arg("n"))
         .def("reset",
              [](PyDrafter & p) {
                  Busy busy(p.mu, "this Drafter");

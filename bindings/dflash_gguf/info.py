@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from ._core import sliding_ring_rows
+
 
 def summarize(info: dict[str, Any]) -> dict[str, Any]:
     """The facts `dflash info` shows, as one JSON-ready dict."""
@@ -38,10 +40,16 @@ def summarize(info: dict[str, Any]) -> dict[str, Any]:
         "bytes_by_type": dict(sorted(bytes_by_type.items())),
         "tensor_bytes": sum(t["nbytes"] for t in info["tensors"]),
         "file_size": info["file_size"],
-        # the draft context cache per row: K and V of every layer in F16 (the runtime's default), so that the
-        # memory a context length costs can be planned before loading
-        "cache_bytes_per_row": hp["n_layer"] * 2 * hp["n_head_kv"] * hp["head_dim"] * 2,
     }
+    # the draft context cache, K and V in F16 (the runtime's default), so that the memory a context length
+    # costs can be planned before loading: per context row of the layers that hold every row, and, at the
+    # training context, a ring of its last positions in each sliding-window layer
+    layer_row = 2 * hp["n_head_kv"] * hp["head_dim"] * 2
+    ring = sliding_ring_rows(hp["sliding_window"], hp["block_size"], hp["context_length"])
+    ring_layers = sum(hp["sliding_window_layers"]) if ring else 0
+    out["cache_bytes_per_row"] = (hp["n_layer"] - ring_layers) * layer_row
+    if ring:
+        out["cache_ring"] = {"rows": ring, "bytes": ring_layers * ring * layer_row}
     if hp["version"] == 2:
         out["conv"] = {"kernel_size": hp["conv_kernel_size"], "group_size": hp["conv_group_size"]}
         out["selector"] = {"rank": hp["selector_rank"], "top_k": hp["selector_top_k"]}
@@ -104,8 +112,10 @@ def format_text(s: dict[str, Any]) -> str:
     types = "  ".join(f"{t}: {n} ({_mib(s['bytes_by_type'][t])})" for t, n in s["tensors_by_type"].items())
     lines.append(f"tensors         {s['tensor_count']}  ({types})")
     lines.append(f"total size      {_mib(s['tensor_bytes'])} of tensor data")
-    row, ctx = s["cache_bytes_per_row"], s["context_length"]
+    row, ctx, ring = s["cache_bytes_per_row"], s["context_length"], s.get("cache_ring")
+    rings = f" + a ring of {ring['rows']} rows per sliding layer ({_mib(ring['bytes'])})" if ring else ""
+    total = row * ctx + (ring["bytes"] if ring else 0)
     lines.append(
-        f"draft cache     {row / 1024:.2f} KiB per context row (K and V in F16): {_mib(row * ctx)} for {ctx} rows"
+        f"draft cache     {row / 1024:.2f} KiB per context row (K and V in F16){rings}: {_mib(total)} for {ctx} rows"
     )
     return "\n".join(lines)

@@ -25,6 +25,13 @@ namespace {
 
 constexpr int kGraphSize = 4096;
 constexpr uint32_t kInjectChunk = 256;  // rows per inject graph; longer prompts are chunked
+// A sliding-window layer reads only its last swa_window positions' rows, so where the cache is longer its
+// rows are a ring of swa_window + block_size + kRingSlack rows (rounded up to 64): position p in row
+// p % ring. The slack keeps a rollback of up to about that many rows (a conversation's next turn or a
+// regenerated reply reusing a cached prefix) from costing the window any of its rows; and an injection
+// chunk fits in it, so no graph writes one ring row twice.
+constexpr uint32_t kRingSlack = 256;
+static_assert(kRingSlack >= kInjectChunk);
 // Granularity of the block's attention window (cache rows). A window change rebuilds and re-plans every
 // block graph in use (about 1 ms on a CPU for the bundled drafter), while an attended row costs little
 // next to the block rows' matmuls (128 extra rows: ~2% of a tinycode draft step), so windows are wide; a GPU,
@@ -123,13 +130,33 @@ struct Drafter::Impl {
     // backend runs instead (the CPU op's twin, for comparing the two)
     bool cpu_conv_op = false;
 
-    // draft context cache per layer: K [head_dim, n_head_kv, n_ctx + 1], V transposed [n_ctx + 1, head_dim,
-    // n_head_kv]; row n_ctx is a scratch row that padded writes go to and that no attention window reaches
+    // draft context cache per layer: K [head_dim, n_head_kv, rows + 1], V transposed [rows + 1, head_dim,
+    // n_head_kv], rows = layer_rows(il); row `rows` is a scratch row that padded writes go to and that no
+    // attention window reaches
     ggml_context_ptr cache_ctx;
     ggml_backend_buffer_ptr cache_buf;
     std::vector<ggml_tensor *> cache_k, cache_v;
     uint32_t n_ctx = 0;
     uint32_t n_cached = 0;  // rows whose K/V are in the cache
+    // the sliding-window layers' ring rows (0: no rings, every layer holds n_ctx rows); a write of position p
+    // takes the row of p - ring, so positions from ring_from on are those the rings still hold
+    uint32_t ring = 0;
+    uint32_t ring_from = 0;
+    bool in_ring(uint32_t il) const { return ring != 0 && hp().is_swa(il); }
+    uint32_t layer_rows(uint32_t il) const { return in_ring(il) ? ring : n_ctx; }
+    bool any_full_layer() const {
+        for (uint32_t il = 0; il < hp().n_layer; ++il) {
+            if (!in_ring(il)) return true;
+        }
+        return false;
+    }
+    void ring_written(uint64_t end) {  // positions up to `end` were written
+        if (ring != 0 && end > ring) ring_from = (uint32_t)std::max<uint64_t>(ring_from, end - ring);
+    }
+    uint32_t ring_held(uint32_t n) const;  // the last positions before n a ring layer holds
+    // layer il's K/V of positions [lo, hi) in save_cache's order, as (tensor, byte offset, bytes) runs
+    template <typename F>
+    void each_run(uint32_t il, uint32_t lo, uint32_t hi, F && copy) const;
 
     // context rows accepted but not yet written: the next draft step writes them in its own graph
     std::vector<float> pending;
@@ -144,8 +171,9 @@ struct Drafter::Impl {
         // per K/V row, the block's rows then the pending context rows: position, cache row, V elements.
         // Block first so that pos, the block's part of kv_pos, starts at offset 0: ggml-vulkan's ROPE reads
         // positions from a view's start aligned down to the device's storage alignment (a view 8 bytes in
-        // rotated the block by the pending rows' positions)
-        ggml_tensor *kv_pos, *kv_idx, *kv_vidx;
+        // rotated the block by the pending rows' positions); the rows and V elements of the layers holding
+        // every row, and of the ring layers (each null where no layer is of that kind)
+        ggml_tensor *kv_pos, *kv_idx, *kv_vidx, *ring_idx, *ring_vidx;
         ggml_tensor *tokens, *pos, *anchor;
         // the attention masks the layers use, by [causal][sliding window]: [window, B], a sliding layer's
         // [window - swa_first, B]; null where no layer uses one
@@ -230,24 +258,34 @@ struct Drafter::Impl {
     void store_kv(ggml_context * ctx, ggml_cgraph * gf, uint32_t il, ggml_tensor * h, ggml_tensor * pos,
                   ggml_tensor * idx, ggml_tensor * vidx) {
         const DraftLayer & l = model->layers[il];
-        const int64_t n = h->ne[1], width = kv_width();
+        const int64_t n = h->ne[1], width = kv_width(), rows = layer_rows(il);
         ggml_tensor * k = ggml_reshape_3d(ctx, ggml_mul_mat(ctx, l.wk, h), hp().head_dim, hp().n_head_kv, n);
         k = rope(ctx, rms_norm(ctx, k, l.k_norm), pos);
         ggml_tensor * v = ggml_mul_mat(ctx, l.wv, h);
-        ggml_tensor * kc = ggml_reshape_2d(ctx, cache_k[il], width, n_ctx + 1);
-        ggml_tensor * vc = ggml_reshape_2d(ctx, cache_v[il], 1, width * (n_ctx + 1));
+        ggml_tensor * kc = ggml_reshape_2d(ctx, cache_k[il], width, rows + 1);
+        ggml_tensor * vc = ggml_reshape_2d(ctx, cache_v[il], 1, width * (rows + 1));
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, kc, ggml_reshape_2d(ctx, k, width, n), idx));
         ggml_build_forward_expand(gf, ggml_set_rows(ctx, vc, ggml_reshape_2d(ctx, v, 1, width * n), vidx));
     }
 
     int64_t kv_width() const { return (int64_t)hp().head_dim * hp().n_head_kv; }
 
-    // store_kv's inputs for n rows going to cache rows rows[0..n): idx = rows, vidx[r][e] = e * (n_ctx + 1) + rows[r]
-    void fill_rows(int64_t * idx, int64_t * vidx, const int64_t * rows, size_t n) const {
+    // store_kv's inputs for n rows going to cache rows rows[0..n) (n_ctx: the scratch row): for the layers
+    // holding every row idx = rows, vidx[r][e] = e * (n_ctx + 1) + rows[r]; for the ring layers the same with
+    // ring rows (row % ring, the scratch row `ring`). A null pair is skipped (no layer of that kind).
+    void fill_rows(int64_t * idx, int64_t * vidx, int64_t * ring_idx, int64_t * ring_vidx, const int64_t * rows,
+                   size_t n) const {
         const int64_t width = kv_width();
         for (size_t r = 0; r < n; ++r) {
-            idx[r] = rows[r];
-            for (int64_t e = 0; e < width; ++e) vidx[r * width + e] = e * (n_ctx + 1) + rows[r];
+            if (idx) {
+                idx[r] = rows[r];
+                for (int64_t e = 0; e < width; ++e) vidx[r * width + e] = e * (n_ctx + 1) + rows[r];
+            }
+            if (ring_idx) {
+                const int64_t row = rows[r] == n_ctx ? ring : rows[r] % ring;
+                ring_idx[r] = row;
+                for (int64_t e = 0; e < width; ++e) ring_vidx[r * width + e] = e * (ring + 1) + row;
+            }
         }
     }
 
@@ -258,18 +296,34 @@ struct Drafter::Impl {
 
     struct InjectGraph {
         ggml_cgraph * gf;
-        ggml_tensor *feat, *pos, *idx, *vidx;
+        ggml_tensor *feat, *pos, *idx, *vidx, *ring_idx, *ring_vidx;  // as BlockGraph's
     };
+
+    // store_kv's row inputs of n rows (null where no layer is of the kind)
+    void row_inputs(ggml_context * ctx, int64_t n, ggml_tensor ** idx, ggml_tensor ** vidx, ggml_tensor ** ring_idx,
+                    ggml_tensor ** ring_vidx) const {
+        *idx = *vidx = *ring_idx = *ring_vidx = nullptr;
+        if (any_full_layer()) {
+            *idx = input(ctx, GGML_TYPE_I64, n, 0, "inp_kv_rows");
+            *vidx = input(ctx, GGML_TYPE_I64, kv_width() * n, 0, "inp_kv_v_elems");
+        }
+        if (ring != 0) {
+            *ring_idx = input(ctx, GGML_TYPE_I64, n, 0, "inp_ring_rows");
+            *ring_vidx = input(ctx, GGML_TYPE_I64, kv_width() * n, 0, "inp_ring_v_elems");
+        }
+    }
 
     InjectGraph build_inject(ggml_context * ctx, uint32_t n) {
         InjectGraph ig{};
         ig.gf = ggml_new_graph_custom(ctx, kGraphSize, false);
         ig.feat = input(ctx, GGML_TYPE_F32, hp().n_target_features(), n, "inp_features");
         ig.pos = input(ctx, GGML_TYPE_I32, n, 0, "inp_pos");
-        ig.idx = input(ctx, GGML_TYPE_I64, n, 0, "inp_rows");
-        ig.vidx = input(ctx, GGML_TYPE_I64, kv_width() * n, 0, "inp_v_elems");
+        row_inputs(ctx, n, &ig.idx, &ig.vidx, &ig.ring_idx, &ig.ring_vidx);
         ggml_tensor * g = context_rows(ctx, ig.feat);
-        for (uint32_t il = 0; il < hp().n_layer; ++il) store_kv(ctx, ig.gf, il, g, ig.pos, ig.idx, ig.vidx);
+        for (uint32_t il = 0; il < hp().n_layer; ++il) {
+            const bool r = in_ring(il);
+            store_kv(ctx, ig.gf, il, g, ig.pos, r ? ig.ring_idx : ig.idx, r ? ig.ring_vidx : ig.vidx);
+        }
         return ig;
     }
 
@@ -333,8 +387,7 @@ struct Drafter::Impl {
         const uint32_t P = n_rows;  // pending context rows: at most as many as the block's (else flushed first)
         bg.ctx_feat = input(ctx, GGML_TYPE_F32, h.n_target_features(), P, "inp_ctx_features");
         bg.kv_pos = input(ctx, GGML_TYPE_I32, P + B, 0, "inp_kv_pos");
-        bg.kv_idx = input(ctx, GGML_TYPE_I64, P + B, 0, "inp_kv_rows");
-        bg.kv_vidx = input(ctx, GGML_TYPE_I64, kv_width() * (P + B), 0, "inp_kv_v_elems");
+        row_inputs(ctx, P + B, &bg.kv_idx, &bg.kv_vidx, &bg.ring_idx, &bg.ring_vidx);
         bg.pos = ggml_view_1d(ctx, bg.kv_pos, B, 0);
         bg.tokens = input(ctx, GGML_TYPE_I32, B, 0, "inp_tokens");
         for (uint32_t il = 0; il < h.n_layer; ++il) {
@@ -342,7 +395,8 @@ struct Drafter::Impl {
                                                {"inp_mask_causal", "inp_mask_causal_swa"}};
             const bool causal = h.is_causal(il), swa = h.is_swa(il);
             if (!bg.mask[causal][swa]) {
-                bg.mask[causal][swa] = input(ctx, GGML_TYPE_F16, window - (swa ? swa_first : 0), B, names[causal][swa]);
+                bg.mask[causal][swa] =
+                    input(ctx, GGML_TYPE_F16, attended(il, window, swa_first), B, names[causal][swa]);
             }
         }
         const float kq_scale = h.attn_scale != 0.0f ? h.attn_scale : 1.0f / std::sqrt((float)h.head_dim);
@@ -364,11 +418,13 @@ struct Drafter::Impl {
             q = rope(ctx, rms_norm(ctx, q, l.q_norm), bg.pos);
             // the block rows' K/V (to scratch rows after the context) and the pending context rows' in one
             // pass: half the small ops, which cost more in dispatch than in arithmetic here
-            store_kv(ctx, gf, il, ggml_concat(ctx, hcur, ctx_rows, 1), bg.kv_pos, bg.kv_idx, bg.kv_vidx);
+            const bool r = in_ring(il);
+            store_kv(ctx, gf, il, ggml_concat(ctx, hcur, ctx_rows, 1), bg.kv_pos, r ? bg.ring_idx : bg.kv_idx,
+                     r ? bg.ring_vidx : bg.kv_vidx);
 
             ggml_tensor * kc = cache_k[il];
             ggml_tensor * vc = cache_v[il];
-            const uint32_t first = h.is_swa(il) ? swa_first : 0, n_keys = window - first;
+            const uint32_t first = h.is_swa(il) && !r ? swa_first : 0, n_keys = attended(il, window, swa_first);
             ggml_tensor * k_win = ggml_view_3d(ctx, kc, h.head_dim, n_keys, h.n_head_kv, kc->nb[2], kc->nb[1],
                                                first * kc->nb[2]);  // [hd, W, nkv]
             ggml_tensor * v_win = ggml_view_3d(ctx, vc, n_keys, h.head_dim, h.n_head_kv, vc->nb[1], vc->nb[2],
@@ -464,6 +520,13 @@ struct Drafter::Impl {
 
     uint32_t window_unit() const { return on_cpu() ? kWindowCpu : kWindowGpu; }
 
+    // the cache rows layer il attends to in a block graph's window: [0, window), a sliding layer's
+    // [swa_first, window), a ring's first min(window, ring) rows (whichever positions they hold)
+    uint32_t attended(uint32_t il, uint32_t window, uint32_t swa_first) const {
+        if (in_ring(il)) return std::min(window, ring);
+        return window - (hp().is_swa(il) ? swa_first : 0);
+    }
+
     // the attention window for a block ending at row `end`, in whole units
     uint32_t window_for(uint32_t end) const {
         const uint32_t unit = window_unit();
@@ -476,7 +539,7 @@ struct Drafter::Impl {
     // more graph rebuilds); 64-row aligned (256-byte view offsets, which ggml-vulkan wants).
     uint32_t swa_first_for(uint32_t window, int32_t position) const {
         const int64_t S = hp().swa_window;
-        if (S == 0) return 0;
+        if (S == 0 || ring != 0) return 0;
         const int64_t first =
             std::min<int64_t>((int64_t)window - window_unit() - hp().block_size - S + 2, (int64_t)position - S + 1);
         return first <= 0 ? 0 : (uint32_t)(first / 64 * 64);
@@ -518,9 +581,10 @@ struct Drafter::Impl {
             build_block(*v, window, swa_first, n_rows, head_first, head_rows);
             const BlockGraph & bg = v->bg;
             ggml_backend_buffer_type_t buft = ggml_backend_dev_buffer_type(dev);
-            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.kv_idx, bg.kv_vidx, bg.tokens};
-            for (ggml_tensor * m : {bg.mask[0][0], bg.mask[0][1], bg.mask[1][0], bg.mask[1][1]}) {
-                if (m) in.push_back(m);
+            std::vector<ggml_tensor *> in = {bg.ctx_feat, bg.kv_pos, bg.tokens};
+            for (ggml_tensor * t : {bg.kv_idx, bg.kv_vidx, bg.ring_idx, bg.ring_vidx, bg.mask[0][0], bg.mask[0][1],
+                                    bg.mask[1][0], bg.mask[1][1]}) {
+                if (t) in.push_back(t);
             }
             if (bg.anchor) in.push_back(bg.anchor);
             v->in = Packed();
@@ -595,16 +659,22 @@ struct Drafter::Impl {
             alloc(sched_inject.get(), ig.gf, inject_reserved);
             if (on_cpu()) cpu_threads.set(n_threads);
             std::vector<int32_t> pos(chunk);
-            std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t)chunk * kv_width());
+            std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t)chunk * kv_width()), ring_idx(chunk),
+                ring_vidx(vidx.size());
             std::iota(pos.begin(), pos.end(), (int32_t)n_cached);
             std::iota(rows.begin(), rows.end(), (int64_t)n_cached);
-            fill_rows(idx.data(), vidx.data(), rows.data(), chunk);
+            fill_rows(ig.idx ? idx.data() : nullptr, vidx.data(), ig.ring_idx ? ring_idx.data() : nullptr,
+                      ring_vidx.data(), rows.data(), chunk);
             ggml_backend_tensor_set(ig.feat, features + done * width, 0, chunk * width * sizeof(float));
             ggml_backend_tensor_set(ig.pos, pos.data(), 0, chunk * sizeof(int32_t));
-            ggml_backend_tensor_set(ig.idx, idx.data(), 0, idx.size() * sizeof(int64_t));
-            ggml_backend_tensor_set(ig.vidx, vidx.data(), 0, vidx.size() * sizeof(int64_t));
+            const std::pair<ggml_tensor *, const std::vector<int64_t> *> row_inputs[] = {
+                {ig.idx, &idx}, {ig.vidx, &vidx}, {ig.ring_idx, &ring_idx}, {ig.ring_vidx, &ring_vidx}};
+            for (const auto & [t, values] : row_inputs) {
+                if (t) ggml_backend_tensor_set(t, values->data(), 0, values->size() * sizeof(int64_t));
+            }
             run(sched_inject.get(), ig.gf);
             n_cached += chunk;
+            ring_written(n_cached);
             done += chunk;
         }
     }
@@ -701,11 +771,13 @@ struct Drafter::Impl {
         if (opts.kv_type != GGML_TYPE_F16 && opts.kv_type != GGML_TYPE_F32) {
             throw Error(std::string("the draft cache's type must be f16 or f32, not ") + ggml_type_name(opts.kv_type));
         }
+        ring = opts.swa_full ? 0 : sliding_ring_rows(h.swa_window, h.block_size, n_ctx);
         ggml_init_params ip{2 * h.n_layer * ggml_tensor_overhead(), nullptr, true};
         cache_ctx.reset(ggml_init(ip));
         for (uint32_t il = 0; il < h.n_layer; ++il) {
-            cache_k.push_back(ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, n_ctx + 1));
-            cache_v.push_back(ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, n_ctx + 1, h.head_dim, h.n_head_kv));
+            const int64_t rows = layer_rows(il) + 1;
+            cache_k.push_back(ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, h.head_dim, h.n_head_kv, rows));
+            cache_v.push_back(ggml_new_tensor_3d(cache_ctx.get(), opts.kv_type, rows, h.head_dim, h.n_head_kv));
         }
         cache_buf.reset(ggml_backend_alloc_ctx_tensors_from_buft(cache_ctx.get(), ggml_backend_dev_buffer_type(dev)));
         if (!cache_buf) throw Error("cannot allocate the draft cache (" + std::to_string(n_ctx) + " rows)");
@@ -717,6 +789,11 @@ struct Drafter::Impl {
     OpProfile profile;  // DFLASH_PROFILE=1 only
     NodeDump dump{std::getenv("DFLASH_DUMP_NODES")};
 };
+
+uint32_t sliding_ring_rows(uint32_t swa_window, uint32_t block_size, uint32_t n_ctx) {
+    const uint64_t rows = ((uint64_t)swa_window + block_size + kRingSlack + 63) / 64 * 64;
+    return swa_window != 0 && rows < n_ctx ? (uint32_t)rows : 0;
+}
 
 Drafter::Drafter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -801,6 +878,8 @@ const DraftHparams & Drafter::hparams() const { return impl_->hp(); }
 const DraftFileInfo & Drafter::info() const { return impl_->model->info; }
 uint32_t Drafter::n_vocab() const { return impl_->hp().n_vocab; }
 uint32_t Drafter::n_ctx() const { return impl_->n_ctx; }
+uint32_t Drafter::ring_rows() const { return impl_->ring; }
+size_t Drafter::cache_bytes() const { return ggml_backend_buffer_get_size(impl_->cache_buf.get()); }
 uint32_t Drafter::n_cached() const { return impl_->n_cached + impl_->n_pending; }
 std::string Drafter::device_name() const { return ggml_backend_dev_name(impl_->dev); }
 bool Drafter::head_zero_copy() const { return impl_->head && impl_->head->zero_copy; }
@@ -849,48 +928,79 @@ void Drafter::truncate(uint32_t n) {
         m.n_pending = n - m.n_cached;
     }
     m.pending.resize((size_t)m.n_pending * m.hp().n_target_features());
+    m.ring_from = std::min(m.ring_from, n);  // the rows written from n on are new
 }
 
 // K rows are contiguous per position ([width] each); V is stored transposed (positions innermost per
-// channel), so its rows are copied channel by channel. Layers in order, K then V, in the cache's type.
+// channel), so its rows are copied channel by channel. Layers in order, K then V, in the cache's type: a
+// layer holding every row its first n, a ring layer the positions it still holds of the last `ring` (the
+// same count in every ring layer; load_cache reads it off the size).
+template <typename F>
+void Drafter::Impl::each_run(uint32_t il, uint32_t lo, uint32_t hi, F && copy) const {
+    const size_t elem = ggml_type_size(cache_k[il]->type), row_bytes = (size_t)kv_width() * elem;
+    const uint32_t rows = layer_rows(il), first = lo % rows, n = hi - lo;
+    // the positions' rows: one run, or two where a ring wraps
+    const std::pair<uint32_t, uint32_t> runs[2] = {{first, std::min(n, rows - first)},
+                                                   {0, n - std::min(n, rows - first)}};
+    for (const auto & [row, count] : runs) copy(cache_k[il], row * row_bytes, count * row_bytes);
+    for (int64_t c = 0; c < kv_width(); ++c) {
+        for (const auto & [row, count] : runs) copy(cache_v[il], c * cache_v[il]->nb[1] + row * elem, count * elem);
+    }
+}
+
+uint32_t Drafter::Impl::ring_held(uint32_t n) const {
+    return ring == 0 ? 0 : n - std::max(ring_from, n > ring ? n - ring : 0);
+}
+
 std::vector<uint8_t> Drafter::save_cache() {
     Impl & m = *impl_;
     m.flush_pending();
-    const size_t n = m.n_cached, width = (size_t)m.kv_width(), elem = ggml_type_size(m.cache_k[0]->type);
-    const size_t row_bytes = width * elem;
-    std::vector<uint8_t> bytes(2 * m.cache_k.size() * n * row_bytes);
+    const uint32_t n = m.n_cached, in_ring = m.ring_held(n);
+    const size_t row_bytes = (size_t)m.kv_width() * ggml_type_size(m.cache_k[0]->type);
+    size_t rows = 0;
+    for (uint32_t il = 0; il < m.hp().n_layer; ++il) rows += m.in_ring(il) ? in_ring : n;
+    std::vector<uint8_t> bytes(2 * rows * row_bytes);
     uint8_t * out = bytes.data();
-    for (size_t il = 0; il < m.cache_k.size(); ++il) {
-        ggml_backend_tensor_get(m.cache_k[il], out, 0, n * row_bytes);
-        out += n * row_bytes;
-        for (size_t c = 0; c < width; ++c, out += n * elem) {
-            ggml_backend_tensor_get(m.cache_v[il], out, c * m.cache_v[il]->nb[1], n * elem);
-        }
+    for (uint32_t il = 0; il < m.hp().n_layer; ++il) {
+        m.each_run(il, n - (m.in_ring(il) ? in_ring : n), n, [&](ggml_tensor * t, size_t offset, size_t size) {
+            ggml_backend_tensor_get(t, out, offset, size);
+            out += size;
+        });
     }
     return bytes;
 }
 
 void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
     Impl & m = *impl_;
-    const size_t width = (size_t)m.kv_width(), elem = ggml_type_size(m.cache_k[0]->type), row_bytes = width * elem;
+    const size_t row_bytes = (size_t)m.kv_width() * ggml_type_size(m.cache_k[0]->type);
     if ((uint64_t)n + m.hp().block_size > m.n_ctx) {
         throw Error("the saved draft cache holds " + std::to_string(n) + " rows; this drafter's n_ctx = " +
                     std::to_string(m.n_ctx) + " holds " + std::to_string(m.n_ctx - m.hp().block_size) + " and a block");
     }
-    if (bytes.size() != 2 * m.cache_k.size() * n * row_bytes) {
-        throw Error("the saved draft cache has " + std::to_string(bytes.size()) + " bytes, not the " +
-                    std::to_string(2 * m.cache_k.size() * n * row_bytes) + " of " + std::to_string(n) +
-                    " rows of this drafter (saved with another drafter?)");
+    uint32_t ring_layers = 0;
+    for (uint32_t il = 0; il < m.hp().n_layer; ++il) ring_layers += m.in_ring(il);
+    const size_t full = 2 * (m.hp().n_layer - ring_layers) * (size_t)n * row_bytes,
+                 per_ring_row = 2 * ring_layers * row_bytes;
+    // the rows each ring layer holds: what the bytes beyond the other layers' come to
+    const size_t in_ring = ring_layers && bytes.size() >= full ? (bytes.size() - full) / per_ring_row : 0;
+    if (bytes.size() != full + in_ring * per_ring_row || in_ring > std::min(n, m.ring)) {
+        const std::string expected = ring_layers ? std::to_string(full) + " + " + std::to_string(per_ring_row) +
+                                                       " per row its rings hold (at most " +
+                                                       std::to_string(std::min(n, m.ring)) + ")"
+                                                 : std::to_string(full);
+        throw Error("the saved draft cache has " + std::to_string(bytes.size()) + " bytes, not the " + expected +
+                    " of " + std::to_string(n) + " rows of this drafter (saved with another drafter?)");
     }
     const uint8_t * in = bytes.data();
-    for (size_t il = 0; il < m.cache_k.size(); ++il) {
-        ggml_backend_tensor_set(m.cache_k[il], in, 0, n * row_bytes);
-        in += n * row_bytes;
-        for (size_t c = 0; c < width; ++c, in += n * elem) {
-            ggml_backend_tensor_set(m.cache_v[il], in, c * m.cache_v[il]->nb[1], n * elem);
-        }
+    for (uint32_t il = 0; il < m.hp().n_layer; ++il) {
+        m.each_run(il, n - (m.in_ring(il) ? (uint32_t)in_ring : n), n,
+                   [&](ggml_tensor * t, size_t offset, size_t size) {
+                       ggml_backend_tensor_set(t, in, offset, size);
+                       in += size;
+                   });
     }
     m.n_cached = n;
+    m.ring_from = n - (uint32_t)in_ring;
     m.n_pending = 0;
     m.pending.clear();
 }
@@ -957,21 +1067,26 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
             pos[R + i] = real ? (int32_t)(m.n_cached + i) : 0;
             rows[R + i] = real ? (int64_t)(m.n_cached + i) : (int64_t)m.n_ctx;
         }
-        m.fill_rows(in.host<int64_t>(bg.kv_idx), in.host<int64_t>(bg.kv_vidx), rows, 2 * R);
+        auto host_or_null = [&](ggml_tensor * t) { return t ? in.host<int64_t>(t) : nullptr; };
+        m.fill_rows(host_or_null(bg.kv_idx), host_or_null(bg.kv_vidx), host_or_null(bg.ring_idx),
+                    host_or_null(bg.ring_vidx), rows, 2 * R);
         if (bg.anchor) *in.host<int32_t>(bg.anchor) = anchor;
         // Row i sees the context and the block's real rows (all of them, or j <= i in a causal layer); nothing
         // after. In a sliding-window layer only those whose positions are less than swa_window from its own:
         // context rows from cache row position + i - swa_window + 1 (a context row's position is its index),
         // block rows from i - swa_window + 1 and, in a non-causal layer, before i + swa_window (z-lab's
         // reference and flash-attn's window slide both ways when not causal). A sliding layer's mask starts at
-        // cache row swa_first.
+        // cache row swa_first; a ring's columns are its rows, position p's at p % ring, and of the context only
+        // the positions from ring_from on are still there.
         const int64_t S = h.swa_window;
         const ggml_fp16_t zero = ggml_fp32_to_fp16(0.0f), ninf = ggml_fp32_to_fp16(-INFINITY);
         for (int causal = 0; causal < 2; ++causal) {
             for (int swa = 0; swa < 2; ++swa) {
                 if (!bg.mask[causal][swa]) continue;
                 ggml_fp16_t * mask = in.host<ggml_fp16_t>(bg.mask[causal][swa]);
-                const int64_t first = swa ? bg.swa_first : 0, n_keys = bg.window - first;
+                const bool ring = swa && m.ring != 0;
+                const int64_t first = swa ? bg.swa_first : 0;
+                const int64_t n_keys = ring ? std::min(bg.window, m.ring) : bg.window - first;
                 for (uint32_t i = 0; i < R; ++i) {
                     int64_t ctx_lo = 0, lo = 0, hi = causal ? i + 1 : seen_rows;
                     if (swa) {
@@ -985,6 +1100,17 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
                     }
                     ggml_fp16_t * row = mask + (size_t)i * n_keys;  // column c: cache row first + c
                     std::fill(row, row + n_keys, ninf);
+                    if (ring) {
+                        auto see = [&](int64_t a, int64_t b) {  // positions [a, b), fewer than m.ring
+                            if (b <= a) return;
+                            const int64_t c = a % m.ring, wrap = std::max<int64_t>(0, c + (b - a) - m.ring);
+                            std::fill(row + c, row + c + (b - a) - wrap, zero);
+                            std::fill(row, row + wrap, zero);
+                        };
+                        see(std::max<int64_t>(ctx_lo, m.ring_from), ctx_end);
+                        see(ctx_end + lo, ctx_end + hi);
+                        continue;
+                    }
                     std::fill(row + (ctx_lo - first), row + (ctx_end - first), zero);
                     std::fill(row + (ctx_end + lo - first), row + (ctx_end + hi - first), zero);
                 }
@@ -1001,6 +1127,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     if (m.on_cpu()) m.counters.draft_threads = v.threads->chosen();
     v.out.download();
     m.n_cached = ctx_end;
+    m.ring_written(ctx_end + R);  // the block's rows went to the ring rows of positions ctx_end..ctx_end + R - 1
     m.n_pending = 0;
     m.pending.clear();
 

@@ -23,6 +23,9 @@ struct DrafterOptions {
     ggml_type kv_type = GGML_TYPE_F16;
     // the tokens a draft may propose (draft_vocab.h), most frequent first; empty: the whole vocabulary
     std::vector<int32_t> draft_vocab;
+    // sliding-window layers hold every row as the others do (llama.cpp's --swa-full), not a ring of their
+    // last positions' (sliding_ring_rows): more memory, and a rollback however deep keeps their windows whole
+    bool swa_full = false;
 };
 
 // Rows: a draft of n tokens computes the LM head and the selector for block rows 1..n only; with
@@ -53,7 +56,7 @@ struct DrafterCounters {
     uint64_t sched_reallocs = 0;  // compute-buffer growth after the initial reservation
     int n_splits_last = 0;        // backend splits of the last graph (1 = all on one device)
     uint32_t window_last = 0;     // cache rows the last draft step attended to (its graph's fixed window)
-    uint32_t swa_first_last = 0;  // the first of them its sliding-window layers attended to
+    uint32_t swa_first_last = 0;  // the first of them its sliding-window layers attended to (0 with rings)
     uint32_t shapes = 0;          // block graph shapes (block rows, head rows) held, least recently used evicted
     size_t compute_bytes = 0;     // compute buffers of the inject graph and the shapes held (all backends)
     int draft_threads = 0;        // CPU threads of the last draft step's graph, picked per graph shape by timing
@@ -61,6 +64,10 @@ struct DrafterCounters {
     double setup_ms_last = 0;     // of the last draft step: building / allocating its graph and writing
                                   // pending rows through the inject graph (one-off work, not the step's own cost)
 };
+
+// rows of a sliding-window layer's ring cache in a draft cache of n_ctx rows (0: no ring, that layer holds
+// every row as the others do)
+uint32_t sliding_ring_rows(uint32_t swa_window, uint32_t block_size, uint32_t n_ctx);
 
 class Drafter {
 public:
@@ -87,16 +94,22 @@ public:
     // the same for a short block's rows through the layers (their weights repacked; DFLASH_BLOCK_PAD_FROM)
     uint32_t block_pad_from() const;
     uint32_t draft_vocab_size() const;  // tokens a draft may propose: the drafting vocabulary's, else n_vocab()
+    // rows of a sliding-window layer's ring cache (0: those layers keep every context row, as the others do)
+    uint32_t ring_rows() const;
+    size_t cache_bytes() const;  // the draft cache's K/V, every layer
     const DrafterCounters & counters() const;
 
     // Appends context rows: features [n][n_target_layers * target_hidden] at
     // positions p_0..p_{n-1}, which must continue the cache (p_i = n_cached() + i).
     void inject(const float * features, const int32_t * positions, uint32_t n);
-    // Rollback: keep the first n context rows.
+    // Rollback: keep the first n context rows. A sliding layer's ring keeps the rows of its last ring_rows()
+    // positions written, so going back further than about ring_rows() - swa_window leaves that layer some of
+    // its window's rows short until new rows take their places (drafts differ, verification keeps the output).
     void truncate(uint32_t n);
     void reset() { truncate(0); }
-    // The K/V of every context row (pending rows written first), and back: load_cache replaces the cache
-    // with n rows of save_cache's bytes (throws when their size is not that of n rows of this drafter).
+    // The K/V of every context row (pending rows written first; a ring's rows of its last positions), and
+    // back: load_cache replaces the cache with n rows of save_cache's bytes (throws when their size is not
+    // that of n rows of this drafter).
     std::vector<uint8_t> save_cache();
     void load_cache(const std::vector<uint8_t> & bytes, uint32_t n);
 
