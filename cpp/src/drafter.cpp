@@ -176,7 +176,7 @@ struct Drafter::Impl {
         ggml_tensor *kv_pos, *kv_idx, *kv_vidx, *ring_idx, *ring_vidx;
         ggml_tensor *tokens, *pos, *anchor;
         // the attention masks the layers use, by [causal][sliding window]: [window, B], a sliding layer's
-        // [window - swa_first, B]; null where no layer uses one
+        // [window - swa_first, B] or, with rings, [min(window, ring), B]; null where no layer uses one
         ggml_tensor * mask[2][2];
         ggml_tensor *logits, *argmax;
         ggml_tensor *cand, *unary, *scores;  // DFlash2
