@@ -659,18 +659,21 @@ struct Drafter::Impl {
             alloc(sched_inject.get(), ig.gf, inject_reserved);
             if (on_cpu()) cpu_threads.set(n_threads);
             std::vector<int32_t> pos(chunk);
-            std::vector<int64_t> rows(chunk), idx(chunk), vidx((size_t)chunk * kv_width()), ring_idx(chunk),
-                ring_vidx(vidx.size());
+            std::vector<int64_t> rows(chunk);
             std::iota(pos.begin(), pos.end(), (int32_t)n_cached);
             std::iota(rows.begin(), rows.end(), (int64_t)n_cached);
-            fill_rows(ig.idx ? idx.data() : nullptr, vidx.data(), ig.ring_idx ? ring_idx.data() : nullptr,
-                      ring_vidx.data(), rows.data(), chunk);
+            // store_kv's row inputs: only those of the kinds of layer this drafter has
+            ggml_tensor * inputs[4] = {ig.idx, ig.vidx, ig.ring_idx, ig.ring_vidx};
+            std::vector<int64_t> values[4];
+            int64_t * at[4] = {};
+            for (int i = 0; i < 4; ++i) {
+                if (inputs[i]) values[i].resize(ggml_nelements(inputs[i])), at[i] = values[i].data();
+            }
+            fill_rows(at[0], at[1], at[2], at[3], rows.data(), chunk);
             ggml_backend_tensor_set(ig.feat, features + done * width, 0, chunk * width * sizeof(float));
             ggml_backend_tensor_set(ig.pos, pos.data(), 0, chunk * sizeof(int32_t));
-            const std::pair<ggml_tensor *, const std::vector<int64_t> *> row_inputs[] = {
-                {ig.idx, &idx}, {ig.vidx, &vidx}, {ig.ring_idx, &ring_idx}, {ig.ring_vidx, &ring_vidx}};
-            for (const auto & [t, values] : row_inputs) {
-                if (t) ggml_backend_tensor_set(t, values->data(), 0, values->size() * sizeof(int64_t));
+            for (int i = 0; i < 4; ++i) {
+                if (inputs[i]) ggml_backend_tensor_set(inputs[i], at[i], 0, values[i].size() * sizeof(int64_t));
             }
             run(sched_inject.get(), ig.gf);
             n_cached += chunk;
