@@ -36,7 +36,10 @@ MEMORY = {
     "qwen35moe": "recurrent-snapshots",
     "nemotron_h_moe": "recurrent-snapshots",
     "qwen3next": "recurrent-checkpoint",
+    "gpt-oss": "sliding-window",
+    "gemma4": "sliding-window",
 }
+SLIDING = [a for a in SUPPORTED if MEMORY.get(a) == "sliding-window"]
 PROMPTS = ["def foo(x):\n    return", "import os\nimport sys\n\nclass A:", "for i in range(10):\n    print(i)\n"]
 N_NEW = 24
 EPS = 1e-3  # F32 targets: batched and one-token decoding agree far closer than this
@@ -84,6 +87,7 @@ def test_greedy_is_the_targets_own_with_each_prompt_twice(arch: str, ref: Greedy
         # snapshot rollbacks where libllama has them, else a restored checkpoint per rejected verify
         assert counters["snapshot" if MEMORY[arch] == "recurrent-snapshots" else "restored"] > 0
     else:
+        # a sliding-window cache of a window and a batch (512) holds all of this context: seq_rm alone
         assert counters["snapshot"] == counters["restored"] == counters["checkpoints"] == 0
 
 
@@ -140,6 +144,44 @@ def test_an_adopted_llama_without_snapshots_takes_the_checkpoint_path(arch_: str
         problems, _ = compare_greedy(ref, prompt, ours, N_NEW, EPS, f"{arch_} adopted #{rep}")
         assert not problems, problems
     assert spec._spec.rollback_counters["restored"] > 0
+
+
+@pytest.mark.parametrize("arch_", SLIDING)
+def test_sliding_layers_hold_a_window_and_roll_back_past_it(arch_: str, capfd: pytest.CaptureFixture[str]) -> None:
+    """Without swa_full the target's sliding-window layers (window 8) hold 256 positions (libllama pads the
+    window and a 64-token batch) of a 1024-token context: a verify's rollback is always within them; a
+    deeper one restores the checkpoint of the prompt's end (a long reply regenerated) or, before every
+    checkpoint, re-decodes from the start. Greedy output stays the target's own (a plain seq_rm there
+    decodes other tokens). swa_full keeps all 1024 (libllama's log says how many) and rolls back by seq_rm."""
+    import re
+
+    ref = GreedyReference(target_gguf(arch_), n_ctx=1024, n_threads=1)
+    short, long = ref.tokenize(PROMPTS[0]), ref.tokenize("\n".join(PROMPTS[1:] * 24))
+    # a reply longer than the window's 248 spare positions, regenerated; a long prompt, then one that
+    # leaves it at 50 tokens
+    requests = [(short, 260), (short, N_NEW), (long, N_NEW), (long[:50] + short, N_NEW)]
+    counts, cells = {}, {}
+    for swa_full in (False, True):
+        capfd.readouterr()
+        spec = SpeculativeLlama(
+            str(target_gguf(arch_)), str(drafter_for(arch_)), n_ctx=1024, n_batch=64, n_threads=1, n_max=3,
+            fallback=False, swa_full=swa_full, verbose=True,
+        )  # fmt: skip
+        # the cells of the full-attention cache and of the sliding-window one
+        cells[swa_full] = re.findall(r"llama_kv_cache: size = .*?\( *(\d+) cells", capfd.readouterr().err)
+        assert spec._spec.target_memory == "sliding-window"
+        for i, (prompt, n) in enumerate(requests):
+            ours = list(spec.generate_tokens(prompt, max_tokens=n))
+            assert len(ours) == n  # no end-of-generation token before
+            problems, _ = compare_greedy(ref, prompt, ours, n, EPS, f"{arch_} swa_full={swa_full} #{i}")
+            assert not problems, problems
+            counts[swa_full, i] = dict(spec._spec.rollback_counters)
+        assert spec.stats.reused_prompt_tokens == 50
+    assert counts[True, 3]["restored"] == counts[True, 3]["replayed_tokens"] == counts[True, 3]["checkpoints"] == 0
+    assert counts[False, 0]["restored"] == 0 and counts[False, 0]["checkpoint_bytes"] > 0
+    assert counts[False, 1]["restored"] == 1 and counts[False, 1]["replayed_tokens"] == 0  # the prompt's end
+    assert counts[False, 3]["restored"] == 1 and counts[False, 3]["replayed_tokens"] == 50  # from the start
+    assert cells == {False: ["1024", "256"], True: ["1024", "1024"]}, cells
 
 
 @pytest.mark.parametrize("arch_", [a for a in SUPPORTED if "moe" in a or a == "gpt-oss"])

@@ -123,7 +123,7 @@ uint32_t most_drafted(const dflash::SpeculatorOptions & sopt, uint32_t block_siz
 std::unique_ptr<PySpeculator> make_speculator(
     const std::function<std::unique_ptr<dflash::Target>(uint32_t max_draft)> & open_target,
     const std::string & target_path, const std::string & draft, const std::string & device, int n_threads, bool repack,
-    const std::vector<int32_t> & draft_vocab, const dflash::SpeculatorOptions & sopt) {
+    bool swa_full, const std::vector<int32_t> & draft_vocab, const dflash::SpeculatorOptions & sopt) {
     const dflash::DraftFileInfo info = dflash::inspect_draft_file(draft);
     auto t = open_target(most_drafted(sopt, info.hparams.block_size));
     dflash::DrafterOptions dopt;
@@ -131,6 +131,7 @@ std::unique_ptr<PySpeculator> make_speculator(
     dopt.n_threads = n_threads;
     dopt.n_ctx = t->n_ctx() + 64;
     dopt.repack = repack;
+    dopt.swa_full = swa_full;
     dopt.draft_vocab = draft_vocab;
     auto d = std::make_unique<dflash::Drafter>(draft, target_path, dopt);
     auto p = std::make_unique<PySpeculator>();
@@ -180,7 +181,7 @@ void register_speculator(py::module_ & m) {
                          const std::string & draft_q, bool fallback, const py::object & repack,
                          const std::string & sampler,
                          const std::vector<std::pair<std::string, std::string>> & tensor_overrides,
-                         const std::vector<int32_t> & draft_vocab) {
+                         const std::vector<int32_t> & draft_vocab, bool swa_full) {
                  const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
@@ -189,20 +190,22 @@ void register_speculator(py::module_ & m) {
                  topt.n_threads = n_threads;
                  topt.repack = to_repack(repack);
                  topt.tensor_overrides = tensor_overrides;
+                 topt.swa_full = swa_full;
                  py::gil_scoped_release nogil;
                  return make_speculator(
                      [&](uint32_t max_draft) {
                          topt.n_rs_seq = max_draft;
                          return std::make_unique<dflash::Target>(target, topt);
                      },
-                     target, draft, device, n_threads, topt.repack != dflash::Repack::Off, draft_vocab, sopt);
+                     target, draft, device, n_threads, topt.repack != dflash::Repack::Off, swa_full, draft_vocab,
+                     sopt);
              }),
              py::arg("target"), py::arg("draft"), py::arg("n_ctx") = 4096, py::arg("n_batch") = 512,
              py::arg("n_gpu_layers") = 0, py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0,
              py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true,
              py::arg("repack") = py::none(), py::arg("sampler") = "gumbel",
              py::arg("tensor_overrides") = std::vector<std::pair<std::string, std::string>>{},
-             py::arg("draft_vocab") = std::vector<int32_t>{})
+             py::arg("draft_vocab") = std::vector<int32_t>{}, py::arg("swa_full") = false)
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,
@@ -214,7 +217,7 @@ void register_speculator(py::module_ & m) {
                     [&](uint32_t) {
                         return std::make_unique<dflash::Target>((llama_model *)model_ptr, (llama_context *)ctx_ptr);
                     },
-                    target_path, draft, device, n_threads, /*repack=*/true, draft_vocab, sopt);
+                    target_path, draft, device, n_threads, /*repack=*/true, /*swa_full=*/false, draft_vocab, sopt);
             },
             py::arg("model_ptr"), py::arg("ctx_ptr"), py::arg("target_path"), py::arg("draft"),
             py::arg("n_threads") = 0, py::arg("device") = "auto", py::arg("n_max") = 0, py::arg("adaptive") = false,

@@ -142,6 +142,7 @@ class Speculator:
         sampler: str = "gumbel",
         tensor_overrides: list[tuple[str, str]] = ...,
         draft_vocab: list[int] = ...,
+        swa_full: bool = False,
     ) -> None: ...
     @staticmethod
     def adopt(

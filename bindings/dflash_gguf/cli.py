@@ -141,6 +141,13 @@ _MODEL_OPTIONS = [
         "crash: there its layers' weights go to ggml's repacked layouts by name; a quantized drafter's "
         "in ggml's repacked CPU layouts (never AMX).",
     ),
+    click.option(
+        "--swa-full",
+        is_flag=True,
+        help="Sliding-window layers keep every position, the target's and the drafter's (llama-server's "
+        "--swa-full). Default: a window and a batch of positions (a rollback past them restores a prompt's "
+        "checkpoint and re-decodes the tokens after it).",
+    ),
     *_PLACEMENT_OPTIONS,
     _DRAFT_VOCAB_OPTION,
     click.option("--verbose", is_flag=True, help="Show libllama's log."),
@@ -176,6 +183,7 @@ def _open_model(
     cpu_moe: bool = False,
     n_cpu_moe: int = 0,
     draft_vocab: str | None = None,
+    swa_full: bool = False,
     **kw: Any,
 ) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
@@ -192,6 +200,7 @@ def _open_model(
         sampler=sampler,
         device=device,
         repack=False if no_repack else None,
+        swa_full=swa_full,
         override_tensor=list(override_tensor),
         cpu_moe=cpu_moe,
         n_cpu_moe=n_cpu_moe,
@@ -272,6 +281,7 @@ def generate(
     threads: int,
     device: str,
     no_repack: bool,
+    swa_full: bool,
     override_tensor: tuple[str, ...],
     cpu_moe: bool,
     n_cpu_moe: int,
@@ -334,6 +344,7 @@ def generate(
             cpu_moe,
             n_cpu_moe,
             draft_vocab,
+            swa_full,
             last_n_tokens_size=repeat_last_n,
         )
         kw = dict(

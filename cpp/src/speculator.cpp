@@ -183,9 +183,9 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
     uint32_t chunk = 0;
     for (uint32_t done = from; done < n; done += chunk) {
         chunk = all_rows ? std::min(target_->n_batch(), n - done) : n - done;
-        // a recurrent state cannot go back by itself: keep one from before the prompt's last token, where
-        // the same prompt again (or one that differs only there) starts
-        const bool split_last = target_->recurrent() && done + chunk == n && chunk > 1;
+        // a recurrent state (or sliding layers holding a window) cannot go back far by itself: keep one from
+        // before the prompt's last token, where the same prompt again (or one that differs only there) starts
+        const bool split_last = target_->keeps_checkpoints() && done + chunk == n && chunk > 1;
         if (split_last) chunk--;
         target_->decode(prompt.data() + done, chunk, (int32_t)done, all_rows);
         const auto & f = target_->features();

@@ -83,6 +83,8 @@ const char * memory_name(TargetMemory m) {
             return "recurrent-snapshots";
         case TargetMemory::RecurrentCheckpoint:
             return "recurrent-checkpoint";
+        case TargetMemory::SlidingWindow:
+            return "sliding-window";
     }
     return "?";
 }
@@ -199,6 +201,7 @@ void Target::open_context(const std::string & path, const TargetOptions & opts) 
     cp.no_perf = true;
     cp.n_rs_seq = opts.n_rs_seq;  // libllama clamps it to 0 for archs without snapshot rollback
     cp.flash_attn_type = target_flash_attn(opts.n_gpu_layers);
+    cp.swa_full = opts.swa_full;
     ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
         throw Error(path + ": libllama could not create a context (n_ctx " + std::to_string(opts.n_ctx) + ")");
@@ -232,6 +235,13 @@ void Target::init_common() {
     arch_ = model_arch(model_);
     if (llama_model_is_recurrent(model_) || llama_model_is_hybrid(model_)) {
         memory_ = llama_n_rs_seq(ctx_) > 0 ? TargetMemory::RecurrentSnapshots : TargetMemory::RecurrentCheckpoint;
+        keeps_checkpoints_ = true;
+    } else if ((n_swa_ = llama_model_n_swa(model_)) > 0) {
+        memory_ = TargetMemory::SlidingWindow;
+        // libllama's sliding-window cache (llama-kv-cache-iswa.cpp) holds a window and a batch of positions,
+        // padded; where that is not shorter than the context it holds them all
+        const uint32_t swa_cells = GGML_PAD((uint32_t)n_swa_ + llama_n_ubatch(ctx_), 256);
+        keeps_checkpoints_ = owns_ && !opts_.swa_full && swa_cells < llama_n_ctx(ctx_);
     }
     vocab_ = llama_model_get_vocab(model_);
     n_vocab_ = (uint32_t)llama_vocab_n_tokens(vocab_);
@@ -336,7 +346,7 @@ void Target::truncate(int32_t p) {
         clear();
         return;
     }
-    if (memory_ == TargetMemory::Attention) {
+    if (memory_ == TargetMemory::Attention || (memory_ == TargetMemory::SlidingWindow && window_held(p))) {
         if (!llama_memory_seq_rm(mem, 0, p, -1)) {
             throw Error("target KV cache rollback to position " + std::to_string(p) + " failed");
         }
@@ -357,10 +367,10 @@ void Target::truncate(int32_t p) {
         if (c.pos <= p && (!from || c.pos > from->pos)) from = &c;
     }
     if ((int32_t)tokens_.size() < p && (!from || from->pos < p)) {
-        throw Error("target rollback to position " + std::to_string(p) +
-                    ": its recurrent state cannot go back, and "
-                    "the tokens to re-decode from " +
-                    std::to_string(from ? from->pos : 0) + " are unknown");
+        throw Error("target rollback to position " + std::to_string(p) + ": its " +
+                    (memory_ == TargetMemory::SlidingWindow ? "sliding-window layers no longer hold the window"
+                                                            : "recurrent state cannot go back") +
+                    ", and the tokens to re-decode from " + std::to_string(from ? from->pos : 0) + " are unknown");
     }
     if (from) {
         if (llama_state_seq_set_data_ext(ctx_, from->bytes.data(), from->bytes.size(), 0,
@@ -379,6 +389,12 @@ void Target::truncate(int32_t p) {
     replay(from ? from->pos : 0, p);
 }
 
+bool Target::window_held(int32_t p) const {
+    // the sliding layers' oldest position (libllama's pos_min of an iswa cache is theirs); llama-server's
+    // threshold, one position more than the window needs
+    return llama_memory_seq_pos_min(llama_get_memory(ctx_), 0) <= std::max(0, p - n_swa_);
+}
+
 void Target::replay(int32_t from, int32_t to) {
     for (int32_t done = from; done < to;) {
         const uint32_t chunk = std::min<uint32_t>(n_batch_, (uint32_t)(to - done));
@@ -391,7 +407,9 @@ void Target::replay(int32_t from, int32_t to) {
 }
 
 void Target::prepare_rollback(uint32_t n_tokens) {
-    if (memory_ == TargetMemory::Attention || n_tokens == 0) return;
+    // a decode overwrites only sliding positions that its first token no longer attends to: dropping its
+    // tokens again leaves the window whole
+    if (memory_ == TargetMemory::Attention || memory_ == TargetMemory::SlidingWindow || n_tokens == 0) return;
     if (memory_ == TargetMemory::RecurrentSnapshots && n_tokens <= n_rs_seq()) return;
     Checkpoint c;
     c.step = true;
@@ -405,7 +423,7 @@ void Target::prepare_rollback(uint32_t n_tokens) {
 }
 
 void Target::checkpoint() {
-    if (memory_ == TargetMemory::Attention) return;
+    if (!keeps_checkpoints_) return;
     constexpr size_t kMaxKept = 3;                   // prompt ends: a repeated prompt, a chat's earlier turns
     drop_checkpoints_after((int32_t)seq_len() - 1);  // one per position
     const auto is_kept = [](const Checkpoint & k) { return !k.step; };
@@ -417,7 +435,8 @@ void Target::checkpoint() {
 
 void Target::save_checkpoint(Checkpoint c) {
     c.pos = (int32_t)seq_len();
-    // the recurrent (partial) state alone: attention K/V rolls back with seq_rm after a restore
+    // the recurrent state or the sliding-window layers' cells alone (libllama's partial state): the full
+    // layers' K/V rolls back with seq_rm after a restore
     c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));
     c.bytes.resize(
         llama_state_seq_get_data_ext(ctx_, c.bytes.data(), c.bytes.size(), 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));

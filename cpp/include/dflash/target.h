@@ -35,6 +35,11 @@ struct TargetOptions {
     // weights whose names match a regex (std::regex, searched) go to the named ggml buffer type, first match
     // first (llama-server's --override-tensor; a MoE's experts on the CPU with the rest offloaded: --cpu-moe)
     std::vector<std::pair<std::string, std::string>> tensor_overrides;
+    // sliding-window layers keep every position (llama.cpp's --swa-full). Off, as in llama-server, they keep
+    // a window plus a batch of positions (gpt-oss-20b's 12 sliding layers at a
+    // 32k context: 18 MiB of F16 K/V instead of 768 MiB); a rollback
+    // past what they still hold restores a prompt's checkpoint and re-decodes the tokens after it
+    bool swa_full = false;
 };
 
 // How the target's memory goes back to an earlier position.
@@ -43,6 +48,8 @@ enum class TargetMemory {
     RecurrentSnapshots,   // recurrent state with libllama's per-token snapshots (n_rs_seq): seq_rm of up to
                           // n_rs_seq tokens of the most recent decode call, at least one of them kept
     RecurrentCheckpoint,  // recurrent state without them: a saved state restored and the kept tokens re-decoded
+    SlidingWindow,        // attention with sliding-window layers: seq_rm while those still hold the window before
+                          // the new end (always within a verify), else as RecurrentCheckpoint
 };
 const char * memory_name(TargetMemory m);
 
@@ -109,7 +116,10 @@ public:
     void load_seq(const std::vector<uint8_t> & bytes, const std::vector<int32_t> & tokens);
     uint32_t seq_len() const;  // positions the sequence holds (0..n-1)
     TargetMemory memory() const { return memory_; }
-    bool recurrent() const { return memory_ != TargetMemory::Attention; }
+    // whether checkpoint() keeps anything: a recurrent state, or sliding-window layers that keep only their
+    // window (our own context without swa_full; an adopted one's pruning is unknown, so a rollback past its
+    // window re-decodes from the start)
+    bool keeps_checkpoints() const { return keeps_checkpoints_; }
     uint32_t n_rs_seq() const;
     const std::string & arch() const { return arch_; }
     // what rollback has done so far (tests and statistics)
@@ -138,6 +148,9 @@ private:
     void decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits, uint32_t last_row);
     void replay(int32_t from, int32_t to);  // re-decodes known tokens [from, to) after a restore
     void drop_checkpoints_after(int32_t p);
+    // whether seq_rm to p leaves the sequence decodable: sliding-window layers still hold every position
+    // the next token attends to
+    bool window_held(int32_t p) const;
 
     struct Checkpoint {
         int32_t pos = 0;    // the state holds positions 0..pos-1
@@ -163,6 +176,8 @@ private:
     bool repeated_shape_ = false;
     std::string arch_;
     TargetMemory memory_ = TargetMemory::Attention;
+    bool keeps_checkpoints_ = false;
+    int32_t n_swa_ = 0;            // llama_model_n_swa: positions a sliding-window layer attends to
     std::vector<int32_t> tokens_;  // the tokens of positions 0..tokens_.size()-1, as far as known
     int32_t last_chunk_p0_ = -1;   // first position of our most recent llama_decode call; -1: not ours
     bool rolled_back_ = false;     // a snapshot rollback since that call (libllama allows one)
