@@ -183,9 +183,11 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
     uint32_t chunk = 0;
     for (uint32_t done = from; done < n; done += chunk) {
         chunk = all_rows ? std::min(target_->n_batch(), n - done) : n - done;
-        // a recurrent state (or sliding layers holding a window) cannot go back far by itself: keep one from
-        // before the prompt's last token, where the same prompt again (or one that differs only there) starts
-        const bool split_last = target_->keeps_checkpoints() && done + chunk == n && chunk > 1;
+        // a checkpoint where the same prompt again (or one that differs only in its last token) starts: a
+        // recurrent state's before the prompt's last token (it cannot go back one), sliding-window layers' at
+        // the prompt's end (they can)
+        const bool at_end = done + chunk == n;
+        const bool split_last = at_end && chunk > 1 && target_->keeps_checkpoints() && target_->recurrent();
         if (split_last) chunk--;
         target_->decode(prompt.data() + done, chunk, (int32_t)done, all_rows);
         const auto & f = target_->features();
@@ -195,7 +197,7 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
             prompt_logprobs_.push_back(token_logprob(target_->logits(i), target_->n_vocab(), prompt[done + i + 1],
                                                      (uint32_t)params_.n_logprobs, id_scratch_));
         }
-        if (split_last) target_->checkpoint();
+        if (split_last || (at_end && target_->keeps_checkpoints() && !target_->recurrent())) target_->checkpoint();
     }
     return all_rows ? chunk - 1 : 0;  // Target::logits(0) is the last row when only it has logits
 }

@@ -337,9 +337,12 @@ uint32_t Target::n_rs_seq() const { return llama_n_rs_seq(ctx_); }
 
 void Target::truncate(int32_t p) {
     p = std::max(p, 0);
+    if (p < (int32_t)seq_len()) roll_back(p);
+    drop_checkpoints_after(p);  // they hold tokens no longer the sequence's
+}
+
+void Target::roll_back(int32_t p) {
     const int32_t end = (int32_t)seq_len();
-    drop_checkpoints_after(p);
-    if (p >= end) return;
     if (tokens_.size() > (size_t)p) tokens_.resize((size_t)p);
     llama_memory_t mem = llama_get_memory(ctx_);
     if (p == 0) {
@@ -362,9 +365,13 @@ void Target::truncate(int32_t p) {
         rollback_.snapshot++;
         return;
     }
+    // the checkpoint that leaves the fewest tokens to re-decode: one at or before p, or for sliding-window
+    // layers one after p that still holds the window before p (a prompt's end, when that prompt comes again)
     const Checkpoint * from = nullptr;
+    const auto to_replay = [p](const Checkpoint & c) { return std::max(0, p - c.pos); };
     for (const Checkpoint & c : checkpoints_) {
-        if (c.pos <= p && (!from || c.pos > from->pos)) from = &c;
+        if (c.pos > p && !(memory_ == TargetMemory::SlidingWindow && c.pos_min <= std::max(0, p - n_swa_))) continue;
+        if (!from || to_replay(c) < to_replay(*from)) from = &c;
     }
     if ((int32_t)tokens_.size() < p && (!from || from->pos < p)) {
         throw Error("target rollback to position " + std::to_string(p) + ": its " +
@@ -375,7 +382,7 @@ void Target::truncate(int32_t p) {
     if (from) {
         if (llama_state_seq_set_data_ext(ctx_, from->bytes.data(), from->bytes.size(), 0,
                                          LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY) != from->bytes.size() ||
-            !llama_memory_seq_rm(mem, 0, from->pos, -1)) {
+            !llama_memory_seq_rm(mem, 0, std::min(from->pos, p), -1)) {
             clear();
             throw Error("target rollback to position " + std::to_string(p) +
                         ": libllama refused the checkpoint of "
@@ -386,7 +393,7 @@ void Target::truncate(int32_t p) {
     } else {
         llama_memory_clear(mem, true);
     }
-    replay(from ? from->pos : 0, p);
+    replay(from ? std::min(from->pos, p) : 0, p);
 }
 
 bool Target::window_held(int32_t p) const {
@@ -435,6 +442,7 @@ void Target::checkpoint() {
 
 void Target::save_checkpoint(Checkpoint c) {
     c.pos = (int32_t)seq_len();
+    c.pos_min = llama_memory_seq_pos_min(llama_get_memory(ctx_), 0);
     // the recurrent state or the sliding-window layers' cells alone (libllama's partial state): the full
     // layers' K/V rolls back with seq_rm after a restore
     c.bytes.resize(llama_state_seq_get_size_ext(ctx_, 0, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY));

@@ -92,6 +92,8 @@ class Verifier:
     flash_attn: llama_context_params.flash_attn_type (FLASH_ATTN_*).
     feature_layers: layer ids whose inputs libllama extracts on every decode, as our speculative loop
     asks for the drafter's features (dflash.target_layers); left off if this libllama lacks the function.
+    swa_full: sliding-window layers keep every position (llama_context_params.swa_full); off, as our
+    runtime's target by default, they keep a window and a batch of positions.
     """
 
     def __init__(
@@ -103,8 +105,10 @@ class Verifier:
         n_threads: int,
         flash_attn: int,
         feature_layers: Sequence[int] = (),
+        swa_full: bool = False,
     ) -> None:
         self.llc, self.model = llc, model
+        self.swa_full = swa_full
         self.n_ctx = (context + max_block + 255) // 256 * 256
         self.n_threads, self.flash_attn, self.feature_layers = n_threads, flash_attn, tuple(feature_layers)
         vocab = llc.llama_model_get_vocab(model)
@@ -147,6 +151,7 @@ class Verifier:
         cp.n_seq_max = 1
         cp.n_threads = cp.n_threads_batch = self.n_threads
         cp.flash_attn_type = self.flash_attn
+        cp.swa_full = self.swa_full
         cp.no_perf = True
         ctx = llc.llama_init_from_model(self.model, cp)
         if not ctx:

@@ -120,6 +120,9 @@ public:
     // window (our own context without swa_full; an adopted one's pruning is unknown, so a rollback past its
     // window re-decodes from the start)
     bool keeps_checkpoints() const { return keeps_checkpoints_; }
+    bool recurrent() const {
+        return memory_ == TargetMemory::RecurrentSnapshots || memory_ == TargetMemory::RecurrentCheckpoint;
+    }
     uint32_t n_rs_seq() const;
     const std::string & arch() const { return arch_; }
     // what rollback has done so far (tests and statistics)
@@ -147,14 +150,16 @@ private:
     // libllama refuses it
     void decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool all_logits, uint32_t last_row);
     void replay(int32_t from, int32_t to);  // re-decodes known tokens [from, to) after a restore
+    void roll_back(int32_t p);              // truncate()'s, for p < seq_len()
     void drop_checkpoints_after(int32_t p);
     // whether seq_rm to p leaves the sequence decodable: sliding-window layers still hold every position
     // the next token attends to
     bool window_held(int32_t p) const;
 
     struct Checkpoint {
-        int32_t pos = 0;    // the state holds positions 0..pos-1
-        bool step = false;  // prepare_rollback's (replaced each time) rather than checkpoint()'s
+        int32_t pos = 0;      // the state holds positions 0..pos-1
+        int32_t pos_min = 0;  // the oldest position its sliding-window layers hold
+        bool step = false;    // prepare_rollback's (replaced each time) rather than checkpoint()'s
         std::vector<uint8_t> bytes;
     };
     void save_checkpoint(Checkpoint c);  // of the sequence as it is now, into c.bytes (reusing its capacity)
