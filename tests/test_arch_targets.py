@@ -150,16 +150,16 @@ def test_an_adopted_llama_without_snapshots_takes_the_checkpoint_path(arch_: str
 def test_sliding_layers_hold_a_window_and_roll_back_past_it(arch_: str, capfd: pytest.CaptureFixture[str]) -> None:
     """Without swa_full the target's sliding-window layers (window 8) hold 256 positions (libllama pads the
     window and a 64-token batch) of a 1024-token context: a verify's rollback is always within them; a
-    deeper one restores the checkpoint of the prompt's end (a long reply regenerated) or, before every
-    checkpoint, re-decodes from the start. Greedy output stays the target's own (a plain seq_rm there
-    decodes other tokens). swa_full keeps all 1024 (libllama's log says how many) and rolls back by seq_rm."""
+    deeper one restores the checkpoint of a prompt's end, before the new end (its tokens after it re-decoded)
+    or after it (a regenerated reply), or without one re-decodes from the start. Greedy output stays the
+    target's own (a plain seq_rm there decodes other tokens). swa_full keeps all 1024 (libllama's log says
+    how many) and rolls back by seq_rm alone."""
     import re
 
     ref = GreedyReference(target_gguf(arch_), n_ctx=1024, n_threads=1)
-    short, long = ref.tokenize(PROMPTS[0]), ref.tokenize("\n".join(PROMPTS[1:] * 24))
-    # a reply longer than the window's 248 spare positions, regenerated; a long prompt, then one that
-    # leaves it at 50 tokens
-    requests = [(short, 260), (short, N_NEW), (long, N_NEW), (long[:50] + short, N_NEW)]
+    short, other = ref.tokenize(PROMPTS[1]), ref.tokenize(PROMPTS[0])
+    long = ref.tokenize("\n".join([PROMPTS[2], PROMPTS[0]] * 24))
+    assert long[: len(short)] != short and len(long) > 300
     counts, cells = {}, {}
     for swa_full in (False, True):
         capfd.readouterr()
@@ -170,17 +170,28 @@ def test_sliding_layers_hold_a_window_and_roll_back_past_it(arch_: str, capfd: p
         # the cells of the full-attention cache and of the sliding-window one
         cells[swa_full] = re.findall(r"llama_kv_cache: size = .*?\( *(\d+) cells", capfd.readouterr().err)
         assert spec._spec.target_memory == "sliding-window"
-        for i, (prompt, n) in enumerate(requests):
+
+        def run(prompt: list[int], n: int, i: int) -> list[int]:
             ours = list(spec.generate_tokens(prompt, max_tokens=n))
             assert len(ours) == n  # no end-of-generation token before
             problems, _ = compare_greedy(ref, prompt, ours, n, EPS, f"{arch_} swa_full={swa_full} #{i}")
             assert not problems, problems
             counts[swa_full, i] = dict(spec._spec.rollback_counters)
+            return ours
+
+        # replies longer than the window's 248 spare positions
+        first = run(short, 300, 0)
+        again = short + first[:20] + other  # leaves the first reply after 20 of its tokens
+        run(again, 300, 1)
+        run(again, N_NEW, 2)  # the reply regenerated
+        run(long, N_NEW, 3)  # shares no prefix: the context cleared
+        run(long[:50] + short, N_NEW, 4)
         assert spec.stats.reused_prompt_tokens == 50
-    assert counts[True, 3]["restored"] == counts[True, 3]["replayed_tokens"] == counts[True, 3]["checkpoints"] == 0
-    assert counts[False, 0]["restored"] == 0 and counts[False, 0]["checkpoint_bytes"] > 0
-    assert counts[False, 1]["restored"] == 1 and counts[False, 1]["replayed_tokens"] == 0  # the prompt's end
-    assert counts[False, 3]["restored"] == 1 and counts[False, 3]["replayed_tokens"] == 50  # from the start
+    assert all(counts[True, i]["restored"] == counts[True, i]["replayed_tokens"] == 0 for i in range(5))
+    assert counts[True, 4]["checkpoints"] == 0
+    got = [(counts[False, i]["restored"], counts[False, i]["replayed_tokens"]) for i in range(5)]
+    # the first prompt's end, 20 tokens before the new end; the second's, after it; none left for position 50
+    assert got == [(0, 0), (1, 20), (2, 20), (2, 20), (2, 70)], got
     assert cells == {False: ["1024", "256"], True: ["1024", "1024"]}, cells
 
 
