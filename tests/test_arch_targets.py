@@ -146,53 +146,61 @@ def test_an_adopted_llama_without_snapshots_takes_the_checkpoint_path(arch_: str
     assert spec._spec.rollback_counters["restored"] > 0
 
 
+def _sliding_requests(
+    arch_: str, ref: GreedyReference, swa_full: bool, capfd: pytest.CaptureFixture[str]
+) -> tuple[list[str], list[dict[str, int]]]:
+    """The requests of the test below on a new object: the cells of the full-attention and the sliding-window
+    cache (libllama's log) and the rollback counters after each request."""
+    import re
+
+    short, other = ref.tokenize(PROMPTS[1]), ref.tokenize(PROMPTS[0])
+    long = ref.tokenize("\n".join([PROMPTS[2], PROMPTS[0]] * 24))
+    assert long[: len(short)] != short and len(long) > 300
+    capfd.readouterr()
+    spec = SpeculativeLlama(
+        str(target_gguf(arch_)), str(drafter_for(arch_)), n_ctx=1024, n_batch=64, n_threads=1, n_max=3,
+        fallback=False, swa_full=swa_full, verbose=True,
+    )  # fmt: skip
+    cells = re.findall(r"llama_kv_cache: size = .*?\( *(\d+) cells", capfd.readouterr().err)
+    assert spec._spec.target_memory == "sliding-window"
+    counts: list[dict[str, int]] = []
+
+    def run(prompt: list[int], n: int) -> list[int]:
+        ours = list(spec.generate_tokens(prompt, max_tokens=n))
+        assert len(ours) == n  # no end-of-generation token before
+        problems, _ = compare_greedy(ref, prompt, ours, n, EPS, f"{arch_} swa_full={swa_full} #{len(counts)}")
+        assert not problems, problems
+        counts.append(dict(spec._spec.rollback_counters))
+        return ours
+
+    # replies longer than the window's 248 spare positions
+    first = run(short, 300)
+    again = short + first[:20] + other  # leaves the first reply after 20 of its tokens
+    run(again, 300)
+    run(again, N_NEW)  # the reply regenerated
+    run(long, N_NEW)  # shares no prefix: the context cleared
+    run(long[:50] + short, N_NEW)
+    assert spec.stats.reused_prompt_tokens == 50
+    return cells, counts
+
+
 @pytest.mark.parametrize("arch_", SLIDING)
 def test_sliding_layers_hold_a_window_and_roll_back_past_it(arch_: str, capfd: pytest.CaptureFixture[str]) -> None:
     """Without swa_full the target's sliding-window layers (window 8) hold 256 positions (libllama pads the
     window and a 64-token batch) of a 1024-token context: a verify's rollback is always within them; a
     deeper one restores the checkpoint of a prompt's end, before the new end (its tokens after it re-decoded)
     or after it (a regenerated reply), or without one re-decodes from the start. Greedy output stays the
-    target's own (a plain seq_rm there decodes other tokens). swa_full keeps all 1024 (libllama's log says
-    how many) and rolls back by seq_rm alone."""
-    import re
-
+    target's own (a plain seq_rm there decodes other tokens). swa_full keeps all 1024 and rolls back by
+    seq_rm alone."""
     ref = GreedyReference(target_gguf(arch_), n_ctx=1024, n_threads=1)
-    short, other = ref.tokenize(PROMPTS[1]), ref.tokenize(PROMPTS[0])
-    long = ref.tokenize("\n".join([PROMPTS[2], PROMPTS[0]] * 24))
-    assert long[: len(short)] != short and len(long) > 300
-    counts, cells = {}, {}
-    for swa_full in (False, True):
-        capfd.readouterr()
-        spec = SpeculativeLlama(
-            str(target_gguf(arch_)), str(drafter_for(arch_)), n_ctx=1024, n_batch=64, n_threads=1, n_max=3,
-            fallback=False, swa_full=swa_full, verbose=True,
-        )  # fmt: skip
-        # the cells of the full-attention cache and of the sliding-window one
-        cells[swa_full] = re.findall(r"llama_kv_cache: size = .*?\( *(\d+) cells", capfd.readouterr().err)
-        assert spec._spec.target_memory == "sliding-window"
-
-        def run(prompt: list[int], n: int, i: int) -> list[int]:
-            ours = list(spec.generate_tokens(prompt, max_tokens=n))
-            assert len(ours) == n  # no end-of-generation token before
-            problems, _ = compare_greedy(ref, prompt, ours, n, EPS, f"{arch_} swa_full={swa_full} #{i}")
-            assert not problems, problems
-            counts[swa_full, i] = dict(spec._spec.rollback_counters)
-            return ours
-
-        # replies longer than the window's 248 spare positions
-        first = run(short, 300, 0)
-        again = short + first[:20] + other  # leaves the first reply after 20 of its tokens
-        run(again, 300, 1)
-        run(again, N_NEW, 2)  # the reply regenerated
-        run(long, N_NEW, 3)  # shares no prefix: the context cleared
-        run(long[:50] + short, N_NEW, 4)
-        assert spec.stats.reused_prompt_tokens == 50
-    assert all(counts[True, i]["restored"] == counts[True, i]["replayed_tokens"] == 0 for i in range(5))
-    assert counts[True, 4]["checkpoints"] == 0
-    got = [(counts[False, i]["restored"], counts[False, i]["replayed_tokens"]) for i in range(5)]
+    cells, counts = _sliding_requests(arch_, ref, False, capfd)
+    assert cells == ["1024", "256"], cells
+    got = [(c["restored"], c["replayed_tokens"]) for c in counts]
     # the first prompt's end, 20 tokens before the new end; the second's, after it; none left for position 50
     assert got == [(0, 0), (1, 20), (2, 20), (2, 20), (2, 70)], got
-    assert cells == {False: ["1024", "256"], True: ["1024", "1024"]}, cells
+    cells, counts = _sliding_requests(arch_, ref, True, capfd)
+    assert cells == ["1024", "1024"], cells
+    assert all(c["restored"] == c["replayed_tokens"] == c["checkpoints"] == 0 for c in counts), counts
 
 
 @pytest.mark.parametrize("arch_", [a for a in SUPPORTED if "moe" in a or a == "gpt-oss"])
