@@ -349,7 +349,8 @@ void Target::roll_back(int32_t p) {
         clear();
         return;
     }
-    if (memory_ == TargetMemory::Attention || (memory_ == TargetMemory::SlidingWindow && window_held(p))) {
+    if (memory_ == TargetMemory::Attention ||
+        (memory_ == TargetMemory::SlidingWindow && holds_window(llama_memory_seq_pos_min(mem, 0), p))) {
         if (!llama_memory_seq_rm(mem, 0, p, -1)) {
             throw Error("target KV cache rollback to position " + std::to_string(p) + " failed");
         }
@@ -370,7 +371,7 @@ void Target::roll_back(int32_t p) {
     const Checkpoint * from = nullptr;
     const auto to_replay = [p](const Checkpoint & c) { return std::max(0, p - c.pos); };
     for (const Checkpoint & c : checkpoints_) {
-        if (c.pos > p && !(memory_ == TargetMemory::SlidingWindow && c.pos_min <= std::max(0, p - n_swa_))) continue;
+        if (c.pos > p && !(memory_ == TargetMemory::SlidingWindow && holds_window(c.pos_min, p))) continue;
         if (!from || to_replay(c) < to_replay(*from)) from = &c;
     }
     if ((int32_t)tokens_.size() < p && (!from || from->pos < p)) {
@@ -396,10 +397,10 @@ void Target::roll_back(int32_t p) {
     replay(from ? std::min(from->pos, p) : 0, p);
 }
 
-bool Target::window_held(int32_t p) const {
-    // the sliding layers' oldest position (libllama's pos_min of an iswa cache is theirs); llama-server's
-    // threshold, one position more than the window needs
-    return llama_memory_seq_pos_min(llama_get_memory(ctx_), 0) <= std::max(0, p - n_swa_);
+bool Target::holds_window(int32_t pos_min, int32_t p) const {
+    // llama-server's threshold: one position more than the window needs (libllama's pos_min of a
+    // sliding-window cache is its sliding layers')
+    return pos_min <= std::max(0, p - n_swa_);
 }
 
 void Target::replay(int32_t from, int32_t to) {

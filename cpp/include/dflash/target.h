@@ -36,9 +36,9 @@ struct TargetOptions {
     // first (llama-server's --override-tensor; a MoE's experts on the CPU with the rest offloaded: --cpu-moe)
     std::vector<std::pair<std::string, std::string>> tensor_overrides;
     // sliding-window layers keep every position (llama.cpp's --swa-full). Off, as in llama-server, they keep
-    // a window plus a batch of positions (gpt-oss-20b's 12 sliding layers at a
-    // 32k context: 18 MiB of F16 K/V instead of 768 MiB); a rollback
-    // past what they still hold restores a prompt's checkpoint and re-decodes the tokens after it
+    // a window plus a batch of positions (gpt-oss-20b's 12 sliding layers at a 32k context: 18 MiB of F16
+    // K/V instead of 768 MiB); a rollback past what they still hold restores a prompt's checkpoint and
+    // re-decodes the tokens after it
     bool swa_full = false;
 };
 
@@ -152,9 +152,9 @@ private:
     void replay(int32_t from, int32_t to);  // re-decodes known tokens [from, to) after a restore
     void roll_back(int32_t p);              // truncate()'s, for p < seq_len()
     void drop_checkpoints_after(int32_t p);
-    // whether seq_rm to p leaves the sequence decodable: sliding-window layers still hold every position
-    // the next token attends to
-    bool window_held(int32_t p) const;
+    // whether sliding-window layers whose oldest position is pos_min hold every position a token at p
+    // attends to (seq_rm to p then leaves the sequence decodable)
+    bool holds_window(int32_t pos_min, int32_t p) const;
 
     struct Checkpoint {
         int32_t pos = 0;      // the state holds positions 0..pos-1
