@@ -17,6 +17,9 @@ of the same tokens gives (a rollback that left a wrong recurrent state would cha
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,8 @@ MEMORY = {
     "gemma4": "sliding-window",
 }
 SLIDING = [a for a in SUPPORTED if MEMORY.get(a) == "sliding-window"]
+# libllama's log line per KV cache (a sliding-window target has two: full attention, then sliding)
+KV_CELLS = re.compile(r"llama_kv_cache: size = .*?\( *(\d+) cells")
 PROMPTS = ["def foo(x):\n    return", "import os\nimport sys\n\nclass A:", "for i in range(10):\n    print(i)\n"]
 N_NEW = 24
 EPS = 1e-3  # F32 targets: batched and one-token decoding agree far closer than this
@@ -151,8 +156,6 @@ def _sliding_requests(
 ) -> tuple[list[str], list[dict[str, int]]]:
     """The requests of the test below on a new object: the cells of the full-attention and the sliding-window
     cache (libllama's log) and the rollback counters after each request."""
-    import re
-
     short, other = ref.tokenize(PROMPTS[1]), ref.tokenize(PROMPTS[0])
     long = ref.tokenize("\n".join([PROMPTS[2], PROMPTS[0]] * 24))
     assert long[: len(short)] != short and len(long) > 300
@@ -161,7 +164,7 @@ def _sliding_requests(
         str(target_gguf(arch_)), str(drafter_for(arch_)), n_ctx=1024, n_batch=64, n_threads=1, n_max=3,
         fallback=False, swa_full=swa_full, verbose=True,
     )  # fmt: skip
-    cells = re.findall(r"llama_kv_cache: size = .*?\( *(\d+) cells", capfd.readouterr().err)
+    cells = KV_CELLS.findall(capfd.readouterr().err)
     assert spec._spec.target_memory == "sliding-window"
     counts: list[dict[str, int]] = []
 
@@ -203,13 +206,32 @@ def test_sliding_layers_hold_a_window_and_roll_back_past_it(arch_: str, capfd: p
     assert all(c["restored"] == c["replayed_tokens"] == c["checkpoints"] == 0 for c in counts), counts
 
 
+def test_generate_passes_swa_full_to_the_target() -> None:
+    """`dflash generate --swa-full` (serve opens its model the same way) gives the target's sliding layers
+    every position, without it a window's worth; the text is the same."""
+    arch_ = SLIDING[0]
+
+    def generate(*extra: str) -> tuple[list[str], str]:
+        cmd = [
+            sys.executable, "-m", "dflash_gguf.cli", "generate", "-m", str(target_gguf(arch_)),
+            "-d", str(drafter_for(arch_)), "-c", "1024", "-b", "64", "-t", "1", "-n", "8", "-p", PROMPTS[0],
+            "--no-stream", "--verbose", *extra,
+        ]  # fmt: skip
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return KV_CELLS.findall(r.stderr), r.stdout
+
+    cells, text = generate()
+    cells_full, text_full = generate("--swa-full")
+    assert (cells, cells_full) == (["1024", "256"], ["1024", "1024"])
+    assert text == text_full and text.startswith(PROMPTS[0])
+
+
 @pytest.mark.parametrize("arch_", [a for a in SUPPORTED if "moe" in a or a == "gpt-oss"])
 def test_quantized_experts_go_to_the_repacked_layout(arch_: str, tmp_path: Path) -> None:
     """repack="no-amx" (the default for a quantized target on a CPU with AMX) on a MoE at Q4_0: the routed
     experts' stacks go to ggml's repacked layout too (as mul_mat_id weights), and the loop decodes the
     quantized target's own greedy output (lossless against its plain decoding in the same load)."""
-    import re
-
     import gguf
 
     from dflash_convert.quantize import llama_quantize, parse_outtype
