@@ -101,13 +101,11 @@ def hybrid_model() -> transformers.PreTrainedModel:
 
 def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
-    from arch_targets import upstream_convert
+    from arch_targets import save_with_tinycode_tokenizer, upstream_convert
 
     work = OUT / "hf-target.tmp"
     shutil.rmtree(work, ignore_errors=True)
-    hybrid_model().save_pretrained(work, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(TINY / "target" / name, work / name)
+    save_with_tinycode_tokenizer(hybrid_model(), work)
     OUT.mkdir(exist_ok=True)
     upstream_convert(work, OUT / "target-f16.gguf", "--no-mtp", outtype="f16")
     shutil.rmtree(work)

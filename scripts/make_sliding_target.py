@@ -16,7 +16,6 @@ the layers, whose share of a step this target keeps). A file that exists is not 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +38,7 @@ def main() -> int:
     import transformers
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from arch_targets import TINY, upstream_convert
+    from arch_targets import save_with_tinycode_tokenizer, upstream_convert
 
     config = transformers.GptOssConfig(
         vocab_size=2048,
@@ -64,10 +63,8 @@ def main() -> int:
     model = transformers.GptOssForCausalLM(config).to(torch.bfloat16).eval()
     with tempfile.TemporaryDirectory(prefix="dflash-sliding-target-") as tmp:
         hf = Path(tmp) / "hf"
-        model.save_pretrained(hf, safe_serialization=True)
+        save_with_tinycode_tokenizer(model, hf)
         del model
-        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-            shutil.copy(TINY / "target" / name, hf / name)
         part = args.out.with_name(args.out.name + ".part")
         upstream_convert(hf, part, outtype=args.outtype)
         part.replace(args.out)

@@ -158,11 +158,17 @@ def hf_dir(arch: str, seed: int = 0) -> Path:
         model.lm_head.weight.normal_(0.0, 1.0)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(TINY / "target" / name, tmp / name)
+    save_with_tinycode_tokenizer(model, tmp)
     tmp.replace(out)
     return out
+
+
+def save_with_tinycode_tokenizer(model: Any, out: Path) -> None:
+    """A transformers model saved to the directory out (safetensors) with the bundled tinycode tokenizer,
+    as upstream's converter reads it."""
+    model.save_pretrained(out, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(TINY / "target" / name, out / name)
 
 
 _UPSTREAM_CONVERT = """
