@@ -497,6 +497,15 @@ def test_variant_parity(work: Path, target: tuple[Path, dict[str, np.ndarray]], 
     print(f"f32 DFlash{version} B=8 {variant}: worst row NMSE {worst:.3e}; without it {apart:.3e}")
 
 
+def check_ring_draft(c: Case, d: Any, n: int, context: np.ndarray, anchor: int) -> None:
+    """d's draft at n cached rows is the reference's over context[:n] (which sees every row)."""
+    ref = c.ref.draft(c.ref.inject(context[:n], list(range(n))), anchor, n)
+    ours = d.draft(anchor, n, details=True)
+    e = row_nmse(np.asarray(ours["logits"]), ref.logits.numpy())
+    assert e.max() <= NMSE_F32, f"{n} rows: per-row logits NMSE {e}"
+    check_argmax(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
+
+
 @pytest.mark.parametrize("variant", ("swa_causal_layers", "swa_not_causal"))
 def test_sliding_layers_rings(work: Path, target: tuple[Path, dict[str, np.ndarray]], variant: str) -> None:
     """The sliding layers' rings (320 rows here) against the reference holding every row, through what the
@@ -517,11 +526,7 @@ def test_sliding_layers_rings(work: Path, target: tuple[Path, dict[str, np.ndarr
     feats = features(800, c.width, 4000)
 
     def check(n: int, context: np.ndarray, anchor: int) -> None:
-        ref = c.ref.draft(c.ref.inject(context[:n], list(range(n))), anchor, n)
-        ours = d.draft(anchor, n, details=True)
-        e = row_nmse(np.asarray(ours["logits"]), ref.logits.numpy())
-        assert e.max() <= NMSE_F32, f"{n} rows: per-row logits NMSE {e}"
-        check_argmax(ours, ref, TIE * float(np.abs(ref.logits.numpy()).max()))
+        check_ring_draft(c, d, n, context, anchor)
 
     d.inject(feats[:300], np.arange(300, dtype=np.int32))
     n = 300
@@ -551,6 +556,36 @@ def test_sliding_layers_rings(work: Path, target: tuple[Path, dict[str, np.ndarr
     context = np.concatenate([context[:100], fresh[100:]])
     d.inject(context[104:160], np.arange(104, 160, dtype=np.int32))
     check(160, context, anchor=31)  # the window (12 rows) holds only rows written since
+
+
+def test_sliding_layers_rings_restore_a_prompt(work: Path, target: tuple[Path, dict[str, np.ndarray]]) -> None:
+    """A rollback to a prompt's end after a reply longer than the rings' slack (a regenerated reply): the copy
+    keep_rings_at kept gives the rings their window back, so the first draft after it is the reference's; a
+    copy whose rows were rolled back and written again with other rows is not put back."""
+    c = Case(work, target, 2, 8, name="swa_causal_layers", **DRAFTER_VARIANTS["swa_causal_layers"][0])
+    d = c.drafter("f32", n_ctx=1024)
+    assert d.ring_rows == 320
+    feats, fresh = features(800, c.width, 4010), features(800, c.width, 4011)
+
+    d.inject(feats[:290], np.arange(290, dtype=np.int32))
+    d.keep_rings_at(300)  # the prompt's end: kept once its rows are written
+    d.inject(feats[290:700], np.arange(290, 700, dtype=np.int32))
+    d.truncate(300)  # 400 back: the rings had written over 300's window
+    assert d.counters["rings_restored"] == 1
+    context = np.concatenate([feats[:300], fresh[300:]])
+    d.inject(context[300:302], np.arange(300, 302, dtype=np.int32))
+    check_ring_draft(c, d, 302, context, anchor=7)
+
+    d.inject(context[302:700], np.arange(302, 700, dtype=np.int32))
+    d.truncate(280)  # before the prompt's end: its copy holds the rows before 280 too
+    assert d.counters["rings_restored"] == 2
+    context = np.concatenate([feats[:280], fresh[280:]])
+    d.inject(context[280:302], np.arange(280, 302, dtype=np.int32))
+    check_ring_draft(c, d, 302, context, anchor=9)
+
+    d.inject(context[302:700], np.arange(302, 700, dtype=np.int32))
+    d.truncate(290)  # the copy's rows from 280 on are of the rows rolled back: it is not put back
+    assert d.counters["rings_restored"] == 2
 
 
 # --------------------------------------------------------------------------- #

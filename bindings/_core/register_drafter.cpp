@@ -33,6 +33,7 @@ py::dict counters_dict(const dflash::DrafterCounters & c) {
     d["window_last"] = c.window_last;
     d["swa_first_last"] = c.swa_first_last;
     d["shapes"] = c.shapes;
+    d["rings_restored"] = c.rings_restored;
     d["compute_bytes"] = c.compute_bytes;
     d["draft_threads"] = c.draft_threads;
     return d;
@@ -99,6 +100,13 @@ void register_drafter(py::module_ & m) {
             [](PyDrafter & p, uint32_t n) {
                 Busy busy(p.mu, "this Drafter");
                 p.d->truncate(n);
+            },
+            py::arg("n"))
+        .def(
+            "keep_rings_at",
+            [](PyDrafter & p, uint32_t n) {
+                Busy busy(p.mu, "this Drafter");
+                p.d->keep_rings_at(n);
             },
             py::arg("n"))
         .def("save_cache",

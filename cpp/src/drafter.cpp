@@ -152,7 +152,18 @@ struct Drafter::Impl {
     }
     void ring_written(uint64_t end) {  // positions up to `end` were written
         if (ring != 0 && end > ring) ring_from = (uint32_t)std::max<uint64_t>(ring_from, end - ring);
+        if (rings_mark != 0 && n_cached >= rings_mark) keep_rings();
     }
+    // A copy of the ring layers' K/V (host memory) holding positions [from, end), taken once the rows before
+    // rings_mark (a prompt's end) were written: a rollback to that prompt after a reply longer than the
+    // rings' slack (a regenerated reply, a template that re-renders the last reply) gets their windows back.
+    struct RingsCopy {
+        uint32_t from = 0, end = 0;  // end 0: none
+        std::vector<std::vector<uint8_t>> k, v;
+    } rings_copy;
+    uint32_t rings_mark = 0;  // 0: no copy due
+    void keep_rings();
+    void restore_rings(uint32_t n);        // after a truncation to n rows
     uint32_t ring_held(uint32_t n) const;  // the last positions before n a ring layer holds
     // layer il's K/V of positions [lo, hi) in save_cache's order, as (tensor, byte offset, bytes) runs
     template <typename F>
@@ -932,6 +943,14 @@ void Drafter::truncate(uint32_t n) {
     }
     m.pending.resize((size_t)m.n_pending * m.hp().n_target_features());
     m.ring_from = std::min(m.ring_from, n);  // the rows written from n on are new
+    m.restore_rings(n);
+}
+
+void Drafter::keep_rings_at(uint32_t n) {
+    Impl & m = *impl_;
+    if (m.ring == 0 || n == 0) return;
+    m.rings_mark = n;
+    if (m.n_cached >= n) m.keep_rings();
 }
 
 // K rows are contiguous per position ([width] each); V is stored transposed (positions innermost per
@@ -949,6 +968,42 @@ void Drafter::Impl::each_run(uint32_t il, uint32_t lo, uint32_t hi, F && copy) c
     for (int64_t c = 0; c < kv_width(); ++c) {
         for (const auto & [row, count] : runs) copy(cache_v[il], c * cache_v[il]->nb[1] + row * elem, count * elem);
     }
+}
+
+void Drafter::Impl::keep_rings() {
+    rings_mark = 0;
+    rings_copy.k.resize(hp().n_layer);
+    rings_copy.v.resize(hp().n_layer);
+    for (uint32_t il = 0; il < hp().n_layer; ++il) {
+        if (!in_ring(il)) continue;
+        // whole tensors: one transfer each (V is transposed, so a range of positions would be one per channel)
+        for (auto [t, out] : {std::pair{cache_k[il], &rings_copy.k[il]}, std::pair{cache_v[il], &rings_copy.v[il]}}) {
+            out->resize(ggml_nbytes(t));
+            ggml_backend_tensor_get(t, out->data(), 0, out->size());
+        }
+    }
+    rings_copy.from = ring_from;
+    rings_copy.end = n_cached;
+}
+
+void Drafter::Impl::restore_rings(uint32_t n) {
+    if (rings_mark > n) rings_mark = 0;  // that prompt is gone
+    if (rings_copy.end == 0) return;
+    // where the rings lost rows of n's window and the copy holds every position they still hold before n and
+    // earlier ones: put it back whole (its rows from n on are past the context, rewritten before use)
+    const uint32_t window_from = n > hp().swa_window ? n - hp().swa_window : 0;
+    if (ring_from > window_from && n <= rings_copy.end && rings_copy.from < ring_from) {
+        for (uint32_t il = 0; il < hp().n_layer; ++il) {
+            if (!in_ring(il)) continue;
+            ggml_backend_tensor_set(cache_k[il], rings_copy.k[il].data(), 0, rings_copy.k[il].size());
+            ggml_backend_tensor_set(cache_v[il], rings_copy.v[il].data(), 0, rings_copy.v[il].size());
+        }
+        ring_from = rings_copy.from;
+        ++counters.rings_restored;
+    }
+    // positions from n on will be written again with other rows
+    rings_copy.end = std::min(rings_copy.end, n);
+    if (rings_copy.end <= rings_copy.from) rings_copy.end = 0;
 }
 
 uint32_t Drafter::Impl::ring_held(uint32_t n) const {
@@ -1004,6 +1059,7 @@ void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
     }
     m.n_cached = n;
     m.ring_from = n - (uint32_t)in_ring;
+    m.rings_copy.end = m.rings_mark = 0;  // of another sequence
     m.n_pending = 0;
     m.pending.clear();
 }

@@ -199,6 +199,7 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
         }
         if (split_last || (at_end && target_->keeps_checkpoints() && !target_->recurrent())) target_->checkpoint();
     }
+    drafter_->keep_rings_at(n);       // the drafter's sliding layers, once the prompt's rows reach them
     return all_rows ? chunk - 1 : 0;  // Target::logits(0) is the last row when only it has logits
 }
 

@@ -63,6 +63,7 @@ struct DrafterCounters {
                                   // its first steps (0: still timing, or not on the CPU)
     double setup_ms_last = 0;     // of the last draft step: building / allocating its graph and writing
                                   // pending rows through the inject graph (one-off work, not the step's own cost)
+    uint64_t rings_restored = 0;  // truncations whose ring windows came back from keep_rings_at's copy
 };
 
 // rows of a sliding-window layer's ring cache in a draft cache of n_ctx rows (0: no ring, that layer holds
@@ -107,6 +108,10 @@ public:
     // its window's rows short until new rows take their places (drafts differ, verification keeps the output).
     void truncate(uint32_t n);
     void reset() { truncate(0); }
+    // Keep a copy of the sliding layers' rings once the rows before n are written (a prompt's end, replacing
+    // the copy before): a later truncate to n or fewer rows restores the window rows they have lost since.
+    // Nothing without rings.
+    void keep_rings_at(uint32_t n);
     // The K/V of every context row (pending rows written first; a ring's rows of its last positions), and
     // back: load_cache replaces the cache with n rows of save_cache's bytes (throws when their size is not
     // that of n rows of this drafter).
