@@ -9,7 +9,8 @@ Two random DFlash2 drafters shaped like the published 5-layer ones at 1.7B (hidd
 heads of 128, MLP 6144, block 16), with the same weights: one attends to the whole context in every layer,
 the other slides a window of --window positions in its first 4 layers as z-lab's Qwen3.6 drafters do
 (the DFlash 2 release's is_causal false), its sliding layers' rows in rings of their last positions, and
-the same again with swa_full (every row kept, as llama.cpp's --swa-full). The drafter's attention reads every cached row it attends to,
+the same again with swa_full (every row kept, as llama.cpp's --swa-full); then what the rings' copy at a prompt's
+end costs (taken, and put back by a rollback to it). The drafter's attention reads every cached row it attends to,
 so its cost grows with the context; a sliding layer attends only to the rows its window reaches, and
 keeps only a ring of its last positions' rows (the memory line). Per
 context, both drafters' draft steps of 3 tokens (the short block the loop runs) alternate, so they share
@@ -25,6 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -129,7 +131,33 @@ def main() -> int:
                 f"{n:>8}  " + "  ".join(f"{m:>14.2f}" for m in med) + f"  {med[0] / med[1]:>13.2f}x"
                 f"  {med[1] / med[2]:>14.2f}x"
             )
+        print_rings_copy(drafters[f"window {args.window}"], contexts, args.reps, rng)
     return 0
+
+
+def print_rings_copy(d: Any, contexts: list[int], reps: int, rng: np.random.Generator) -> None:
+    """What the copy of the rings kept at a prompt's end costs: taking it, and putting it back after a reply
+    that wrote over the window (a regenerated reply)."""
+    n, reply = contexts[0], d.ring_rows + 256
+    if d.ring_rows == 0 or n + reply > max(contexts):
+        return
+    feats = rng.standard_normal((n + reply, TAPS * HIDDEN)).astype(np.float32)
+    d.reset()
+    d.inject(feats[:n], np.arange(n, dtype=np.int32))
+    keep, restore = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        d.keep_rings_at(n)
+        keep.append((time.perf_counter() - t0) * 1e3)
+        d.inject(feats[n:], np.arange(n, n + reply, dtype=np.int32))
+        t0 = time.perf_counter()
+        d.truncate(n)
+        restore.append((time.perf_counter() - t0) * 1e3)
+    assert d.counters["rings_restored"] == reps
+    print(
+        f"the rings' copy at a prompt's end ({n} rows, then {reply} more): taken in "
+        f"{statistics.median(keep):.2f} ms, put back in {statistics.median(restore):.2f} ms (medians)"
+    )
 
 
 if __name__ == "__main__":

@@ -172,6 +172,25 @@ def test_greedy_lossless_sliding_window_drafter(ref: GreedyReference, ptoks: lis
     assert s["mean_accepted_length"] > 2.0, s["mean_accepted_length"]
 
 
+def test_regenerated_long_reply_drafts_as_the_first(ptoks: list[list[int]]) -> None:
+    """A reply longer than the sliding drafter's rings' slack, then the same prompt again (a regenerated
+    reply): the rollback to the prompt's end would leave the rings without its window's rows; the copy of
+    them kept at the prompt's end is put back, so the second reply is drafted exactly as the first (the same
+    accepted tokens at every position), not from a window the rollback emptied."""
+    spec = SpeculativeLlama(str(TARGET), str(sliding_drafter_gguf(16)), n_ctx=1024, n_threads=THREADS, n_max=7)
+    assert spec._spec.draft_counters["rings_restored"] == 0
+    no_eos = {t: -float("inf") for t in spec._spec.eog_tokens}
+    prompt = ptoks[3]
+    runs = []
+    for _ in range(2):
+        tokens = list(spec.generate_tokens(prompt, max_tokens=500, logit_bias=no_eos))
+        runs.append((tokens, spec.stats.accepted, spec.stats.steps, spec.stats.per_position_acceptance))
+    assert len(runs[0][0]) == 500
+    assert spec.stats.reused_prompt_tokens == len(prompt) - 1
+    assert spec._spec.draft_counters["rings_restored"] == 1
+    assert runs[1] == runs[0], (runs[0][1:], runs[1][1:])
+
+
 def test_greedy_lossless_random_drafter(
     spec_random: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
 ) -> None:

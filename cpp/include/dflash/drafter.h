@@ -105,7 +105,8 @@ public:
     void inject(const float * features, const int32_t * positions, uint32_t n);
     // Rollback: keep the first n context rows. A sliding layer's ring keeps the rows of its last ring_rows()
     // positions written, so going back further than about ring_rows() - swa_window leaves that layer some of
-    // its window's rows short until new rows take their places (drafts differ, verification keeps the output).
+    // its window's rows short until new rows take their places (drafts differ, verification keeps the output),
+    // unless keep_rings_at's copy holds them.
     void truncate(uint32_t n);
     void reset() { truncate(0); }
     // Keep a copy of the sliding layers' rings once the rows before n are written (a prompt's end, replacing
