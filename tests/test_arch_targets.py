@@ -227,6 +227,39 @@ def test_generate_passes_swa_full_to_the_target() -> None:
     assert text == text_full and text.startswith(PROMPTS[0])
 
 
+def test_bench_passes_swa_full_to_both_systems(tmp_path: Path) -> None:
+    """`dflash bench --swa-full` hands llama-server its --swa-full and ours' target keeps every position in
+    its sliding layers (so it keeps no prompt checkpoints); without it ours keeps a window and checkpoints."""
+    import json
+
+    from dflash_gguf.bench import BenchOptions
+    from dflash_gguf.bench.three_way import _make_llm
+
+    arch_ = SLIDING[0]
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"text": PROMPTS[0]}) + "\n")
+    out = tmp_path / "bench.json"
+    cmd = [
+        sys.executable, "-m", "dflash_gguf.cli", "bench", "--target", str(target_gguf(arch_)),
+        "--draft", str(drafter_for(arch_)), "--prompts", str(prompts), "--systems", "ar,ours", "-n", "4",
+        "-t", "1", "-c", "1024", "--n-max", "3", "--no-progress", "--swa-full", "--json", str(out),
+    ]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["swa_full"] is True and "--swa-full" in meta["server_args"], meta
+
+    checkpoints = []
+    for swa_full in (False, True):
+        opts = BenchOptions(
+            str(target_gguf(arch_)), str(drafter_for(arch_)), str(prompts), n_ctx=1024, swa_full=swa_full
+        )
+        llm = _make_llm(opts, 3, None, 1)
+        list(llm.generate_tokens(llm.tokenize(PROMPTS[0].encode(), add_bos=False), max_tokens=4))
+        checkpoints.append(llm._spec.rollback_counters["checkpoints"])
+    assert checkpoints == [1, 0], checkpoints
+
+
 @pytest.mark.parametrize("arch_", [a for a in SUPPORTED if "moe" in a or a == "gpt-oss"])
 def test_quantized_experts_go_to_the_repacked_layout(arch_: str, tmp_path: Path) -> None:
     """repack="no-amx" (the default for a quantized target on a CPU with AMX) on a MoE at Q4_0: the routed

@@ -538,6 +538,12 @@ def serve(
 @click.option("--server-arg", "server_args", multiple=True, help="Extra llama-server argument (repeatable).")
 @_options(_PLACEMENT_OPTIONS)
 @click.option(
+    "--swa-full",
+    is_flag=True,
+    help="Sliding-window layers keep every position, for ours and llama-server alike (its --swa-full); "
+    "default: a window, as llama-server's default (not with --scale, whose targets have none).",
+)
+@click.option(
     "--draft-vocab",
     help="Ours' drafting vocabularies: a comma list of `dflash draft-vocab` files, none = the whole vocabulary "
     "(e.g. none,V.json); each runs at every --n-max, side by side (not with --scale).",
@@ -573,6 +579,7 @@ def bench(
     override_tensor: tuple[str, ...],
     cpu_moe: bool,
     n_cpu_moe: int,
+    swa_full: bool,
     draft_vocab: str | None,
     no_progress: bool,
 ) -> None:
@@ -592,6 +599,7 @@ def bench(
                 ("--prompts", prompts),
                 ("--plot", plot_out),
                 ("--draft-vocab", draft_vocab),
+                ("--swa-full", swa_full),
             )
             if v
         ]
@@ -642,6 +650,7 @@ def bench(
             override_tensor=list(override_tensor),
             cpu_moe=cpu_moe,
             n_cpu_moe=n_cpu_moe,
+            swa_full=swa_full,
             draft_vocab=parse_draft_vocab(draft_vocab),
             progress=not no_progress,
         )

@@ -129,6 +129,8 @@ class BenchOptions:
     override_tensor: list[str] = field(default_factory=list)
     cpu_moe: bool = False
     n_cpu_moe: int = 0
+    # sliding-window layers keep every position, for ours and llama-server alike (llama-server's --swa-full)
+    swa_full: bool = False
     # ours' drafting vocabularies (draft_vocab.py), each run at every n_max; None: the whole vocabulary
     draft_vocab: list[str | None] = field(default_factory=lambda: [None])
     progress: bool = True

@@ -123,6 +123,7 @@ def _make_llm(o: BenchOptions, n_max: NMax, draft_vocab: str | None, threads: in
         override_tensor=o.override_tensor,
         cpu_moe=o.cpu_moe,
         n_cpu_moe=o.n_cpu_moe,
+        swa_full=o.swa_full,
         draft_vocab=draft_vocab,
     )  # type: ignore[arg-type]
 
@@ -153,7 +154,8 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
     prompts = load_prompts(o.prompts, o.limit)
 
     server_bin: Path | None = None
-    server_extra = placement_flags(o.override_tensor, o.cpu_moe, o.n_cpu_moe) + list(o.server_args)
+    server_extra = placement_flags(o.override_tensor, o.cpu_moe, o.n_cpu_moe) + ["--swa-full"] * o.swa_full
+    server_extra += o.server_args
     notes: list[str] = []
     if any(s.startswith("upstream") for s in systems):
         server_bin = find_server_binary(o.server_binary)
@@ -202,6 +204,7 @@ def run_bench(o: BenchOptions, log: Callable[[str], None] = lambda s: print(s, f
             "override_tensor": o.override_tensor,
             "cpu_moe": o.cpu_moe,
             "n_cpu_moe": o.n_cpu_moe,
+            "swa_full": o.swa_full,
             "draft_vocab": [str(v) if v else None for v in o.draft_vocab],
             "host": platform.node(),
             "machine": platform.machine(),
