@@ -132,7 +132,8 @@ def test_attention_variants_and_gelu(tmp_path):
     total = (128 * s["context_length"] + 2 * rows * 128) / 2**20
     assert (
         f"draft cache     0.12 KiB per context row (K and V in F16) + a ring of {rows} rows per sliding layer "
-        f"(0.20 MiB): {total:.2f} MiB for {s['context_length']} rows" in r.stdout
+        f"(0.20 MiB): {total:.2f} MiB for {s['context_length']} rows\n"
+        "                and a copy of the rings (0.20 MiB) in host memory, of a prompt's end" in r.stdout
     )
     assert s["hidden_activation"] == "gelu_pytorch_tanh"
     assert s["causal_layers"] == [True, True, False]
