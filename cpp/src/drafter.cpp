@@ -1186,7 +1186,11 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     if (m.on_cpu()) m.counters.draft_threads = v.threads->chosen();
     v.out.download();
     m.n_cached = ctx_end;
+    const auto t_rings = std::chrono::steady_clock::now();
     m.ring_written(ctx_end + R);  // the block's rows went to the ring rows of positions ctx_end..ctx_end + R - 1
+    // a copy of the rings it may take (a prompt's end) is one-off work too
+    m.counters.setup_ms_last +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_rings).count();
     m.n_pending = 0;
     m.pending.clear();
 

@@ -61,8 +61,9 @@ struct DrafterCounters {
     size_t compute_bytes = 0;     // compute buffers of the inject graph and the shapes held (all backends)
     int draft_threads = 0;        // CPU threads of the last draft step's graph, picked per graph shape by timing
                                   // its first steps (0: still timing, or not on the CPU)
-    double setup_ms_last = 0;     // of the last draft step: building / allocating its graph and writing
-                                  // pending rows through the inject graph (one-off work, not the step's own cost)
+    double setup_ms_last = 0;     // of the last draft step: building / allocating its graph, writing pending
+                                  // rows through the inject graph, copying the rings at a prompt's end (one-off
+                                  // work, not the step's own cost)
     uint64_t rings_restored = 0;  // truncations whose ring windows came back from keep_rings_at's copy
 };
 
