@@ -588,6 +588,26 @@ def test_sliding_layers_rings_restore_a_prompt(work: Path, target: tuple[Path, d
     assert d.counters["rings_restored"] == 2
 
 
+def test_sliding_layers_rings_restore_an_earlier_prompt(work: Path, target: tuple[Path, dict[str, np.ndarray]]) -> None:
+    """A rollback to the end of the prompt two turns back (an edited earlier message): of the copies kept at
+    the last three prompts' ends, the one reaching furthest back is put back; the latest alone (positions
+    from 480 on) or the one before (from 180 on) would leave the window before 100 empty."""
+    c = Case(work, target, 2, 8, name="swa_causal_layers", **DRAFTER_VARIANTS["swa_causal_layers"][0])
+    d = c.drafter("f32", n_ctx=1024)
+    feats, fresh = features(1000, c.width, 4020), features(1000, c.width, 4021)
+    done = 0
+    for end in (100, 500, 800, 1000):
+        d.inject(feats[done:end], np.arange(done, end, dtype=np.int32))
+        if end < 1000:  # a prompt's end; the last rows are a reply
+            d.keep_rings_at(end)
+        done = end
+    d.truncate(100)
+    assert d.counters["rings_restored"] == 1
+    context = np.concatenate([feats[:100], fresh[100:]])
+    d.inject(context[100:102], np.arange(100, 102, dtype=np.int32))
+    check_ring_draft(c, d, 102, context, anchor=11)
+
+
 # --------------------------------------------------------------------------- #
 # quantized weights
 # --------------------------------------------------------------------------- #

@@ -133,7 +133,8 @@ def test_attention_variants_and_gelu(tmp_path):
     assert (
         f"draft cache     0.12 KiB per context row (K and V in F16) + a ring of {rows} rows per sliding layer "
         f"(0.20 MiB): {total:.2f} MiB for {s['context_length']} rows\n"
-        "                and a copy of the rings (0.20 MiB) in host memory, of a prompt's end" in r.stdout
+        "                and up to 3 copies of the rings (0.20 MiB each) in host memory, of the last prompts' ends"
+        in r.stdout
     )
     assert s["hidden_activation"] == "gelu_pytorch_tanh"
     assert s["causal_layers"] == [True, True, False]

@@ -118,8 +118,9 @@ def format_text(s: dict[str, Any]) -> str:
     lines.append(
         f"draft cache     {row / 1024:.2f} KiB per context row (K and V in F16){rings}: {_mib(total)} for {ctx} rows"
     )
-    if ring:  # Drafter.keep_rings_at: the decoders keep one, so that a rollback to a prompt's end gets them back
+    if ring:  # Drafter.keep_rings_at: so that a rollback to one of the last prompts' ends gets them back
         lines.append(
-            f"                and a copy of the rings ({_mib(ring['bytes'])}) in host memory, of a prompt's end"
+            f"                and up to 3 copies of the rings ({_mib(ring['bytes'])} each) in host memory,"
+            " of the last prompts' ends"
         )
     return "\n".join(lines)

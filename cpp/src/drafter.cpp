@@ -154,14 +154,17 @@ struct Drafter::Impl {
         if (ring != 0 && end > ring) ring_from = (uint32_t)std::max<uint64_t>(ring_from, end - ring);
         if (rings_mark != 0 && n_cached >= rings_mark) keep_rings();
     }
-    // A copy of the ring layers' K/V (host memory) holding positions [from, end), taken once the rows before
-    // rings_mark (a prompt's end) were written: a rollback to that prompt after a reply longer than the
-    // rings' slack (a regenerated reply, a template that re-renders the last reply) gets their windows back.
+    // Copies of the ring layers' K/V (host memory) holding positions [from, end), taken once the rows before
+    // rings_mark (a prompt's end) were written: a rollback to one of the last prompts after a reply longer
+    // than the rings' slack (a regenerated reply, a template that re-renders the last reply, an edited
+    // earlier turn) gets their windows back. As many as the target keeps prompt checkpoints.
     struct RingsCopy {
-        uint32_t from = 0, end = 0;  // end 0: none
+        uint32_t from = 0, end = 0;
         std::vector<std::vector<uint8_t>> k, v;
-    } rings_copy;
-    uint32_t rings_mark = 0;  // 0: no copy due
+    };
+    static constexpr size_t kMaxRingsCopies = 3;
+    std::vector<RingsCopy> rings_copies;  // oldest first
+    uint32_t rings_mark = 0;              // 0: no copy due
     void keep_rings();
     void restore_rings(uint32_t n);        // after a truncation to n rows
     uint32_t ring_held(uint32_t n) const;  // the last positions before n a ring layer holds
@@ -972,38 +975,56 @@ void Drafter::Impl::each_run(uint32_t il, uint32_t lo, uint32_t hi, F && copy) c
 
 void Drafter::Impl::keep_rings() {
     rings_mark = 0;
-    rings_copy.k.resize(hp().n_layer);
-    rings_copy.v.resize(hp().n_layer);
+    RingsCopy c;
+    // the copy it replaces lends its buffers: one of the same prompt's end or later (rows since rolled back),
+    // else the oldest once there are as many as kept
+    auto old = std::find_if(rings_copies.begin(), rings_copies.end(),
+                            [this](const RingsCopy & k) { return k.end >= n_cached; });
+    if (old == rings_copies.end() && rings_copies.size() >= kMaxRingsCopies) old = rings_copies.begin();
+    if (old != rings_copies.end()) {
+        c = std::move(*old);
+        rings_copies.erase(old);
+    }
+    c.k.resize(hp().n_layer);
+    c.v.resize(hp().n_layer);
     for (uint32_t il = 0; il < hp().n_layer; ++il) {
         if (!in_ring(il)) continue;
         // whole tensors: one transfer each (V is transposed, so a range of positions would be one per channel)
-        for (auto [t, out] : {std::pair{cache_k[il], &rings_copy.k[il]}, std::pair{cache_v[il], &rings_copy.v[il]}}) {
+        for (auto [t, out] : {std::pair{cache_k[il], &c.k[il]}, std::pair{cache_v[il], &c.v[il]}}) {
             out->resize(ggml_nbytes(t));
             ggml_backend_tensor_get(t, out->data(), 0, out->size());
         }
     }
-    rings_copy.from = ring_from;
-    rings_copy.end = n_cached;
+    c.from = ring_from;
+    c.end = n_cached;
+    rings_copies.push_back(std::move(c));
 }
 
 void Drafter::Impl::restore_rings(uint32_t n) {
     if (rings_mark > n) rings_mark = 0;  // that prompt is gone
-    if (rings_copy.end == 0) return;
-    // where the rings lost rows of n's window and the copy holds every position they still hold before n and
-    // earlier ones: put it back whole (its rows from n on are past the context, rewritten before use)
+    // where the rings lost rows of n's window: the copy reaching furthest back among those that hold every
+    // position before n from their first on (a copy's end is clipped at each rollback, so one ending at or
+    // after n holds the context's rows; its rows from n on are past it, rewritten before use) and earlier
+    // ones than the rings do
     const uint32_t window_from = n > hp().swa_window ? n - hp().swa_window : 0;
-    if (ring_from > window_from && n <= rings_copy.end && rings_copy.from < ring_from) {
+    const RingsCopy * best = nullptr;
+    for (const RingsCopy & c : rings_copies) {
+        if (n <= c.end && c.from < ring_from && (!best || c.from < best->from)) best = &c;
+    }
+    if (best && ring_from > window_from) {
         for (uint32_t il = 0; il < hp().n_layer; ++il) {
             if (!in_ring(il)) continue;
-            ggml_backend_tensor_set(cache_k[il], rings_copy.k[il].data(), 0, rings_copy.k[il].size());
-            ggml_backend_tensor_set(cache_v[il], rings_copy.v[il].data(), 0, rings_copy.v[il].size());
+            ggml_backend_tensor_set(cache_k[il], best->k[il].data(), 0, best->k[il].size());
+            ggml_backend_tensor_set(cache_v[il], best->v[il].data(), 0, best->v[il].size());
         }
-        ring_from = rings_copy.from;
+        ring_from = best->from;
         ++counters.rings_restored;
     }
     // positions from n on will be written again with other rows
-    rings_copy.end = std::min(rings_copy.end, n);
-    if (rings_copy.end <= rings_copy.from) rings_copy.end = 0;
+    for (RingsCopy & c : rings_copies) c.end = std::min(c.end, n);
+    rings_copies.erase(
+        std::remove_if(rings_copies.begin(), rings_copies.end(), [](const RingsCopy & c) { return c.end <= c.from; }),
+        rings_copies.end());
 }
 
 uint32_t Drafter::Impl::ring_held(uint32_t n) const {
@@ -1059,7 +1080,8 @@ void Drafter::load_cache(const std::vector<uint8_t> & bytes, uint32_t n) {
     }
     m.n_cached = n;
     m.ring_from = n - (uint32_t)in_ring;
-    m.rings_copy.end = m.rings_mark = 0;  // of another sequence
+    m.rings_copies.clear();  // of another sequence
+    m.rings_mark = 0;
     m.n_pending = 0;
     m.pending.clear();
 }

@@ -64,7 +64,7 @@ struct DrafterCounters {
     double setup_ms_last = 0;     // of the last draft step: building / allocating its graph, writing pending
                                   // rows through the inject graph, copying the rings at a prompt's end (one-off
                                   // work, not the step's own cost)
-    uint64_t rings_restored = 0;  // truncations whose ring windows came back from keep_rings_at's copy
+    uint64_t rings_restored = 0;  // truncations whose ring windows came back from a keep_rings_at copy
 };
 
 // rows of a sliding-window layer's ring cache in a draft cache of n_ctx rows (0: no ring, that layer holds
@@ -107,12 +107,12 @@ public:
     // Rollback: keep the first n context rows. A sliding layer's ring keeps the rows of its last ring_rows()
     // positions written, so going back further than about ring_rows() - swa_window leaves that layer some of
     // its window's rows short until new rows take their places (drafts differ, verification keeps the output),
-    // unless keep_rings_at's copy holds them.
+    // unless one of keep_rings_at's copies holds them.
     void truncate(uint32_t n);
     void reset() { truncate(0); }
-    // Keep a copy of the sliding layers' rings once the rows before n are written (a prompt's end, replacing
-    // the copy before): a later truncate to n or fewer rows restores the window rows they have lost since.
-    // Nothing without rings.
+    // Keep a copy of the sliding layers' rings once the rows before n are written (a prompt's end; the last 3
+    // are kept, as the target keeps prompt checkpoints): a later truncate to n or fewer rows restores the
+    // window rows they have lost since. Nothing without rings.
     void keep_rings_at(uint32_t n);
     // The K/V of every context row (pending rows written first; a ring's rows of its last positions), and
     // back: load_cache replaces the cache with n rows of save_cache's bytes (throws when their size is not
