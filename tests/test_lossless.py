@@ -191,6 +191,27 @@ def test_regenerated_long_reply_drafts_as_the_first(ptoks: list[list[int]]) -> N
     assert runs[1] == runs[0], (runs[0][1:], runs[1][1:])
 
 
+def test_earlier_turn_regenerated_drafts_as_the_first(ptoks: list[list[int]]) -> None:
+    """A chat's first turn, a second turn on top of it, then the first turn's reply regenerated: the rollback
+    goes back past the second prompt's end to the first's, and the copy of the rings kept there (not
+    replaced by the second prompt's) is put back, so the regenerated reply drafts exactly as the first."""
+    spec = SpeculativeLlama(str(TARGET), str(sliding_drafter_gguf(16)), n_ctx=1024, n_threads=THREADS, n_max=7)
+    no_eos = {t: -float("inf") for t in spec._spec.eog_tokens}
+    first = ptoks[3]
+
+    def reply(prompt: list[int]) -> tuple[list[int], int, int, list[float]]:
+        tokens = list(spec.generate_tokens(prompt, max_tokens=300, logit_bias=no_eos))
+        return tokens, spec.stats.accepted, spec.stats.steps, spec.stats.per_position_acceptance
+
+    turn1 = reply(first)
+    reply(first + turn1[0] + ptoks[5])
+    assert spec._spec.draft_counters["rings_restored"] == 0
+    again = reply(first)
+    assert spec.stats.reused_prompt_tokens == len(first) - 1
+    assert spec._spec.draft_counters["rings_restored"] == 1
+    assert again == turn1, (turn1[1:], again[1:])
+
+
 def test_greedy_lossless_random_drafter(
     spec_random: SpeculativeLlama, ref: GreedyReference, ptoks: list[list[int]]
 ) -> None:
