@@ -20,6 +20,7 @@ from tinycode import (  # noqa: E402
     ROOT,
     TARGET,
     GreedyReference,
+    _sliding_drafter_dir,
     _workdir,
     compare_greedy,
     convert,
@@ -111,3 +112,34 @@ def test_our_loop_on_the_hybrid_is_lossless_and_accepts_as_on_tinycode(
     assert abs(acc_hybrid - acc_dense) <= 0.05 * acc_dense, (acc_hybrid, acc_dense)
     kind = "restored" if adopted else "snapshot"
     assert spec._spec.rollback_counters[kind] > 0
+
+
+def test_a_conversation_sharing_a_system_prompt_drafts_as_in_a_fresh_process(
+    hybrid_target: Path, ptoks: list[list[int]]
+) -> None:
+    """A drafter with sliding layers (window 64, rings of 384 rows) on the hybrid: a first conversation whose
+    prompt outgrows the rings, then one that shares only its system prompt. The recurrent target has no
+    checkpoint before that prompt's end and re-decodes it from the start; the drafter's rings (and their
+    copy at the first prompt's end) no longer hold its rows. The shared part goes through prefill, so the
+    drafter gets them too: the reply drafts exactly as in a fresh process."""
+    drafter = convert(
+        _sliding_drafter_dir(64, HYBRID / "drafter-dflash2"), hybrid_target, _workdir() / "hybrid-sliding.gguf", "f32"
+    )
+
+    def make() -> SpeculativeLlama:
+        return SpeculativeLlama(str(hybrid_target), str(drafter), n_ctx=1024, n_threads=1, n_max=7)
+
+    def reply(spec: SpeculativeLlama, prompt: list[int], n: int) -> tuple[list[int], int, int, list[float]]:
+        no_eos = {t: -float("inf") for t in spec._spec.eog_tokens}
+        tokens = list(spec.generate_tokens(prompt, max_tokens=n, logit_bias=no_eos))
+        return tokens, spec.stats.accepted, spec.stats.steps, spec.stats.per_position_acceptance
+
+    system, second = ptoks[3], ptoks[3] + ptoks[5][1:7]
+    first = system + [t for p in ptoks[4:] for t in p[1:]]
+    assert len(first) > len(system) + 384, len(first)
+    spec = make()
+    reply(spec, first, 32)
+    again = reply(spec, second, 64)
+    assert spec.stats.reused_prompt_tokens == 0  # the target re-decodes the system prompt: as prompt
+    assert spec._spec.draft_counters["rings_restored"] == 0
+    assert again == reply(make(), second, 64)

@@ -207,10 +207,11 @@ def sliding_drafter_gguf(window: int = 16, outtype: str = "f32") -> Path:
 
 
 @functools.cache
-def _sliding_drafter_dir(window: int) -> Path:
-    src = _workdir() / f"sliding-drafter-{window}"
+def _sliding_drafter_dir(window: int, drafter_dir: Path = DRAFTER_DIR) -> Path:
+    """drafter_dir's checkpoint configured as sliding_drafter_gguf describes."""
+    src = _workdir() / f"sliding-{drafter_dir.parent.name}-{window}"
     src.mkdir()
-    cfg = json.loads((DRAFTER_DIR / "config.json").read_text())
+    cfg = json.loads((drafter_dir / "config.json").read_text())
     n = cfg["num_hidden_layers"]
     cfg |= {
         "use_sliding_window": True,
@@ -218,7 +219,7 @@ def _sliding_drafter_dir(window: int) -> Path:
         "layer_types": ["sliding_attention"] * (n - 1) + ["full_attention"],
     }
     (src / "config.json").write_text(json.dumps(cfg))
-    (src / "model.safetensors").symlink_to(DRAFTER_DIR / "model.safetensors")
+    (src / "model.safetensors").symlink_to(drafter_dir / "model.safetensors")
     return src
 
 

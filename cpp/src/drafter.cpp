@@ -949,6 +949,12 @@ void Drafter::truncate(uint32_t n) {
     m.restore_rings(n);
 }
 
+bool Drafter::holds_window() const {
+    const Impl & m = *impl_;
+    const uint32_t n = m.n_cached;
+    return m.ring == 0 || m.ring_from <= (n > m.hp().swa_window ? n - m.hp().swa_window : 0);
+}
+
 void Drafter::keep_rings_at(uint32_t n) {
     Impl & m = *impl_;
     if (m.ring == 0 || n == 0) return;

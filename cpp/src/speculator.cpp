@@ -157,6 +157,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     while (reuse < committed_.size() && reuse < prompt.size() && committed_[reuse] == prompt[reuse]) ++reuse;
     reuse = params.prompt_logprobs ? 0 : std::min(reuse, prompt.size() - 1);
     const auto t0 = std::chrono::steady_clock::now();
+    reuse = prefix_to_keep(reuse);
     keep_prefix(reuse);
 
     const uint32_t last_row = prefill(prompt, (uint32_t)reuse);
@@ -201,6 +202,16 @@ uint32_t Speculator::prefill(const std::vector<int32_t> & prompt, uint32_t from)
     }
     drafter_->keep_rings_at(n);       // the drafter's sliding layers, once the prompt's rows reach them
     return all_rows ? chunk - 1 : 0;  // Target::logits(0) is the last row when only it has logits
+}
+
+size_t Speculator::prefix_to_keep(size_t n) {
+    // where the drafter's sliding layers lost rows of the window before n (a new conversation sharing a
+    // system prompt, an edit further back than the rings' copies) and the target re-decodes part of the
+    // prefix anyway (a recurrent state or sliding-window layers from a checkpoint or from the start): that
+    // part goes through prefill instead, so that its rows reach the drafter too
+    if (n >= drafter_->n_cached()) return n;
+    drafter_->truncate((uint32_t)n);  // puts a copy of the rings back where one holds the window
+    return drafter_->holds_window() ? n : (size_t)target_->replay_from((int32_t)n);
 }
 
 void Speculator::keep_prefix(size_t n) {

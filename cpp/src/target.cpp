@@ -349,8 +349,7 @@ void Target::roll_back(int32_t p) {
         clear();
         return;
     }
-    if (memory_ == TargetMemory::Attention ||
-        (memory_ == TargetMemory::SlidingWindow && holds_window(llama_memory_seq_pos_min(mem, 0), p))) {
+    if (rolls_back_in_place(p)) {
         if (!llama_memory_seq_rm(mem, 0, p, -1)) {
             throw Error("target KV cache rollback to position " + std::to_string(p) + " failed");
         }
@@ -360,20 +359,12 @@ void Target::roll_back(int32_t p) {
     // libllama's snapshots hold the states after each token of our latest decode call alone, and it takes
     // one rollback per call; removing all of that call's tokens (or tokens of earlier calls) gives wrong
     // states while seq_rm still says yes, so those go through a checkpoint
-    if (memory_ == TargetMemory::RecurrentSnapshots && !rolled_back_ && last_chunk_p0_ >= 0 && p > last_chunk_p0_ &&
-        (uint32_t)(end - p) <= n_rs_seq() && llama_memory_seq_rm(mem, 0, p, -1)) {
+    if (snapshot_holds(p, end) && llama_memory_seq_rm(mem, 0, p, -1)) {
         rolled_back_ = true;
         rollback_.snapshot++;
         return;
     }
-    // the checkpoint that leaves the fewest tokens to re-decode: one at or before p, or for sliding-window
-    // layers one after p that still holds the window before p (a prompt's end, when that prompt comes again)
-    const Checkpoint * from = nullptr;
-    const auto to_replay = [p](const Checkpoint & c) { return std::max(0, p - c.pos); };
-    for (const Checkpoint & c : checkpoints_) {
-        if (c.pos > p && !(memory_ == TargetMemory::SlidingWindow && holds_window(c.pos_min, p))) continue;
-        if (!from || to_replay(c) < to_replay(*from)) from = &c;
-    }
+    const Checkpoint * from = checkpoint_for(p);
     if ((int32_t)tokens_.size() < p && (!from || from->pos < p)) {
         throw Error("target rollback to position " + std::to_string(p) + ": its " +
                     (memory_ == TargetMemory::SlidingWindow ? "sliding-window layers no longer hold the window"
@@ -395,6 +386,36 @@ void Target::roll_back(int32_t p) {
         llama_memory_clear(mem, true);
     }
     replay(from ? std::min(from->pos, p) : 0, p);
+}
+
+bool Target::rolls_back_in_place(int32_t p) const {
+    return memory_ == TargetMemory::Attention || (memory_ == TargetMemory::SlidingWindow &&
+                                                  holds_window(llama_memory_seq_pos_min(llama_get_memory(ctx_), 0), p));
+}
+
+const Target::Checkpoint * Target::checkpoint_for(int32_t p) const {
+    // the one that leaves the fewest tokens to re-decode: one at or before p, or for sliding-window layers
+    // one after p that still holds the window before p (a prompt's end, when that prompt comes again)
+    const Checkpoint * from = nullptr;
+    const auto to_replay = [p](const Checkpoint & c) { return std::max(0, p - c.pos); };
+    for (const Checkpoint & c : checkpoints_) {
+        if (c.pos > p && !(memory_ == TargetMemory::SlidingWindow && holds_window(c.pos_min, p))) continue;
+        if (!from || to_replay(c) < to_replay(*from)) from = &c;
+    }
+    return from;
+}
+
+bool Target::snapshot_holds(int32_t p, int32_t end) const {
+    return memory_ == TargetMemory::RecurrentSnapshots && !rolled_back_ && last_chunk_p0_ >= 0 && p > last_chunk_p0_ &&
+           (uint32_t)(end - p) <= n_rs_seq();
+}
+
+int32_t Target::replay_from(int32_t p) const {
+    p = std::max(p, 0);
+    const int32_t end = (int32_t)seq_len();
+    if (p >= end || rolls_back_in_place(p) || snapshot_holds(p, end)) return p;
+    const Checkpoint * from = checkpoint_for(p);
+    return from ? std::min(from->pos, p) : 0;
 }
 
 bool Target::holds_window(int32_t pos_min, int32_t p) const {

@@ -110,6 +110,8 @@ public:
     // unless one of keep_rings_at's copies holds them.
     void truncate(uint32_t n);
     void reset() { truncate(0); }
+    // whether the sliding layers hold every row of the window before n_cached() (true without rings)
+    bool holds_window() const;
     // Keep a copy of the sliding layers' rings once the rows before n are written (a prompt's end; the last 3
     // are kept, as the target keeps prompt checkpoints): a later truncate to n or fewer rows restores the
     // window rows they have lost since. Nothing without rings.

@@ -116,6 +116,7 @@ private:
     void flush_features();
     // truncates the target, the draft cache and the pending features to committed_[0..n)
     void keep_prefix(size_t n);
+    size_t prefix_to_keep(size_t n);  // n, or less where the target would re-decode tokens the drafter needs
     // q for drafted row `row` (0-based) given the index of its predecessor in the previous row's candidates
     SparseDist draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const;
     // the target's logits as the sampler sees them after the window's tokens (valid until the next call)

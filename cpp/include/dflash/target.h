@@ -99,6 +99,8 @@ public:
     // checkpoint at or before p with the tokens after it re-decoded (without touching features() or the
     // shape record). Throws when the tokens to re-decode are not known (decoded by someone else).
     void truncate(int32_t p);
+    // Where a truncate(p) would start re-decoding the kept tokens (p: it need not).
+    int32_t replay_from(int32_t p) const;
     void clear();
     // Before a decode whose last n_tokens may be dropped again: for a recurrent target that cannot roll
     // them back itself, keep a checkpoint of the sequence as it is (replacing the previous such one).
@@ -155,6 +157,9 @@ private:
     // whether sliding-window layers whose oldest position is pos_min hold every position a token at p
     // attends to (seq_rm to p then leaves the sequence decodable)
     bool holds_window(int32_t pos_min, int32_t p) const;
+    bool rolls_back_in_place(int32_t p) const;  // by seq_rm alone (attention, a sliding window it holds)
+    // whether libllama's snapshots hold the state at p: within our latest decode call, once per call
+    bool snapshot_holds(int32_t p, int32_t end) const;
 
     struct Checkpoint {
         int32_t pos = 0;      // the state holds positions 0..pos-1
@@ -163,6 +168,7 @@ private:
         std::vector<uint8_t> bytes;
     };
     void save_checkpoint(Checkpoint c);  // of the sequence as it is now, into c.bytes (reusing its capacity)
+    const Checkpoint * checkpoint_for(int32_t p) const;  // the one a rollback to p restores; null: none
 
     llama_model * model_ = nullptr;
     std::shared_ptr<llama_model> shared_model_;  // model_ when loaded here (null when adopted)
