@@ -1008,10 +1008,8 @@ void Drafter::Impl::keep_rings() {
 
 void Drafter::Impl::restore_rings(uint32_t n) {
     if (rings_mark > n) rings_mark = 0;  // that prompt is gone
-    // where the rings lost rows of n's window: the copy reaching furthest back among those that hold every
-    // position before n from their first on (a copy's end is clipped at each rollback, so one ending at or
-    // after n holds the context's rows; its rows from n on are past it, rewritten before use) and earlier
-    // ones than the rings do
+    // where the rings lost rows of n's window: the copy reaching furthest back among those that hold the
+    // context's rows up to n (a rollback clips every copy's end; rows from n on are rewritten before use)
     const uint32_t window_from = n > hp().swa_window ? n - hp().swa_window : 0;
     const RingsCopy * best = nullptr;
     for (const RingsCopy & c : rings_copies) {
