@@ -20,13 +20,13 @@ from tinycode import (  # noqa: E402
     ROOT,
     TARGET,
     GreedyReference,
-    _sliding_drafter_dir,
     _workdir,
     compare_greedy,
     convert,
     drafter_gguf,
     prompts,
     record,
+    sliding_drafter_gguf,
 )
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
@@ -122,9 +122,7 @@ def test_a_conversation_sharing_a_system_prompt_drafts_as_in_a_fresh_process(
     checkpoint before that prompt's end and re-decodes it from the start; the drafter's rings (and their
     copy at the first prompt's end) no longer hold its rows. The shared part goes through prefill, so the
     drafter gets them too: the reply drafts exactly as in a fresh process."""
-    drafter = convert(
-        _sliding_drafter_dir(64, HYBRID / "drafter-dflash2"), hybrid_target, _workdir() / "hybrid-sliding.gguf", "f32"
-    )
+    drafter = sliding_drafter_gguf(64, "f32", HYBRID / "drafter-dflash2", hybrid_target)
 
     def make() -> SpeculativeLlama:
         return SpeculativeLlama(str(hybrid_target), str(drafter), n_ctx=1024, n_threads=1, n_max=7)

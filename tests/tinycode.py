@@ -198,17 +198,18 @@ def drafter_gguf(outtype: str = "f32") -> Path:
 
 
 @functools.cache
-def sliding_drafter_gguf(window: int = 16, outtype: str = "f32") -> Path:
-    """The bundled trained drafter's weights configured as z-lab's Qwen3.6 drafters are: every layer but the
-    last slides over `window` positions and is causal. Trained without either, it drafts worse, not uselessly."""
-    return convert(
-        _sliding_drafter_dir(window), TARGET, _workdir() / f"sliding-drafter-{window}-{outtype}.gguf", outtype
-    )
+def sliding_drafter_gguf(
+    window: int = 16, outtype: str = "f32", drafter_dir: Path = DRAFTER_DIR, target: Path = TARGET
+) -> Path:
+    """The trained drafter's weights (the bundled pair's, or drafter_dir's for `target`) configured as z-lab's
+    Qwen3.6 drafters are: every layer but the last slides over `window` positions and is causal. Trained
+    without either, it drafts worse, not uselessly."""
+    name = f"sliding-{drafter_dir.parent.name}-{window}"
+    return convert(_sliding_drafter_dir(window, drafter_dir), target, _workdir() / f"{name}-{outtype}.gguf", outtype)
 
 
 @functools.cache
-def _sliding_drafter_dir(window: int, drafter_dir: Path = DRAFTER_DIR) -> Path:
-    """drafter_dir's checkpoint configured as sliding_drafter_gguf describes."""
+def _sliding_drafter_dir(window: int, drafter_dir: Path) -> Path:
     src = _workdir() / f"sliding-{drafter_dir.parent.name}-{window}"
     src.mkdir()
     cfg = json.loads((drafter_dir / "config.json").read_text())
