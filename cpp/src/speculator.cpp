@@ -158,6 +158,9 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     reuse = params.prompt_logprobs ? 0 : std::min(reuse, prompt.size() - 1);
     const auto t0 = std::chrono::steady_clock::now();
     reuse = prefix_to_keep(reuse);
+    // what is not decoded again: a target that goes back through a checkpoint re-decodes the tokens after it
+    // (llama-server's cache_n counts the same)
+    const uint32_t kept = (uint32_t)target_->replay_from((int32_t)reuse);
     keep_prefix(reuse);
 
     const uint32_t last_row = prefill(prompt, (uint32_t)reuse);
@@ -171,7 +174,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     anchor_ = first;
     stats_.prefill_ms = ms_since(t0);
     stats_.prompt_tokens = (uint32_t)prompt.size();
-    stats_.reused_tokens = (uint32_t)reuse;
+    stats_.reused_tokens = kept;
     return anchor_;
 }
 

@@ -42,7 +42,8 @@ struct SpecStats {
     double prefill_ms = 0, draft_ms = 0, verify_ms = 0, inject_ms = 0, sample_ms = 0;
     double rollback_ms = 0;     // a recurrent target's checkpoints before verifies and restores after
     double calibration_ms = 0;  // the draft-length calibration run by this start(), if any
-    uint32_t prompt_tokens = 0, reused_tokens = 0;
+    uint32_t prompt_tokens = 0;
+    uint32_t reused_tokens = 0;  // of the prompt's prefix, those the target did not decode again
 };
 
 // What the target and the draft cache hold for a token prefix: with it a later start() on a prompt
