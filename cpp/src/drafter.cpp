@@ -143,6 +143,8 @@ struct Drafter::Impl {
     uint32_t ring = 0;
     uint32_t ring_from = 0;
     bool in_ring(uint32_t il) const { return ring != 0 && hp().is_swa(il); }
+    // the first position a sliding layer's window reaches from a block at n
+    uint32_t window_from(uint32_t n) const { return n > hp().swa_window ? n - hp().swa_window : 0; }
     uint32_t layer_rows(uint32_t il) const { return in_ring(il) ? ring : n_ctx; }
     bool any_full_layer() const {
         for (uint32_t il = 0; il < hp().n_layer; ++il) {
@@ -951,8 +953,7 @@ void Drafter::truncate(uint32_t n) {
 
 bool Drafter::holds_window() const {
     const Impl & m = *impl_;
-    const uint32_t n = m.n_cached;
-    return m.ring == 0 || m.ring_from <= (n > m.hp().swa_window ? n - m.hp().swa_window : 0);
+    return m.ring == 0 || m.ring_from <= m.window_from(m.n_cached);
 }
 
 void Drafter::keep_rings_at(uint32_t n) {
@@ -980,6 +981,7 @@ void Drafter::Impl::each_run(uint32_t il, uint32_t lo, uint32_t hi, F && copy) c
 }
 
 void Drafter::Impl::keep_rings() {
+    const auto t0 = std::chrono::steady_clock::now();
     rings_mark = 0;
     RingsCopy c;
     // the copy it replaces lends its buffers: one of the same prompt's end or later (rows since rolled back),
@@ -1004,18 +1006,19 @@ void Drafter::Impl::keep_rings() {
     c.from = ring_from;
     c.end = n_cached;
     rings_copies.push_back(std::move(c));
+    // one-off work: taken inside a draft step (the one writing a prompt's last rows), not that step's cost
+    counters.setup_ms_last += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Drafter::Impl::restore_rings(uint32_t n) {
     if (rings_mark > n) rings_mark = 0;  // that prompt is gone
     // where the rings lost rows of n's window: the copy reaching furthest back among those that hold the
     // context's rows up to n (a rollback clips every copy's end; rows from n on are rewritten before use)
-    const uint32_t window_from = n > hp().swa_window ? n - hp().swa_window : 0;
     const RingsCopy * best = nullptr;
     for (const RingsCopy & c : rings_copies) {
         if (n <= c.end && c.from < ring_from && (!best || c.from < best->from)) best = &c;
     }
-    if (best && ring_from > window_from) {
+    if (best && ring_from > window_from(n)) {
         for (uint32_t il = 0; il < hp().n_layer; ++il) {
             if (!in_ring(il)) continue;
             ggml_backend_tensor_set(cache_k[il], best->k[il].data(), 0, best->k[il].size());
@@ -1212,11 +1215,7 @@ DraftResult Drafter::draft(int32_t anchor, int32_t position, uint32_t n, bool wa
     if (m.on_cpu()) m.counters.draft_threads = v.threads->chosen();
     v.out.download();
     m.n_cached = ctx_end;
-    const auto t_rings = std::chrono::steady_clock::now();
     m.ring_written(ctx_end + R);  // the block's rows went to the ring rows of positions ctx_end..ctx_end + R - 1
-    // a copy of the rings it may take (a prompt's end) is one-off work too
-    m.counters.setup_ms_last +=
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_rings).count();
     m.n_pending = 0;
     m.pending.clear();
 
