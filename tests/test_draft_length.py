@@ -657,3 +657,40 @@ def test_a_length_timed_in_a_slow_phase_is_timed_again() -> None:
         f"after the slow phase: k = 3 in {share:.0%} of the drafted steps, k = 2 in {np.mean(np.array(after) == 2):.0%}"
     )
     assert share >= 0.8, np.bincount(after)
+
+
+# a 4B-shaped Q4_K_M target and its q4_0 drafter on 2 Xeon cores (`scripts/trace_auto.py --steps` at fixed
+# lengths and its calibrations, ms): plain 229; a drafted step of 1-7 tokens as below: ggml's repacked Q4_K
+# kernel takes 4 rows at a time, so verifying 3 tokens (k = 2) costs more than verifying 4 (k = 3)
+Q4K_4B_STEP_MS = [390.0, 472.0, 400.0, 520.0, 634.0, 663.0, 717.0]
+Q4K_4B: Costs = {"plain": 229.0, "draft": lambda k: 55.0, "verify": lambda k: Q4K_4B_STEP_MS[k - 1] - 55.0}
+
+
+def test_a_shorter_length_the_calibration_timed_slow_is_timed_again() -> None:
+    """A large model's calibration times each length once. In the trace this replays, it timed 3 drafted
+    tokens at 573 ms in a slow moment (the loop's steps of 3 take 360-440): 3 pays best by ~15%, but with
+    3 estimated above 4, auto mode drafted 4 through 20 prompts and never timed 3 again, as the loop times
+    only what it drafts. A shorter length estimated to cost more than the current one is re-timed (once
+    the run has drafted 8 steps), so auto mode settles on 3."""
+    rates = [expected_rate(Q4K_4B, k) for k in range(8)]
+    assert max(range(8), key=lambda k: rates[k]) == 3 and rates[3] > 1.1 * rates[4]
+    c = DraftLengthController(7, "auto")
+    slow_3: Costs = {**Q4K_4B, "verify": lambda k: Q4K_4B["verify"](k) * (1.45 if k == 3 else 1.0)}  # type: ignore[operator]
+    calibrate_as_the_speculator(c, slow_3, warmup_factor=1.1)
+    assert c.expected_cost_ms(3) > c.expected_cost_ms(4)
+    rng = np.random.default_rng(0)
+    prev, drafted, after = -1, 0, []
+    while drafted < 200:
+        k = c.choose()
+        if k == 0:
+            c.observe_plain(Q4K_4B["plain"], prev == 0)  # type: ignore[arg-type]
+        else:
+            drafted += 1
+            j = iid_acceptance(rng, 0, 0, k)
+            c.observe_draft(k, j, Q4K_4B["draft"](k), Q4K_4B["verify"](k), prev == k)  # type: ignore[operator]
+            if drafted >= 20:
+                after.append(k)
+        prev = k
+    share = np.mean(np.array(after) == 3)
+    print(f"after 20 drafted steps: k = 3 in {share:.0%}, k = 4 in {np.mean(np.array(after) == 4):.0%}")
+    assert share >= 0.8, np.bincount(after)

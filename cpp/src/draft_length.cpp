@@ -38,9 +38,18 @@ constexpr uint32_t kExploreSteps = 2;
 // doubling up to kRetimeMax after each re-timing that did not find it cheaper (by kPlainCheckAgree). A
 // re-timing drafts that length kRetimeSteps steps: one untimed (the shape changed), then enough timings to
 // move the lower quartile of its window of 9.
+// The length one position shorter is re-timed likewise when it is estimated to cost over kShorterCostlier
+// more than the current one (one draft row and one verified row fewer: suspect) and would pay on the line
+// from a plain step's cost to the current length's: with a 4B-shaped Q4_K_M target, 3 drafted tokens
+// were timed at 573 ms in a slow moment, where the loop's steps of 3 take 360-440, and auto mode drafted
+// 4 (500-600 ms) from then on, never timing 3 again. A length the loop never timed (its cost
+// the calibration's single timing of a large model, or a guess) is first re-timed after kRetimeUntimed
+// drafted steps, as a 32-token reply is about 11 of them.
 constexpr uint32_t kRetimeFirst = 32;
 constexpr uint32_t kRetimeMax = 256;
 constexpr uint32_t kRetimeSteps = 4;
+constexpr uint32_t kRetimeUntimed = 8;
+constexpr double kShorterCostlier = 0.05;
 // a drafting run re-times plain decoding after this many drafted steps without a plain step (doubling
 // up to kPlainCheckMax): a plain cost measured in a bad moment (the calibration next to a starting
 // process) would otherwise keep a drafter drafting through a whole round slower than plain; a check is
@@ -226,6 +235,21 @@ double DraftLengthController::lowest_cost_ms(uint32_t k) const {
     return d >= 0.0 && v >= 0.0 ? d + v : -1.0;
 }
 
+uint32_t DraftLengthController::stale_neighbour(uint32_t best, double best_rate) const {
+    if (best < cap_ && drafted_steps_ - timed_at_[best + 1] >= retime_.every) {
+        const double lowest = lowest_cost_ms(best + 1);
+        if (lowest > 0.0 && tokens_at(best + 1, best) / lowest > best_rate) return best + 1;
+    }
+    if (best > 1 && expected_cost_ms(best - 1) > expected_cost_ms(best) * (1.0 + kShorterCostlier) &&
+        (timed_at_[best - 1] == 0 ? drafted_steps_ >= kRetimeUntimed
+                                  : drafted_steps_ - timed_at_[best - 1] >= retime_.every)) {
+        const double plain = expected_cost_ms(0);
+        const double line = plain + (expected_cost_ms(best) - plain) * double(best - 1) / double(best);
+        if (line > 0.0 && tokens_at(best - 1, best - 1) / line > best_rate) return best - 1;
+    }
+    return 0;
+}
+
 uint32_t DraftLengthController::hold(uint32_t k, uint32_t steps, bool probe) {
     hold_k_ = k;
     hold_left_ = steps - 1;
@@ -318,12 +342,10 @@ uint32_t DraftLengthController::choose() {
             const double cost = best < cap_ ? expected_cost_ms(best + 1) : 0.0;
             if (cost > 0.0 && tokens_at(best + 1, best) / cost > best_rate) {
                 best = hold(best + 1, kExploreSteps, false);
-            } else if (cost > 0.0 && drafted_steps_ - timed_at_[best + 1] >= retime_.every &&
-                       lowest_cost_ms(best + 1) > 0.0 &&
-                       tokens_at(best + 1, best) / lowest_cost_ms(best + 1) > best_rate) {
-                retime_k_ = best + 1;
-                retime_.begin(cost);
-                best = hold(best + 1, kRetimeSteps, false);
+            } else if (const uint32_t k = stale_neighbour(best, best_rate); k != 0) {
+                retime_k_ = k;
+                retime_.begin(expected_cost_ms(k));
+                best = hold(k, kRetimeSteps, false);
             }
         }
         drafting_ = best != 0;

@@ -23,8 +23,8 @@
 // drafter); after a run that the estimates never favoured it waits a few plain
 // steps (more after each such run) before the bound may begin another. Within a
 // run it tries k + 1 for two steps whenever position k + 1 at its bound would
-// pay (an estimate no longer reached goes stale), and re-times k + 1 when it
-// was last timed long ago (a cost timed in a slow phase goes stale too). Fixed mode
+// pay (an estimate no longer reached goes stale), and re-times k + 1 or k - 1
+// when it was last timed long ago (a cost timed in a slow phase goes stale too). Fixed mode
 // drafts n_max unless the expected gain per step falls below a floor, judged on
 // acceptance alone so that seeded runs repeat. While either decodes plainly it
 // still probes a drafted step now and then (less often while it keeps deciding
@@ -100,6 +100,11 @@ private:
         }
     };
     uint32_t hold(uint32_t k, uint32_t steps, bool probe);  // draft k this step and steps - 1 more
+    // a drafting run's length next to best to re-time (0: none): one whose cost is stale (timed long ago, or
+    // best - 1 never by the loop) and that would beat best at a cost it might have: best + 1 at the lowest
+    // it was ever estimated at, best - 1 (only where estimated costlier than best) on the line from a plain
+    // step's cost to best's
+    uint32_t stale_neighbour(uint32_t best, double best_rate) const;
     // the lowest draft + verify cost k was ever estimated at (-1: not yet estimated)
     double lowest_cost_ms(uint32_t k) const;
     // k's draft and verify costs (k = 0: the plain step's, verify_ms) given to Cost::observe or Cost::seed
