@@ -52,7 +52,9 @@ def scale_json(
         n_predict=12,
         limit=2,
         threads=1,
+        repeat=2,
         placement={"cpu_moe": True},  # no experts here: what is checked is that every system gets it
+        server={"server_args": ["--no-warmup"]},
         progress=False,
         log=lambda m: None,
         on_progress=lambda r: partial.append(json.loads(json.dumps(r))),
@@ -79,12 +81,15 @@ def monkeypatch_module() -> Any:
 
 
 def test_the_placement_reaches_every_bench(scale_json: dict[str, Any]) -> None:
-    """--scale's --cpu-moe / --n-cpu-moe / -ot go to ours and llama-server in every target type's bench."""
-    assert scale_json["meta"]["placement"] == {"cpu_moe": True}
+    """--scale's --cpu-moe / --n-cpu-moe / -ot go to ours and llama-server in every target type's bench, as
+    do --repeat and --server-arg."""
+    assert scale_json["meta"]["placement"] == {"cpu_moe": True} and scale_json["meta"]["repeat"] == 2
     assert len(scale_json["_raw"]) == len(TYPES)
     for raw in scale_json["_raw"]:
         assert raw["meta"]["cpu_moe"] is True and "--cpu-moe" in raw["meta"]["server_args"]
+        assert "--no-warmup" in raw["meta"]["server_args"] and raw["meta"]["repeat"] == 2
     assert "target on CPU --cpu-moe" in format_table(scale_json)
+    assert "2 prompts x 12 tokens x 2 rounds" in format_table(scale_json)
 
 
 def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
@@ -101,9 +106,9 @@ def test_rows_summarise_the_runs(scale_json: dict[str, Any]) -> None:
             runs = [r for r in cfg["runs"] if r["system"] == system]
             s = row["systems"][system]
             assert {"speedup", "acc_len", "identical", "runs"} <= set(s)
-            assert s["runs"] == len(runs) == 2
+            assert s["runs"] == len(runs) == 4  # 2 prompts x 2 rounds
             assert s["speedup"] == pytest.approx(statistics.median(r["tok_s"] / a["tok_s"] for r, a in zip(runs, ar)))
-            assert s["identical"] == sum(r["output"] == a["output"] for r, a in zip(runs, ar)) == 2, (
+            assert s["identical"] == sum(r["output"] == a["output"] for r, a in zip(runs, ar)) == 4, (
                 "greedy is lossless"
             )
             assert s["acc_len"] >= 1
@@ -184,6 +189,8 @@ def test_cli_options() -> None:
     assert res.exit_code == 2 and "missing --draft, --prompts (required unless --scale)" in res.output
     res = runner.invoke(cli_main, ["bench", "--scale", "--draft", "d.gguf"])
     assert res.exit_code == 2 and "drop --draft" in res.output
+    res = runner.invoke(cli_main, ["bench", "--scale", "--temp", "0.7", "--seed", "3"])
+    assert res.exit_code == 2 and "decodes greedily; drop --temp, --seed" in res.output
     res = runner.invoke(cli_main, ["bench", "--scale", "--scale-sizes", "7B"])
     assert res.exit_code == 2 and "unknown size 7B" in res.output
     res = runner.invoke(cli_main, ["bench", "--scale", "--scale-types", "q3_x"])

@@ -603,8 +603,23 @@ def bench(
             )
             if v
         ]
+        given += [  # greedy with the bench's own settings, so that every output can be checked against ar's
+            name
+            for name, v, default in (
+                ("--temp", temp, 0.0),
+                ("--top-k", top_k, 0),
+                ("--top-p", top_p, 1.0),
+                ("--min-p", min_p, 0.0),
+                ("--seed", seed, 0),
+                ("--ctx-size", ctx_size, 2048),
+                ("--draft-q", draft_q, "logits"),
+            )
+            if v != default
+        ]
         if given:
-            raise click.UsageError(f"--scale generates its own models and prompts; drop {', '.join(given)}")
+            raise click.UsageError(
+                f"--scale generates its own models and prompts and decodes greedily; drop {', '.join(given)}"
+            )
         _bench_scale(
             scale_sizes,
             scale_types,
@@ -612,11 +627,13 @@ def bench(
             n_predict,
             n_max,
             limit,
+            repeat,
             systems,
             threads,
             n_gpu_layers,
             device,
             {"override_tensor": list(override_tensor), "cpu_moe": cpu_moe, "n_cpu_moe": n_cpu_moe},
+            {"server_binary": server_binary, "server_args": list(server_args)},
             json_out,
             not no_progress,
         )
@@ -675,11 +692,13 @@ def _bench_scale(
     n_predict: int | None,
     n_max: str | None,
     limit: int | None,
+    repeat: int,
     systems: str,
     threads: int,
     n_gpu_layers: int,
     device: str,
     placement: dict[str, Any],
+    server: dict[str, Any],
     json_out: str | None,
     progress: bool,
 ) -> None:
@@ -698,11 +717,13 @@ def _bench_scale(
             n_max=n_max or bs.DEFAULT_N_MAX,
             n_predict=bs.DEFAULT_N_PREDICT if n_predict is None else n_predict,
             limit=bs.DEFAULT_LIMIT if limit is None else (limit or None),
+            repeat=repeat,
             systems=parse_systems(systems),
             threads=threads,
             n_gpu_layers=n_gpu_layers,
             device=device,
             placement=placement,
+            server=server,
             progress=progress,
             # each target type's rows as soon as they are measured: a later one may fail, or be killed
             on_progress=(lambda partial: bs.write_json(partial, json_out)) if json_out else lambda partial: None,

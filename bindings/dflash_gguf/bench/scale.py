@@ -112,18 +112,21 @@ def run_scale(
     n_max: str | list[NMax] = DEFAULT_N_MAX,
     n_predict: int = DEFAULT_N_PREDICT,
     limit: int | None = DEFAULT_LIMIT,
+    repeat: int = 1,
     threads: int = 0,
     n_gpu_layers: int = 0,
     device: str = "auto",
     systems: list[str] | None = None,
     placement: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
     progress: bool = True,
     source: Path | None = None,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
     on_progress: Callable[[dict[str, Any]], None] = lambda result: None,
 ) -> dict[str, Any]:
     """Generate (or reuse) every size's inflated pair and run the three-way bench on each target type (the
-    targets' weights placed by `placement`: BenchOptions' override_tensor, cpu_moe, n_cpu_moe); the result
+    targets' weights placed by `placement`: BenchOptions' override_tensor, cpu_moe, n_cpu_moe; llama-server
+    from `server`: its server_binary, server_args); `repeat` rounds over the prompts; the result
     is what --json writes. `on_progress` gets the result so far after each target type (goals
     judged on the rows so far), so that what was measured outlives a later failure."""
     folder = folder or default_scale_dir()
@@ -138,6 +141,7 @@ def run_scale(
             "n_max": n_maxes,
             "n_predict": n_predict,
             "limit": limit,
+            "repeat": repeat,
             "threads": threads,
             "n_gpu_layers": n_gpu_layers,
             "device": device,
@@ -188,9 +192,11 @@ def run_scale(
                 n_gpu_layers=n_gpu_layers,
                 device=device,
                 limit=limit,
+                repeat=repeat,
                 progress=progress,
                 **({"systems": systems} if systems else {}),
                 **(placement or {}),
+                **(server or {}),
             )
             log(f"[scale] {s.name} {t.upper()} target: {' / '.join(o.systems)} at n_max {', '.join(map(str, n_maxes))}")
             bench = run_bench(o, log)
@@ -271,7 +277,9 @@ def format_table(result: dict[str, Any]) -> str:
     where += "".join(" " + flag for flag in placement_flags(**m.get("placement", {})))
     lines = [
         f"dflash bench --scale: inflated tinycode pairs, {m['threads']} threads, {where}, greedy, "
-        f"{m['limit'] or 'all'} prompts x {m['n_predict']} tokens, drafter {m['draft_type']}"
+        f"{m['limit'] or 'all'} prompts x {m['n_predict']} tokens"
+        + (f" x {m['repeat']} rounds" if m.get("repeat", 1) > 1 else "")
+        + f", drafter {m['draft_type']}"
     ]
     for s in result["sizes"]:
         z = s["size"]
