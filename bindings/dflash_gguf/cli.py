@@ -603,18 +603,12 @@ def bench(
             )
             if v
         ]
-        given += [  # greedy with the bench's own settings, so that every output can be checked against ar's
-            name
-            for name, v, default in (
-                ("--temp", temp, 0.0),
-                ("--top-k", top_k, 0),
-                ("--top-p", top_p, 1.0),
-                ("--min-p", min_p, 0.0),
-                ("--seed", seed, 0),
-                ("--ctx-size", ctx_size, 2048),
-                ("--draft-q", draft_q, "logits"),
-            )
-            if v != default
+        # greedy with the bench's own settings, so that every output can be checked against ar's
+        source = click.get_current_context().get_parameter_source
+        given += [
+            "--" + name.replace("_", "-")
+            for name in ("temp", "top_k", "top_p", "min_p", "seed", "ctx_size", "draft_q")
+            if source(name) is not click.core.ParameterSource.DEFAULT
         ]
         if given:
             raise click.UsageError(
