@@ -667,11 +667,11 @@ Q4K_4B: Costs = {"plain": 229.0, "draft": lambda k: 55.0, "verify": lambda k: Q4
 
 
 def test_a_shorter_length_the_calibration_timed_slow_is_timed_again() -> None:
-    """A large model's calibration times each length once. In the trace this replays, it timed 3 drafted
-    tokens at 573 ms in a slow moment (the loop's steps of 3 take 360-440): 3 pays best by ~15%, but with
-    3 estimated above 4, auto mode drafted 4 through 20 prompts and never timed 3 again, as the loop times
-    only what it drafts. A shorter length estimated to cost more than the current one is re-timed (once
-    the run has drafted 8 steps), so auto mode settles on 3."""
+    """In the trace this replays, 3 drafted tokens were timed at 573 ms in a slow moment (here the
+    calibration's, which times each length of a large model once; the loop's steps of 3 take 360-440): 3
+    pays best by ~15%, but with 3 estimated above 4, auto mode drafted 4 through 20 prompts and never timed
+    3 again, as the loop times only what it drafts. A shorter length estimated to cost more than the
+    current one is re-timed (first once the run has drafted 8 steps), so auto mode settles on 3."""
     rates = [expected_rate(Q4K_4B, k) for k in range(8)]
     assert max(range(8), key=lambda k: rates[k]) == 3 and rates[3] > 1.1 * rates[4]
     c = DraftLengthController(7, "auto")
