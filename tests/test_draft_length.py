@@ -616,6 +616,26 @@ def test_a_check_that_moved_the_plain_cost_comes_again_soon() -> None:
     assert gaps[1] <= 32 and gaps[2] <= 32 and 60 <= gaps[3] <= 64, (gaps, checks)
 
 
+def drafted_lengths(
+    c: DraftLengthController, costs: Costs, n_drafted: int, slowdown: Callable[[int, int], float] = lambda d, k: 1.0
+) -> list[int]:
+    """The k of each of auto mode's first n_drafted drafted steps: plain steps at costs' price, drafted ones
+    at theirs times slowdown(drafted steps so far, k), acceptance independent per position (seeded)."""
+    rng = np.random.default_rng(0)
+    prev, chosen = -1, []
+    while len(chosen) < n_drafted:
+        k = c.choose()
+        if k == 0:
+            c.observe_plain(costs["plain"], prev == 0)  # type: ignore[arg-type]
+        else:
+            chosen.append(k)
+            slow = slowdown(len(chosen), k)
+            j = iid_acceptance(rng, 0, 0, k)
+            c.observe_draft(k, j, costs["draft"](k) * slow, costs["verify"](k) * slow, prev == k)  # type: ignore[operator]
+        prev = k
+    return chosen
+
+
 # a 2.8B-hybrid Q8_0 target and its q4_0 drafter on 2 Xeon cores (`scripts/trace_auto.py --steps`, ms):
 # plain 220; a drafted step of 1-3 tokens 314 / 330 / 370, of 4 575 (the verify's kernels change at 5 rows)
 HYBRID_Q8_STEP_MS = [314.0, 330.0, 370.0, 575.0, 667.0, 755.0, 843.0]
@@ -634,24 +654,17 @@ def test_a_length_timed_in_a_slow_phase_is_timed_again() -> None:
     ... while the re-timings agree), so after the phase it drafts 3 again."""
     rates = [expected_rate(HYBRID_Q8, k) for k in range(8)]
     assert max(range(8), key=lambda k: rates[k]) == 3 and rates[3] > 1.05 * rates[2]
-    rng = np.random.default_rng(0)
     c = DraftLengthController(7, "auto")
     calibrate_as_the_speculator(c, HYBRID_Q8, warmup_factor=1.1)
-    prev, drafted, after, phase_over = -1, 0, [], False
-    while drafted < 400:
-        k = c.choose()
-        if k == 0:
-            c.observe_plain(HYBRID_Q8["plain"], prev == 0)  # type: ignore[arg-type]
-        else:
-            drafted += 1
-            # the slow phase: from the 8th drafted step until auto mode drafts something else than 3
-            phase_over = phase_over or (drafted > 8 and k != 3)
-            slow = 1.35 if drafted >= 8 and not phase_over else 1.0
-            j = iid_acceptance(rng, 0, 0, k)
-            c.observe_draft(k, j, HYBRID_Q8["draft"](k) * slow, HYBRID_Q8["verify"](k) * slow, prev == k)  # type: ignore[operator]
-            if drafted >= 100:
-                after.append(k)
-        prev = k
+    phase_over = False
+
+    def slowdown(drafted: int, k: int) -> float:
+        # the slow phase: from the 8th drafted step until auto mode drafts something else than 3
+        nonlocal phase_over
+        phase_over = phase_over or (drafted > 8 and k != 3)
+        return 1.35 if drafted >= 8 and not phase_over else 1.0
+
+    after = drafted_lengths(c, HYBRID_Q8, 400, slowdown)[99:]
     share = np.mean(np.array(after) == 3)
     print(
         f"after the slow phase: k = 3 in {share:.0%} of the drafted steps, k = 2 in {np.mean(np.array(after) == 2):.0%}"
@@ -678,19 +691,7 @@ def test_a_shorter_length_the_calibration_timed_slow_is_timed_again() -> None:
     slow_3: Costs = {**Q4K_4B, "verify": lambda k: Q4K_4B["verify"](k) * (1.45 if k == 3 else 1.0)}  # type: ignore[operator]
     calibrate_as_the_speculator(c, slow_3, warmup_factor=1.1)
     assert c.expected_cost_ms(3) > c.expected_cost_ms(4)
-    rng = np.random.default_rng(0)
-    prev, drafted, after = -1, 0, []
-    while drafted < 200:
-        k = c.choose()
-        if k == 0:
-            c.observe_plain(Q4K_4B["plain"], prev == 0)  # type: ignore[arg-type]
-        else:
-            drafted += 1
-            j = iid_acceptance(rng, 0, 0, k)
-            c.observe_draft(k, j, Q4K_4B["draft"](k), Q4K_4B["verify"](k), prev == k)  # type: ignore[operator]
-            if drafted >= 20:
-                after.append(k)
-        prev = k
+    after = drafted_lengths(c, Q4K_4B, 200)[19:]
     share = np.mean(np.array(after) == 3)
     print(f"after 20 drafted steps: k = 3 in {share:.0%}, k = 4 in {np.mean(np.array(after) == 4):.0%}")
     assert share >= 0.8, np.bincount(after)
