@@ -98,7 +98,13 @@ constexpr uint32_t kEntryWaitMax = 32;
 // through the next, hard prompt for 15-30 steps that accept 0-2 (tests/test_draft_length.py replays this
 // on the bundled pair's acceptance traces). Leaving on the loss itself reacts within a few steps where
 // content changes and, with the allowance, seldom where drafting pays on average and only chance made a
-// few steps lose (the same tests hold the GPU and CPU profiles close to the best fixed length).
+// few steps lose (the same tests hold the GPU and CPU profiles close to the best fixed length). The memory
+// then restarts from the drafts since the loss began (the last step at which it stood at 0: where the
+// content changed), with what it held before kept at the weight of kMinEvidence drafts per position. From
+// the whole run's drafts it would restart mostly from the predictable prompt's where the run began there
+// (a 1.7B-shaped Q4_K_M target on 2 Zen 5 cores, `scripts/trace_auto.py --steps`: the next prompt's drafts
+// of 3 accepted 3, 2, 0, 0, then the bound began runs of 6 and 7 tokens twice, 0.60x plain on that
+// prompt); from those few drafts alone, a position rejected once would stay at 0, never drafted to again.
 constexpr double kRunLossMax = 4.0;
 constexpr double kRunLossAllowance = 1.5;
 // fixed mode decides on acceptance alone (deterministic, so a seeded sampled run
@@ -160,8 +166,8 @@ DraftLengthController::DraftLengthController(uint32_t cap) :
     plain_check_(kPlainCheckFirst, kPlainCheckMax),
     timed_at_(cap + 1, 0),
     retime_(kRetimeFirst, kRetimeMax),
-    run_reached_(cap, 0.0),
-    run_accepted_(cap, 0.0) {}
+    loss_reached_(cap, 0.0),
+    loss_accepted_(cap, 0.0) {}
 
 void DraftLengthController::reset_acceptance() {
     // auto mode is timing-driven (never repeatable), so what it learned of this drafter (acceptance,
@@ -316,16 +322,16 @@ uint32_t DraftLengthController::choose() {
             if (enter) {
                 run_favoured_ = false;
                 run_loss_ = 0.0;
-                std::fill(run_reached_.begin(), run_reached_.end(), 0.0);
-                std::fill(run_accepted_.begin(), run_accepted_.end(), 0.0);
+                std::fill(loss_reached_.begin(), loss_reached_.end(), 0.0);
+                std::fill(loss_accepted_.begin(), loss_accepted_.end(), 0.0);
             }
         } else if (lost || plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
-            if (lost) {  // the memory restarts from the run's own drafts, where it reached
+            if (lost) {  // the memory restarts from the losing drafts, the earlier memory a weak prior to them
                 for (uint32_t i = 0; i < cap_; ++i) {
-                    if (run_reached_[i] < 1.0) continue;
-                    reached_[i] = run_reached_[i];
-                    accepted_[i] = run_accepted_[i];
+                    const double keep = std::min(1.0, kMinEvidence / reached_[i]);
+                    reached_[i] = loss_reached_[i] + keep * reached_[i];
+                    accepted_[i] = loss_accepted_[i] + keep * accepted_[i];
                     accept_[i] = accepted_[i] / reached_[i];
                 }
             }
@@ -389,7 +395,12 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
     if (mode_ == Mode::Auto && drafting_ && !probing_) {
         const double plain = expected_cost_ms(0);
         run_loss_ = std::max(0.0, run_loss_ + expected_cost_ms(k) - (accepted + 1 + kRunLossAllowance) * plain);
-        count_draft(run_reached_, run_accepted_, k, accepted);
+        if (run_loss_ == 0.0) {  // a loss, if one comes, begins after this step
+            std::fill(loss_reached_.begin(), loss_reached_.end(), 0.0);
+            std::fill(loss_accepted_.begin(), loss_accepted_.end(), 0.0);
+        } else {
+            count_draft(loss_reached_, loss_accepted_, k, accepted);
+        }
     }
     if (!steady || probing_) return;
     observe_cost(k, draft_ms, verify_ms);

@@ -137,10 +137,10 @@ private:
     bool run_favoured_ = false;       // the estimates favoured drafting at some step of the current run
     bool seen_draft_ = false;         // a drafted step was observed (until then auto mode probes)
     uint32_t entry_wait_ = 0;         // plain steps before the bound may begin another run
-    // what the current drafting run's steps lost against plain decoding (a CUSUM, ms) and the run's own
-    // acceptance counts, which replace the memory when that loss ends the run
+    // what the current drafting run's steps lost against plain decoding (a CUSUM, ms) and the acceptance
+    // counts of the drafts since it last stood at 0, which the memory restarts from when that loss ends the run
     double run_loss_ = 0.0;
-    std::vector<double> run_reached_, run_accepted_;
+    std::vector<double> loss_reached_, loss_accepted_;
 };
 
 }  // namespace dflash
