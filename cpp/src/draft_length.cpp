@@ -256,6 +256,11 @@ uint32_t DraftLengthController::stale_neighbour(uint32_t best, double best_rate)
     return 0;
 }
 
+void DraftLengthController::clear_loss_counts() {
+    std::fill(loss_reached_.begin(), loss_reached_.end(), 0.0);
+    std::fill(loss_accepted_.begin(), loss_accepted_.end(), 0.0);
+}
+
 uint32_t DraftLengthController::hold(uint32_t k, uint32_t steps, bool probe) {
     hold_k_ = k;
     hold_left_ = steps - 1;
@@ -322,8 +327,7 @@ uint32_t DraftLengthController::choose() {
             if (enter) {
                 run_favoured_ = false;
                 run_loss_ = 0.0;
-                std::fill(loss_reached_.begin(), loss_reached_.end(), 0.0);
-                std::fill(loss_accepted_.begin(), loss_accepted_.end(), 0.0);
+                clear_loss_counts();
             }
         } else if (lost || plain_rate > best_rate * (1.0 + kLeaveMargin)) {
             best = 0;
@@ -396,8 +400,7 @@ void DraftLengthController::observe_draft(uint32_t k, uint32_t accepted, double 
         const double plain = expected_cost_ms(0);
         run_loss_ = std::max(0.0, run_loss_ + expected_cost_ms(k) - (accepted + 1 + kRunLossAllowance) * plain);
         if (run_loss_ == 0.0) {  // a loss, if one comes, begins after this step
-            std::fill(loss_reached_.begin(), loss_reached_.end(), 0.0);
-            std::fill(loss_accepted_.begin(), loss_accepted_.end(), 0.0);
+            clear_loss_counts();
         } else {
             count_draft(loss_reached_, loss_accepted_, k, accepted);
         }

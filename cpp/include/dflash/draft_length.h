@@ -111,6 +111,7 @@ private:
     void record_cost(uint32_t k, double draft_ms, double verify_ms, void (Cost::*add)(double));
     // plain steps after a drafted one that are not timed (slower: graph rebuild, cold caches)
     uint32_t plain_warm_steps() const;
+    void clear_loss_counts();  // loss_reached_, loss_accepted_: a loss, if one comes, begins after now
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
     double tokens_at(uint32_t k, uint32_t optimistic_from) const;
 
