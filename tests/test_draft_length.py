@@ -366,7 +366,7 @@ ZEN5_Q4KM_1P7B: Costs = {
 @pytest.mark.parametrize(
     "name,costs,n_seq,n_tokens,mean_min,min_min",
     [
-        ("epyc_2core_q4", EPYC_2CORE_Q4_DRAFTER, 20, 128, 0.97, 0.95),
+        ("epyc_2core_q4", EPYC_2CORE_Q4_DRAFTER, 20, 128, 0.97, 0.94),
         ("epyc_2core_f16", EPYC_2CORE_F16_DRAFTER, 20, 128, 0.97, 0.95),
         # `dflash bench --scale`'s pattern: a warm-up on the predictable first prompt, then 3 x 32 tokens
         ("zen5_1.7b_q4_k_m_3x32", ZEN5_Q4KM_1P7B, 3, 32, 0.89, 0.8),
@@ -726,3 +726,40 @@ def test_a_shorter_length_the_calibration_timed_slow_is_timed_again() -> None:
     share = np.mean(np.array(after) == 3)
     print(f"after 20 drafted steps: k = 3 in {share:.0%}, k = 4 in {np.mean(np.array(after) == 4):.0%}")
     assert share >= 0.8, np.bincount(after)
+
+
+# a 1.7B-shaped F16 target and its q4_0 drafter on 2 AMD EPYC Zen 5 cores (`dflash bench --scale` files,
+# ms): plain 60; the draft ~15; verifying k + 1 tokens as `scripts/bench_verify.py` timed B2-B5 and B8
+# against B1 = 59 (B6, B7 interpolated). Memory-bound, so drafting pays: best at 3-4 drafted tokens
+ZEN5_F16_1P7B_VERIFY = [1.62, 1.76, 1.92, 2.09, 2.31, 2.54, 2.77]
+ZEN5_F16_1P7B: Costs = {
+    "plain": 60.0,
+    "draft": lambda k: 14.0 + 0.5 * k,
+    "verify": lambda k: 59.0 * ZEN5_F16_1P7B_VERIFY[k - 1],
+}
+
+
+@pytest.mark.parametrize("name,costs,mean_min", [("zen5_1.7b_f16", ZEN5_F16_1P7B, 0.98), ("q4k_4b", Q4K_4B, 0.92)])
+def test_auto_does_not_carry_a_prompts_deep_acceptance_into_the_next(
+    bundled_traces: list[np.ndarray], name: str, costs: Costs, mean_min: float
+) -> None:
+    """The bundled pair's 20 bench prompts replayed at the costs of targets where 3-4 drafted tokens pay
+    best. Deep positions' acceptance is the prompt's own (it spreads with depth across the prompts), so a
+    predictable prompt's, kept at full weight, had auto mode draft 4 and more through the prompts after it:
+    0.96 (F16) and 0.89 (Q4_K_M) of the best fixed length. A new sequence keeps positions 4 and deeper as
+    a weak prior only."""
+    accept = replayed(bundled_traces)
+    seeds = range(6)
+    fixed = [
+        np.mean(
+            [
+                simulate(costs, s, mode="fixed_no_fallback", n_max=k, switch=SWITCH, accept=accept, warmup=1)[0]
+                for s in seeds
+            ]
+        )
+        for k in range(1, 8)
+    ]
+    auto = np.array([simulate(costs, s, switch=SWITCH, accept=accept, warmup=1)[0] for s in seeds])
+    ratios = auto / max(fixed)
+    print(f"{name}: fixed n_max 1..7", " ".join(f"{r:.3f}" for r in fixed), "auto / best per seed", ratios.round(3))
+    assert ratios.mean() >= mean_min, ratios

@@ -46,8 +46,10 @@ public:
     enum class Mode { Fixed, FixedNoFallback, Auto };
     void configure(Mode mode, uint32_t n_max);
 
-    uint32_t choose();        // 0 = a plain step
-    void reset_acceptance();  // a new sequence: fixed modes forget acceptance; costs are always kept
+    uint32_t choose();  // 0 = a plain step
+    // a new sequence: fixed modes forget acceptance, auto mode keeps deep positions' only as a weak prior;
+    // costs are always kept
+    void reset_acceptance();
     // Costs are of a regime kept up: a step is timed only when steady (the target decoded a batch of
     // its shape the step before) and, if drafted, not a probe. libllama rebuilds its graph when the
     // shape changes (a plain step after a drafted one costs more than one after a plain step), and a
@@ -111,6 +113,8 @@ private:
     void record_cost(uint32_t k, double draft_ms, double verify_ms, void (Cost::*add)(double));
     // plain steps after a drafted one that are not timed (slower: graph rebuild, cold caches)
     uint32_t plain_warm_steps() const;
+    // position i's acceptance counts scaled down to kMinEvidence drafts (the estimate stays): a weak prior
+    void weaken_to_prior(uint32_t i);
     void clear_loss_counts();  // loss_reached_, loss_accepted_: a loss, if one comes, begins after now
     // E(k), the acceptance of positions from optimistic_from on at its upper confidence bound
     double tokens_at(uint32_t k, uint32_t optimistic_from) const;
