@@ -745,9 +745,9 @@ def test_auto_does_not_carry_a_prompts_deep_acceptance_into_the_next(
 ) -> None:
     """The bundled pair's 20 bench prompts replayed at the costs of targets where 3-4 drafted tokens pay
     best. Deep positions' acceptance is the prompt's own (it spreads with depth across the prompts), so a
-    predictable prompt's, kept at full weight, had auto mode draft 4 and more through the prompts after it:
-    0.96 (F16) and 0.89 (Q4_K_M) of the best fixed length. A new sequence keeps positions 4 and deeper as
-    a weak prior only."""
+    predictable prompt's, kept at full weight, would have auto mode draft 4 and more through the prompts
+    after it: 0.96 (F16) and 0.91 (Q4_K_M) of the best fixed length. A new sequence keeps positions 4 and
+    deeper as a weak prior only."""
     accept = replayed(bundled_traces)
     seeds = range(6)
     fixed = [

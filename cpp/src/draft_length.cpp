@@ -22,10 +22,11 @@ constexpr double kMinEvidence = 4.0;
 // positions' only at the weight of kMinEvidence drafts, so the new prompt's own drafts soon outweigh it.
 // How far drafts run is the prompt's: across the bundled pair's 20 bench prompts the conditional acceptance
 // of drafting 7 spreads with depth (standard deviation 0.10, 0.14, 0.16 at positions 1-3; 0.22, 0.27, 0.34
-// at 5-7), so a predictable prompt's deep acceptance kept auto mode drafting 4 and more through the next
-// prompts where 3 paid best (a 1.7B-shaped F16 target on 2 Zen 5 cores, 20 x 128 tokens replayed in
-// tests/test_draft_length.py: 0.96 of the best fixed length, 0.99 now). Weakening positions 1-3 too lets a
-// new reply's first few drafts end runs that pay (the bundled pair's bench profile: 0.97 against 0.99).
+// at 5-7); at full weight a predictable prompt's deep acceptance keeps auto mode drafting 4 and more through
+// the next prompts where 3 pays best (a 1.7B-shaped F16 target on 2 Zen 5 cores, 20 x 128 tokens replayed in
+// tests/test_draft_length.py: 0.96 of the best fixed length at full weight, 0.99 weakened). Weakening
+// positions 1-3 too lets a new reply's first few drafts end runs that pay (the bundled pair's bench profile:
+// 0.97 against 0.99).
 constexpr uint32_t kCarriedPositions = 3;
 // plain steps between drafted probes: doubles after each probe (so a pair that never pays costs a
 // probe per kProbeMax tokens), halves with every step that drafts on its merits; auto mode scales it by
