@@ -37,7 +37,7 @@ def test_a_server_dies_when_the_bench_is_killed(tmp_path: Path) -> None:
             "from pathlib import Path\n"
             "from dflash_gguf.bench.upstream import UpstreamServer\n"
             f"UpstreamServer(Path({str(server)!r}), 'target.gguf', None, n_max=3, threads=1, n_ctx=512,"
-            " n_gpu_layers=0, seed=0).__enter__()\n",
+            f" n_gpu_layers=0, seed=0, log_path=Path({str(tmp_path / 'server.log')!r})).__enter__()\n",
         ]
     )
     try:
@@ -57,3 +57,20 @@ def test_a_server_dies_when_the_bench_is_killed(tmp_path: Path) -> None:
         bench.kill()
         if pid_file.is_file() and pid_file.read_text().strip() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_server_that_fails_to_start_reports_its_log_and_leaves_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    from dflash_gguf.bench.upstream import BenchError, UpstreamServer
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the server's own log goes
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\necho 'error: unknown model architecture' >&2\nexit 3\n")
+    server.chmod(0o755)
+    srv = UpstreamServer(server, "target.gguf", None, n_max=3, threads=1, n_ctx=512, n_gpu_layers=0, seed=0)
+    with pytest.raises(BenchError, match="exited with 3 during startup(.|\n)*unknown model architecture"):
+        srv.__enter__()
+    assert not list(tmp_path.glob("dflash-bench-server-*")), "the temporary log outlived the server"

@@ -398,8 +398,3 @@ def _servers(
     finally:
         for srv in servers.values():
             srv.__exit__(None, None, None)
-            if srv.log_path is not None:
-                try:
-                    srv.log_path.unlink()
-                except OSError:
-                    pass

@@ -182,6 +182,7 @@ class UpstreamServer:
         cmd += list(extra_args)
         self.cmd = cmd
         self.log_path = log_path
+        self._own_log = log_path is None  # a temporary log of its own, removed when the server stops
         self.proc: subprocess.Popen[bytes] | None = None
         self._logf: Any = None
         # (log bytes read, drafting calls, drafting ms) so far; None: no drafting totals to read
@@ -243,6 +244,9 @@ class UpstreamServer:
         if self._logf is not None:
             self._logf.close()
             self._logf = None
+        if self._own_log and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path = None
 
     def _drafting_since_last(self) -> tuple[int, float] | None:
         """(drafting calls, ms) since the previous request, from the log's running totals; None if this
