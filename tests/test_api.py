@@ -931,15 +931,27 @@ def test_closing_either_side_of_an_adoption(draft: str) -> None:
 # --------------------------------------------------------------------------- #
 
 
+@pytest.mark.parametrize("cut", ["top_p", "typical_p"])
+def test_a_cut_of_zero_keeps_one_token(spec: SpeculativeLlama, baseline: dict[int, list[int]], cut: str) -> None:
+    """top_p 0 (as OpenAI clients send it for determinism) keeps only the most likely token, as libllama's
+    sampler does: sampling at temperature 1 then decodes greedily, whatever the seed. typical_p 0 keeps only
+    the most typical one: one token per step too, so two seeds agree."""
+    toks = _toks(spec, 6)
+    runs = [list(spec.generate_tokens(toks, max_tokens=64, temperature=1.0, seed=s, **{cut: 0.0})) for s in (1, 2)]
+    assert runs[0] == runs[1]
+    if cut == "top_p":
+        assert runs[0] == baseline[6]
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"temperature": -0.5}, "temperature"),
-        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": -0.1}, "top_p"),
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"min_p": 2.0}, "min_p"),
-        ({"typical_p": 0.0}, "typical_p"),
+        ({"typical_p": -0.1}, "typical_p"),
         ({"mirostat_mode": 3}, "mirostat_mode"),
         ({"mirostat_mode": True}, "mirostat_mode"),
         ({"mirostat_mode": 2, "mirostat_eta": -0.1}, "mirostat_eta"),

@@ -377,6 +377,8 @@ ORDER_FREE = [
     (1.0, 1, 0.9, 0.05),
     (0.3, 1, 1.0, 0.0),
     (1.0, 0, 1e-6, 0.0),
+    (1.0, 0, 0.0, 0.0),  # top_p 0: the most likely token alone
+    (1.0, 5, 0.0, 0.0),
 ]
 # llama-cpp-python's create_completion defaults and other T != 1 with a top-p / min-p cut
 ORDER_SENSITIVE = [
@@ -520,6 +522,7 @@ TYPICAL = [
     (1.3, 100, 1.0, 0.0, 0.2),
     (1.0, 0, 0.5, 0.1, 0.95),
     (0.7, 0, 1.0, 0.0, 1e-6),
+    (1.0, 0, 1.0, 0.0, 0.0),  # typical_p 0: the most typical token alone
 ]
 
 

@@ -41,14 +41,16 @@ class Sampling:
     def __post_init__(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        # 0 keeps the one most likely token (most typical, for typical_p), as libllama's samplers, llama-server
+        # and OpenAI's API take it
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0.0 < self.typical_p <= 1.0:
-            raise ValueError(f"typical_p must be in (0, 1], got {self.typical_p}")
+        if not 0.0 <= self.typical_p <= 1.0:
+            raise ValueError(f"typical_p must be in [0, 1], got {self.typical_p}")
         if self.mirostat_mode not in (0, 1, 2) or isinstance(self.mirostat_mode, bool):
             raise ValueError(f"mirostat_mode must be 0 (off), 1 or 2, got {self.mirostat_mode!r}")
         if not math.isfinite(self.mirostat_tau):
