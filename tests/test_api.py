@@ -26,6 +26,7 @@ from tinycode import (  # noqa: E402
     TARGET,
     THREADS,
     GreedyReference,
+    _target_copy,
     compare_greedy,
     drafter_gguf,
     mismatched_drafter_gguf,
@@ -809,6 +810,20 @@ def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) 
     streamed = list(spec.create_chat_completion(msgs, max_tokens=24, stream=True, **GREEDY))
     assert "".join(c["choices"][0]["delta"].get("content", "") for c in streamed) == choice["message"]["content"]
     assert streamed[-1]["choices"][0]["finish_reason"] == choice["finish_reason"]
+
+
+def test_metadata_is_llama_cpp_s(draft: str) -> None:
+    """`metadata` as llama_cpp.Llama's, on a target whose name is longer than the first buffer libllama
+    is asked to fill and not ASCII."""
+    import gguf
+
+    name = "tinycode é → 🙂 " * 200  # ~4 KB of UTF-8
+    target = _target_copy("long-name", {"general.name": (gguf.GGUFValueType.STRING, name)})
+    llm = llama_cpp.Llama(str(target), n_ctx=64, verbose=False)
+    with SpeculativeLlama(str(target), draft, n_ctx=64) as spec:
+        assert spec.metadata == llm.metadata
+        assert spec.metadata["general.name"] == name and spec.metadata["general.architecture"] == "qwen3"
+    llm.close()
 
 
 def test_from_llama(draft: str, ref: GreedyReference, spec: SpeculativeLlama, baseline: dict[int, list[int]]) -> None:

@@ -496,5 +496,34 @@ void register_speculator(py::module_ & m) {
             const char * t = llama_model_chat_template(live(p).target().model(), nullptr);
             if (!t) return py::none();
             return py::str(t);
+        })
+        .def_property_readonly("target_metadata", [](PySpeculator & p) {
+            // the target's GGUF key/values as libllama renders them (llama_cpp.Llama's metadata); a file's
+            // strings need not be UTF-8, hence backslashreplace
+            const llama_model * model = live(p).target().model();
+            auto text = [](const std::string & s) {
+                return py::reinterpret_steal<py::str>(
+                    PyUnicode_DecodeUTF8(s.data(), (Py_ssize_t)s.size(), "backslashreplace"));
+            };
+            py::dict d;
+            std::string key(256, '\0'), val(1024, '\0');
+            auto read = [](std::string & buf, auto get) {  // snprintf-like: retry with the length it reports
+                int32_t n = get(buf.data(), buf.size());
+                if (n >= 0 && (size_t)n >= buf.size()) {
+                    buf.resize((size_t)n + 1);
+                    n = get(buf.data(), buf.size());
+                }
+                return n < 0 ? std::string() : std::string(buf.data(), (size_t)n);
+            };
+            for (int32_t i = 0; i < llama_model_meta_count(model); ++i) {
+                const std::string k = read(key, [&](char * b, size_t n) {
+                    return llama_model_meta_key_by_index(model, i, b, n);
+                });
+                const std::string v = read(val, [&](char * b, size_t n) {
+                    return llama_model_meta_val_str_by_index(model, i, b, n);
+                });
+                if (!k.empty()) d[text(k)] = text(v);
+            }
+            return d;
         });
 }

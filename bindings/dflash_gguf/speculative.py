@@ -175,6 +175,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         self._spec = _core
         self.sampler = sampler
         self._fingerprint: str | None = None
+        self._metadata: dict[str, str] | None = None
         self.last_n_tokens_size = last_n_tokens_size  # the penalties' window, as llama_cpp.Llama's
         self.model_path = target
         self.draft_path = draft
@@ -338,6 +339,13 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
 
     def token_bos(self) -> int:
         return self._spec.token_bos
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The target GGUF's metadata as llama_cpp.Llama's `metadata` (general.name, the chat template, ...)."""
+        if self._metadata is None:
+            self._metadata = self._spec.target_metadata
+        return self._metadata
 
     def infill_tokens(
         self,
