@@ -348,6 +348,47 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
                 assert out["tokens_predicted"] == 200, server_base
 
 
+@pytest.mark.parametrize("template", [None, "Qwen-Qwen3-0.6B"])
+def test_props_and_health_are_llama_server_s(
+    llama_server: Path, tinycode: Path, tmp_path: Path, template: str | None
+) -> None:
+    """GET /props: every field ours gives is one of llama-server's, with its value (the native routes'
+    sampling defaults, the context a slot holds, the chat template, or llama-server's ChatML where the GGUF
+    has none, BOS / EOS text); /v1/health as /health."""
+    from tinycode import chat_target_gguf, drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = chat_target_gguf(template) if template else tinycode / "target-f16.gguf"
+    with (
+        running_server(llama_server, target, tmp_path / "props.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2) as llm,
+        serving(llm, "ours") as port,
+    ):
+        ours_base = f"http://127.0.0.1:{port}"
+        _, theirs = http_json(base + "/props")
+        status, ours = http_json(ours_base + "/props")
+        assert status == 200
+        assert set(ours) <= set(theirs), set(ours) - set(theirs)
+        # named and built otherwise; ours has no /slots route
+        ours_only = {"model_alias", "model_path", "build_info", "endpoint_slots"}
+        for key in set(ours) - ours_only - {"default_generation_settings"}:
+            assert ours[key] == theirs[key], key
+        assert ours["model_alias"] == "ours" and ours["model_path"] == str(target) and not ours["endpoint_slots"]
+        settings = ours["default_generation_settings"]
+        assert settings["params"]["seed"] == 4294967295  # llama.cpp's LLAMA_DEFAULT_SEED: random
+        assert settings["n_ctx"] == theirs["default_generation_settings"]["n_ctx"] == 1024
+        their_params = theirs["default_generation_settings"]["params"]
+        for key, value in settings["params"].items():
+            # a chat default of the server / ours alone / theirs runs with --seed 0, ours draws one per request
+            if key in ("reasoning_format", "speculative.n_max", "seed"):
+                continue
+            assert value == pytest.approx(their_params[key], rel=1e-6), key
+        for path in ("/health", "/v1/health"):
+            assert http_json(ours_base + path) == http_json(base + path) == (200, {"status": "ok"})
+
+
 @pytest.mark.parametrize(
     ("template", "extra"),
     [

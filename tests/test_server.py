@@ -273,12 +273,14 @@ def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> No
 
 def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None:
     with serving(llm, "tiny", api_key="s3cret") as port:
-        assert request(port, "GET", "/health")[0] == 200  # a liveness probe needs no key
+        for path in ("/health", "/v1/health"):
+            assert request(port, "GET", path)[0] == 200  # a liveness probe needs no key
         body = {"prompt": "x = 1", "max_tokens": 4, **GREEDY}
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             status, out = request(port, "POST", "/v1/completions", body, headers=headers)
             assert status == 401 and "API key" in out["error"]["message"], (headers, out)
-        assert request(port, "GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+        for path in ("/v1/models", "/props"):
+            assert request(port, "GET", path, headers={"Authorization": "Bearer wrong"})[0] == 401, path
         for path, native in (
             ("/completion", {"prompt": "x = 1", "n_predict": 4}),
             ("/tokenize", {"content": "x"}),
@@ -287,6 +289,7 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
             assert request(port, "POST", path, native)[0] == 401, path
         ok = {"Authorization": "Bearer s3cret"}
         assert request(port, "GET", "/v1/models", headers=ok)[0] == 200
+        assert request(port, "GET", "/props", headers=ok)[1]["default_generation_settings"]["n_ctx"] == llm.n_ctx()
         status, out = request(port, "POST", "/v1/completions", body, headers=ok)
         assert status == 200 and out["choices"] == llm.create_completion("x = 1", max_tokens=4, **GREEDY)["choices"]
 
@@ -412,6 +415,7 @@ def test_slots_share_the_saved_contexts_and_serve_concurrent_requests() -> None:
         llm.set_cache(LlamaRAMCache(capacity_bytes=64 << 20))
         server = make_server(llm, port=0, parallel=2)
         with running(server) as port:
+            assert request(port, "GET", "/props")[1]["total_slots"] == 2
             got: dict[int, Any] = {}
             _complete(port, 0, got)  # in the first slot, which saves its context to the cache
             with server.slot() as (busy, _):  # that slot busy: the same prompt again goes to the other one

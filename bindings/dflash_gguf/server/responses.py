@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from http import HTTPStatus
 from typing import Any
 
@@ -54,6 +55,59 @@ def native_response(text: str, model: str, last: tuple[str, GenerationStats] | N
             timings=timings(s),
         )
     return out
+
+
+# llama-server's ChatML, the template its /props shows for a model without one (chat.chatml renders it)
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}"
+)
+
+
+def props_response(llm: SpeculativeLlama, model_name: str, slots: int, reasoning_format: str) -> dict[str, Any]:
+    """llama-server's GET /props, the fields that describe this server: a slot's context size and the native
+    routes' sampling defaults (create_completion's, under llama-server's names), the slots, the model, its
+    chat template and BOS / EOS text. Clients read n_ctx and the template from it."""
+    from llama_cpp import __version__ as llama_cpp_version
+
+    from .. import __version__
+
+    defaults = {k: v.default for k, v in inspect.signature(llm.create_completion).parameters.items()}
+    params = {
+        "seed": 4294967295,  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
+        **{k: defaults[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p")},
+        "repeat_last_n": llm.last_n_tokens_size,
+        **{k: defaults[k] for k in ("repeat_penalty", "presence_penalty", "frequency_penalty")},
+        "mirostat": defaults["mirostat_mode"],
+        **{k: defaults[k] for k in ("mirostat_tau", "mirostat_eta")},
+        "max_tokens": -1,
+        "n_predict": -1,
+        "ignore_eos": False,
+        "stream": False,
+        "n_probs": 0,
+        "reasoning_format": reasoning_format,
+        "speculative.n_max": llm.n_max,
+    }
+    piece = lambda t: llm.detokenize([t], special=True).decode("utf-8", "replace") if t >= 0 else ""  # noqa: E731
+    return {
+        "default_generation_settings": {"params": params, "n_ctx": llm.n_ctx()},
+        "total_slots": slots,
+        "model_alias": model_name,
+        "model_path": llm.model_path,
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "endpoint_slots": False,
+        "endpoint_props": False,
+        "endpoint_metrics": False,
+        "chat_template": llm._spec.chat_template or CHATML_TEMPLATE,
+        "bos_token": piece(llm.token_bos()),
+        "eos_token": piece(llm.token_eos()),
+        "build_info": f"dflash-gguf {__version__}, llama-cpp-python {llama_cpp_version}",
+        "is_sleeping": False,
+    }
 
 
 def timings(s: GenerationStats) -> dict[str, Any]:

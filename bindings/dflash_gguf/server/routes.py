@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..speculative import SpeculativeLlama
 from .requests import FIELDS, NATIVE, request_kwargs
-from .responses import detokenize_response, error_body, native_response, openai_last_events, timings, tokenize_response
+from .responses import (
+    detokenize_response,
+    error_body,
+    native_response,
+    openai_last_events,
+    props_response,
+    timings,
+    tokenize_response,
+)
 from .streaming import JSONEventHandler
 
 if TYPE_CHECKING:
@@ -18,7 +26,7 @@ if TYPE_CHECKING:
 
 
 class Handler(JSONEventHandler):
-    """The routes: OpenAI's, llama-server's native ones, /health and /v1/models; the model and settings are
+    """The routes: OpenAI's, llama-server's native ones, /health, /props and /v1/models; the model and settings are
     the server's (serving.DFlashServer)."""
 
     server: DFlashServer
@@ -27,7 +35,7 @@ class Handler(JSONEventHandler):
         given = self.headers.get("Authorization", "")
         if (
             self.server.api_key is None
-            or self.path == "/health"
+            or self.path in ("/health", "/v1/health")
             or hmac.compare_digest(given.encode(), f"Bearer {self.server.api_key}".encode())
         ):
             return True
@@ -40,8 +48,12 @@ class Handler(JSONEventHandler):
     def do_GET(self) -> None:
         if not self._authorized():
             return
-        if self.path == "/health":
+        if self.path in ("/health", "/v1/health"):
             self._send_json(HTTPStatus.OK, {"status": "ok"})
+        elif self.path == "/props":
+            server = self.server
+            props = props_response(server.llm, server.model_name, len(server.slots), server.reasoning_format)
+            self._send_json(HTTPStatus.OK, props)
         elif self.path == "/v1/models":
             self._send_json(
                 HTTPStatus.OK,
