@@ -1,5 +1,5 @@
 """`dflash serve` as the client libraries nobody here wrote speak to it, over real sockets: the openai SDK
-(its stream() helper accumulates tool-call deltas), LangChain (ChatOpenAI's tools and structured output,
+(its stream() helpers accumulate tool-call deltas; its Responses API), LangChain (ChatOpenAI's tools and structured output,
 the OpenAI completions class that sends a list prompt). The bundled tinycode pair is no chat model: its
 replies are code, but shapes, forced tool calls (a grammar) and the prompt handling do not need better."""
 
@@ -91,6 +91,124 @@ def test_openai_list_prompt_and_content_parts(client: openai.OpenAI) -> None:
     assert plain.usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens - 1
     assert parts.system_fingerprint == plain.system_fingerprint == many.system_fingerprint
     assert plain.system_fingerprint.startswith("dflash-gguf-")
+
+
+def _responses_events(base_url: str, body: dict) -> list[tuple[str, dict]]:
+    """The raw server-sent events of a streamed /v1/responses request: (event name, data)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        base_url + "/responses", json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
+    )
+    events = []
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        for block in resp.read().decode().split("\n\n"):
+            lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+            if "data" in lines:
+                events.append((lines.get("event", ""), json.loads(lines["data"])))
+    return events
+
+
+def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str) -> None:
+    """The Responses API (client.responses) gives the chat's reply, whole or streamed: the same text and token
+    counts as the chat of the same messages; a reply cut at max_output_tokens is incomplete, as OpenAI's; the
+    stream's events are named, numbered in order, and each item is added before its deltas and done after."""
+    system, user = "Be brief.", "def add(a, b):"
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+        max_tokens=12,
+        temperature=0,
+    )
+    kw = dict(model="tiny", instructions=system, input=user, max_output_tokens=12, temperature=0)
+    whole = client.responses.create(**kw)
+    assert whole.output_text == chat.choices[0].message.content and whole.output_text
+    assert (whole.usage.input_tokens, whole.usage.output_tokens) == (chat.usage.prompt_tokens, 12)
+    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
+    events = _responses_events(base_url, kw)
+    assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
+    assert all(name == e["type"] for name, e in events)
+    kinds = [e["type"] for _, e in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    deltas = "".join(e["delta"] for _, e in events if e["type"] == "response.output_text.delta")
+    last = events[-1][1]["response"]
+    assert deltas == whole.output_text == last["output"][0]["content"][0]["text"]
+    assert last["usage"]["output_tokens"] == 12 and last["status"] == "incomplete"
+    # a conversation given as items: the chat of the same turns
+    items = [
+        {"role": "user", "content": "import os"},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "import sys"}]},
+        {"role": "user", "content": [{"type": "input_text", "text": user}]},
+    ]
+    turns = [{"role": "user", "content": "import os"}, {"role": "assistant", "content": "import sys"}]
+    chat = client.chat.completions.create(
+        model="tiny", messages=[*turns, {"role": "user", "content": user}], max_tokens=12, temperature=0
+    )
+    out = client.responses.create(model="tiny", input=items, max_output_tokens=12, temperature=0)
+    assert out.output_text == chat.choices[0].message.content
+
+
+def test_openai_responses_call_functions_and_take_their_output(client: openai.OpenAI) -> None:
+    """A forced function tool comes back as a function_call item, whole and through the SDK's stream helper
+    (which checks each item's identity from added to done); the call and its output sent back as items are
+    the chat's assistant tool call and tool message."""
+    tool = {"type": "function", **WEATHER["function"]}
+    kw = dict(model="tiny", input="weather in Paris?", tools=[tool], max_output_tokens=40, temperature=0)
+    whole = client.responses.create(**kw, tool_choice={"type": "function", "name": "get_weather"})
+    (call,) = whole.output
+    assert call.type == "function_call" and call.name == "get_weather" and whole.status == "completed"
+    assert isinstance(json.loads(call.arguments)["city"], str)
+    with client.responses.stream(**kw, tool_choice={"type": "function", "name": "get_weather"}) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert [(o.type, o.name, o.arguments) for o in final.output] == [("function_call", "get_weather", call.arguments)]
+    result = json.dumps({"temp": 20})
+    items = [
+        {"role": "user", "content": "weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": result},
+    ]
+    turns = [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.call_id, "content": result},
+    ]
+    chat = client.chat.completions.create(model="tiny", messages=turns, tools=[WEATHER], max_tokens=10, temperature=0)
+    out = client.responses.create(model="tiny", input=items, tools=[tool], max_output_tokens=10, temperature=0)
+    assert out.output_text == chat.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("body", "word"),
+    [
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"model": "tiny"}, "'input' is required"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "function tools"),
+        ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "text only"),
+        ({"input": [{"type": "item_reference", "id": "x"}]}, "input items"),
+    ],
+)
+def test_openai_responses_refuse_what_they_cannot_do(client: openai.OpenAI, body: dict, word: str) -> None:
+    with pytest.raises(openai.BadRequestError, match=word):
+        client.responses.create(**{"model": "tiny", **body})
 
 
 def test_langchain_tools_and_structured_output(base_url: str) -> None:

@@ -389,6 +389,55 @@ def test_props_and_health_are_llama_server_s(
             assert http_json(ours_base + path) == http_json(base + path) == (200, {"status": "ok"})
 
 
+@pytest.mark.parametrize("template", [None, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"])
+def test_responses_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path, template: str | None) -> None:
+    """POST /v1/responses: the same output items (type and text) and token counts as llama-server's, for text
+    input with instructions and for a conversation given as items; under a template that opens <think> the
+    reply is a reasoning item. Streamed, ours' deltas join to the same texts."""
+    from tinycode import chat_target_gguf, drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = chat_target_gguf(template) if template else tinycode / "target-f16.gguf"
+    requests = [
+        {"instructions": "Be brief.", "input": "def add(a, b):"},
+        {
+            "input": [
+                {"role": "user", "content": "import os"},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "import sys"}]},
+                {"role": "user", "content": [{"type": "input_text", "text": "class A:"}]},
+            ]
+        },
+    ]
+
+    def items(response: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(o["type"], "".join(c["text"] for c in o["content"])) for o in response["output"]]
+
+    with (
+        running_server(llama_server, target, tmp_path / "responses.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
+        for req in requests:
+            body = {**req, "max_output_tokens": N_PREDICT, "temperature": 0.0}
+            status, theirs = http_json(base + "/v1/responses", body)
+            assert status == 200, theirs
+            status, ours = http_json(f"http://127.0.0.1:{port}/v1/responses", body)
+            assert status == 200, ours
+            assert items(ours) == items(theirs) and items(ours), (items(ours), items(theirs))
+            assert items(ours)[0][0] == ("reasoning" if template else "message")
+            for key in ("input_tokens", "output_tokens"):
+                assert ours["usage"][key] == theirs["usage"][key], key
+            kinds = {"response.reasoning_text.delta": "reasoning", "response.output_text.delta": "message"}
+            for server in (f"http://127.0.0.1:{port}", base):  # streamed: the deltas join to the same texts
+                joined: dict[str, str] = {}
+                for e in sse_data(server + "/v1/responses", {**body, "stream": True}):
+                    if e.get("type") in kinds:
+                        joined[kinds[e["type"]]] = joined.get(kinds[e["type"]], "") + e["delta"]
+                assert list(joined.items()) == items(ours), server
+
+
 @pytest.mark.parametrize(
     ("template", "extra"),
     [
@@ -533,13 +582,15 @@ def test_openai_usage_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_
     assert llm.system_fingerprint.startswith("dflash-gguf-")
 
 
+def sse_data(url: str, payload: dict[str, Any]) -> list[Any]:
+    """Every event's data of a stream (a [DONE] left out)."""
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+        lines = resp.read().decode().splitlines()
+    return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
+
+
 def sse_usage(url: str, payload: dict[str, Any]) -> list[Any]:
     """The usage of each chunk of an OpenAI stream that has one, and the system_fingerprint's presence."""
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    out = []
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
-        for line in resp.read().decode().splitlines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[len("data: ") :])
-                out.append(("system_fingerprint" in chunk, chunk.get("usage")))
+    out = [("system_fingerprint" in chunk, chunk.get("usage")) for chunk in sse_data(url, payload)]
     return [u for u in out if u[1] is not None] + [all(f for f, _ in out)]

@@ -9,6 +9,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any
 
 from ..speculative import SpeculativeLlama
+from .openai_responses import chat_body, response_events, response_object
 from .requests import FIELDS, NATIVE, request_kwargs
 from .responses import (
     detokenize_response,
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class Handler(JSONEventHandler):
-    """The routes: OpenAI's, llama-server's native ones, /health, /props and /v1/models; the model and settings are
+    """The routes: OpenAI's (the Responses API's too), llama-server's native ones, /health, /props and /v1/models; the model and settings are
     the server's (serving.DFlashServer)."""
 
     server: DFlashServer
@@ -77,13 +78,17 @@ class Handler(JSONEventHandler):
             return
         llm, model_name = self.server.llm, self.server.model_name
         tokens = {"/tokenize": tokenize_response, "/detokenize": detokenize_response}.get(self.path)
-        if self.path not in FIELDS and self.path not in NATIVE and tokens is None:
+        responses = self.path in ("/v1/responses", "/responses")  # OpenAI's Responses API: a chat in other words
+        if self.path not in FIELDS and self.path not in NATIVE and tokens is None and not responses:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
-            kw = request_kwargs(self.path, body, self.server.reasoning_format) if self.path in FIELDS else {}
+            route = "/v1/chat/completions" if responses else self.path
+            if responses:
+                body = chat_body(body)
+            kw = request_kwargs(route, body, self.server.reasoning_format) if route in FIELDS else {}
             if tokens is not None:  # no generation: no slot to wait for
                 self._send_json(HTTPStatus.OK, tokens(llm, body))
                 return
@@ -93,9 +98,12 @@ class Handler(JSONEventHandler):
         except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
             self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
             return
-        with self.server.slot(self._prompt_tokens(llm, kw)) as (llm, release):
+        with self.server.slot(self._prompt_tokens(llm, route, kw)) as (llm, release):
             if self.path in NATIVE:
                 self._native(llm, release, body, NATIVE[self.path])
+                return
+            if responses:
+                self._responses(llm, release, kw)
                 return
             # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
             options = body.get("stream_options")
@@ -113,14 +121,14 @@ class Handler(JSONEventHandler):
                 release=release,
             )
 
-    def _prompt_tokens(self, llm: SpeculativeLlama, kw: dict[str, Any]) -> list[int] | None:
+    def _prompt_tokens(self, llm: SpeculativeLlama, route: str, kw: dict[str, Any]) -> list[int] | None:
         """The tokens an OpenAI route's generation will start from, for the server to pick the slot that holds
         most of them; None with one slot, or where only the generation can tell (llama-server's native
         routes, a list of prompts, a request the generation will refuse)."""
-        if len(self.server.slots) == 1 or self.path not in FIELDS:
+        if len(self.server.slots) == 1 or route not in FIELDS:
             return None
         try:
-            if self.path == "/v1/chat/completions":
+            if route == "/v1/chat/completions":
                 text = llm.apply_chat_template(kw["messages"], kw.get("tools"), kw.get("chat_template_kwargs"))
             else:
                 text = kw.get("prompt")
@@ -129,6 +137,25 @@ class Handler(JSONEventHandler):
         except Exception:  # noqa: BLE001 - the generation reports what is wrong with the request
             pass
         return None
+
+    def _responses(self, llm: SpeculativeLlama, release: Callable[[], None], kw: dict[str, Any]) -> None:
+        """OpenAI's Responses API: the chat of `kw` answered as a response object or its stream of events."""
+        model_name = self.server.model_name
+        stream = bool(kw.get("stream"))
+
+        def start() -> Any:
+            out = llm.create_chat_completion(**kw, model=model_name)
+            return response_events(out, model_name, lambda: llm.last_usage) if stream else out
+
+        self._generate(
+            start,
+            stream,
+            1,  # response.created: the prompt is decoded
+            lambda out: {**response_object(out), "timings": timings(llm.stats)},
+            lambda held: [{**held, "timings": timings(llm.stats)}],
+            done=False,
+            release=release,
+        )
 
     def _native(
         self,

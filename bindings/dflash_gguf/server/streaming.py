@@ -117,5 +117,8 @@ class JSONEventHandler(BaseHTTPRequestHandler):
             rest.close()  # type: ignore[attr-defined]
 
     def _event(self, obj: Any) -> None:
-        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        # the Responses API's events are named in the stream too (OpenAI's and llama-server's streams)
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        name = f"event: {kind}\n".encode() if isinstance(kind, str) and kind.startswith("response.") else b""
+        self.wfile.write(name + b"data: " + json.dumps(obj).encode() + b"\n\n")
         self.wfile.flush()
