@@ -33,7 +33,7 @@ if [[ "${1:-}" == "--test" ]]; then
     # the lint and format checks (scripts/lint.sh, .pre-commit-config.yaml); pinned: a new release reformats
     "${PIP[@]}" install "ruff==0.14.0" "clang-format==21.1.2"
     # the client libraries tests/test_clients.py speaks to `dflash serve` with
-    "${PIP[@]}" install openai langchain-openai lm-eval
+    "${PIP[@]}" install openai anthropic langchain-openai lm-eval
 fi
 "${PIP[@]}" install --no-build-isolation --no-deps -e .
 echo "installed: $("$VENV/bin/python" -c 'import dflash_gguf; print(dflash_gguf.__file__)')"

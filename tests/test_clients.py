@@ -1,5 +1,6 @@
 """`dflash serve` as the client libraries nobody here wrote speak to it, over real sockets: the openai SDK
-(its stream() helpers accumulate tool-call deltas; its Responses API), LangChain (ChatOpenAI's tools and structured output,
+(its stream() helpers accumulate tool-call deltas; its Responses API), the anthropic SDK (the Messages
+API that agents written for Claude speak), LangChain (ChatOpenAI's tools and structured output,
 the OpenAI completions class that sends a list prompt). The bundled tinycode pair is no chat model: its
 replies are code, but shapes, forced tool calls (a grammar) and the prompt handling do not need better."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -93,12 +95,12 @@ def test_openai_list_prompt_and_content_parts(client: openai.OpenAI) -> None:
     assert plain.system_fingerprint.startswith("dflash-gguf-")
 
 
-def _responses_events(base_url: str, body: dict) -> list[tuple[str, dict]]:
-    """The raw server-sent events of a streamed /v1/responses request: (event name, data)."""
+def sse_events(url: str, body: dict) -> list[tuple[str, dict]]:
+    """The raw server-sent events of a streamed request: (event name, data)."""
     import urllib.request
 
     req = urllib.request.Request(
-        base_url + "/responses", json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
+        url, json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
     )
     events = []
     with urllib.request.urlopen(req, timeout=120) as resp:
@@ -125,7 +127,7 @@ def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str) -
     assert whole.output_text == chat.choices[0].message.content and whole.output_text
     assert (whole.usage.input_tokens, whole.usage.output_tokens) == (chat.usage.prompt_tokens, 12)
     assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
-    events = _responses_events(base_url, kw)
+    events = sse_events(base_url + "/responses", kw)
     assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
     assert all(name == e["type"] for name, e in events)
     kinds = [e["type"] for _, e in events]
@@ -209,6 +211,120 @@ def test_openai_responses_call_functions_and_take_their_output(client: openai.Op
 def test_openai_responses_refuse_what_they_cannot_do(client: openai.OpenAI, body: dict, word: str) -> None:
     with pytest.raises(openai.BadRequestError, match=word):
         client.responses.create(**{"model": "tiny", **body})
+
+
+@pytest.fixture(scope="module")
+def claude(base_url: str) -> Any:
+    anthropic = pytest.importorskip("anthropic", reason="the test extras (scripts/install.sh --test) bring the clients")
+    return anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="none", max_retries=0)
+
+
+GREEDY_BODY = {"extra_body": {"temperature": 0}}  # the SDK leaves sampling fields to the request body
+
+
+def test_anthropic_messages_are_the_chat_s(claude: Any, client: openai.OpenAI, base_url: str) -> None:
+    """Anthropic's Messages API (the anthropic SDK) gives the chat's reply, whole or streamed: the same text and
+    token counts as the chat of the same turns (input_tokens + cache_read_input_tokens its prompt), a reply
+    cut at max_tokens stops for "max_tokens"; count_tokens counts that prompt; the stream's events are named."""
+    system, user = "Be brief.", "def add(a, b):"
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+        max_tokens=12,
+        temperature=0,
+    )
+    kw = dict(model="tiny", max_tokens=12, system=system, messages=[{"role": "user", "content": user}])
+    whole = claude.messages.create(**kw, **GREEDY_BODY)
+    assert [b.type for b in whole.content] == ["text"] and whole.content[0].text == chat.choices[0].message.content
+    assert whole.stop_reason == "max_tokens" and whole.usage.output_tokens == 12
+    assert whole.usage.input_tokens + whole.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    assert claude.messages.count_tokens(model="tiny", system=system, messages=kw["messages"]).input_tokens == (
+        chat.usage.prompt_tokens
+    )
+    with claude.messages.stream(**kw, **GREEDY_BODY) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == final.content[0].text == whole.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == chat.usage.prompt_tokens
+    events = sse_events(base_url + "/messages", {**kw, "temperature": 0, "stream": True})
+    assert all(name == e["type"] for name, e in events)
+    kinds = [e["type"] for _, e in events]
+    assert kinds[:2] == ["message_start", "content_block_start"]
+    assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+
+
+def test_anthropic_tool_use_and_results(claude: Any, client: openai.OpenAI) -> None:
+    """A forced tool comes back as a tool_use block with its input parsed, whole and streamed (the SDK builds
+    it from input_json_delta); the tool_use and its tool_result sent back are the chat's tool call and tool
+    message."""
+    tool = {
+        "name": "get_weather",
+        "description": "the weather in a city",
+        "input_schema": WEATHER["function"]["parameters"],
+    }
+    kw = dict(
+        model="tiny",
+        max_tokens=40,
+        messages=[{"role": "user", "content": "weather in Paris?"}],
+        tools=[tool],
+        tool_choice={"type": "tool", "name": "get_weather"},
+    )
+    whole = claude.messages.create(**kw, **GREEDY_BODY)
+    (use,) = whole.content
+    assert use.type == "tool_use" and use.name == "get_weather" and whole.stop_reason == "tool_use"
+    assert isinstance(use.input["city"], str)
+    with claude.messages.stream(**kw, **GREEDY_BODY) as stream:
+        final = stream.get_final_message()
+    assert [(b.type, b.name, b.input) for b in final.content] == [("tool_use", "get_weather", use.input)]
+    turns = [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": [use.model_dump(include={"type", "id", "name", "input"})]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "20 degrees"}]},
+    ]
+    arguments = json.dumps(use.input, ensure_ascii=False)
+    chat_turns = [
+        {"role": "user", "content": "weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": use.id, "type": "function", "function": {"name": use.name, "arguments": arguments}}],
+        },
+        {"role": "tool", "tool_call_id": use.id, "content": "20 degrees"},
+    ]
+    chat = client.chat.completions.create(
+        model="tiny", messages=chat_turns, tools=[WEATHER], max_tokens=10, temperature=0
+    )
+    out = claude.messages.create(model="tiny", max_tokens=10, messages=turns, tools=[tool], **GREEDY_BODY)
+    assert out.content[0].text == chat.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    ("body", "word"),
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        ({"max_tokens": 4}, "messages"),
+        ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "text only"),
+        (
+            {
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"type": "web_search_20250305", "name": "w"}],
+            },
+            "client tools",
+        ),
+    ],
+)
+def test_anthropic_messages_refuse_what_they_cannot_do(base_url: str, body: dict, word: str) -> None:
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        base_url + "/messages", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400 and word in json.loads(e.value.read())["error"]["message"]
 
 
 def test_langchain_tools_and_structured_output(base_url: str) -> None:

@@ -438,6 +438,61 @@ def test_responses_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_pa
                 assert list(joined.items()) == items(ours), server
 
 
+@pytest.mark.parametrize("template", [None, "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"])
+def test_anthropic_messages_are_llama_server_s(
+    llama_server: Path, tinycode: Path, tmp_path: Path, template: str | None
+) -> None:
+    """POST /v1/messages: the same content blocks (type and text; under a template that opens <think> a
+    thinking block), stop reason and token counts as llama-server's, whole and streamed (the deltas join to
+    the same texts); /v1/messages/count_tokens the same count."""
+    from tinycode import chat_target_gguf, drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = chat_target_gguf(template) if template else tinycode / "target-f16.gguf"
+    body = {
+        "max_tokens": N_PREDICT,
+        "temperature": 0.0,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [
+            {"role": "user", "content": "import os"},
+            {"role": "assistant", "content": [{"type": "text", "text": "import sys"}]},
+            {"role": "user", "content": [{"type": "text", "text": "class A:"}]},
+        ],
+    }
+
+    def blocks(message: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(b["type"], b.get("text", b.get("thinking", ""))) for b in message["content"]]
+
+    deltas = {"text_delta": ("text", "text"), "thinking_delta": ("thinking", "thinking")}
+    with (
+        running_server(llama_server, target, tmp_path / "messages.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
+        ours_base = f"http://127.0.0.1:{port}"
+        answers = [http_json(server + "/v1/messages", body) for server in (ours_base, base)]
+        assert [a[0] for a in answers] == [200, 200], answers
+        (_, ours), (_, theirs) = answers
+        assert blocks(ours) == blocks(theirs) and blocks(ours)[0][0] == ("thinking" if template else "text")
+        assert ours["stop_reason"] == theirs["stop_reason"] == "max_tokens"
+        # the prompt's tokens: those decoded and those reused (what each server's cache held may differ)
+        prompt = [a["usage"]["input_tokens"] + a["usage"]["cache_read_input_tokens"] for a in (ours, theirs)]
+        assert (
+            prompt[0] == prompt[1] and ours["usage"]["output_tokens"] == theirs["usage"]["output_tokens"] == N_PREDICT
+        )
+        counts = [http_json(server + "/v1/messages/count_tokens", body) for server in (ours_base, base)]
+        assert counts[0] == counts[1] == (200, {"input_tokens": prompt[0]})
+        for server in (ours_base, base):
+            joined: dict[str, str] = {}
+            for e in sse_data(server + "/v1/messages", {**body, "stream": True}):
+                kind, key = deltas.get(e.get("delta", {}).get("type"), (None, None))
+                if kind is not None:
+                    joined[kind] = joined.get(kind, "") + e["delta"][key]
+            assert list(joined.items()) == blocks(ours), server
+
+
 @pytest.mark.parametrize(
     ("template", "extra"),
     [

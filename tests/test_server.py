@@ -276,7 +276,7 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
         for path in ("/health", "/v1/health"):
             assert request(port, "GET", path)[0] == 200  # a liveness probe needs no key
         body = {"prompt": "x = 1", "max_tokens": 4, **GREEDY}
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"X-Api-Key": "wrong"}):
             status, out = request(port, "POST", "/v1/completions", body, headers=headers)
             assert status == 401 and "API key" in out["error"]["message"], (headers, out)
         for path in ("/v1/models", "/props"):
@@ -289,6 +289,10 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
             assert request(port, "POST", path, native)[0] == 401, path
         ok = {"Authorization": "Bearer s3cret"}
         assert request(port, "GET", "/v1/models", headers=ok)[0] == 200
+        # Anthropic's clients send the key as X-Api-Key
+        messages = {"max_tokens": 4, "messages": [{"role": "user", "content": "x = 1"}], **GREEDY}
+        assert request(port, "POST", "/v1/messages", messages)[0] == 401
+        assert request(port, "POST", "/v1/messages", messages, headers={"X-Api-Key": "s3cret"})[0] == 200
         assert request(port, "GET", "/props", headers=ok)[1]["default_generation_settings"]["n_ctx"] == llm.n_ctx()
         status, out = request(port, "POST", "/v1/completions", body, headers=ok)
         assert status == 200 and out["choices"] == llm.create_completion("x = 1", max_tokens=4, **GREEDY)["choices"]

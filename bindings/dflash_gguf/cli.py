@@ -385,7 +385,8 @@ def generate(
 @click.option(
     "--api-key",
     envvar="DFLASH_API_KEY",
-    help="Require `Authorization: Bearer KEY` on /v1/ requests (or set DFLASH_API_KEY).",
+    help="Require `Authorization: Bearer KEY` (or `X-Api-Key: KEY`) on every route but /health (or set "
+    "DFLASH_API_KEY).",
 )
 @click.option(
     "--cache-ram",
@@ -422,7 +423,8 @@ def serve(
     parallel: int,
     **model: Any,
 ) -> None:
-    """An OpenAI-compatible server: /v1/completions, /v1/chat/completions (streaming too), /v1/models."""
+    """An OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/responses (streaming too),
+    /v1/models; Anthropic's /v1/messages; llama-server's native routes."""
     from .server import make_server
 
     try:

@@ -5,7 +5,8 @@ and create_chat_completion take (OpenAI's, plus llama.cpp's top_k, min_p, repeat
 and return their results; `"stream": true` sends the chunks as server-sent events ending with
 `data: [DONE]`. llama-server's native /completion, /infill (fill in the middle, for code editors),
 /tokenize and /detokenize take its request fields and answer in its shapes; /v1/responses (OpenAI's
-Responses API) is a chat in other words (openai_responses). /v1/models, /props and
+Responses API) and /v1/messages (Anthropic's Messages API) are chats in other words (openai_responses,
+anthropic_messages). /v1/models, /props and
 /health answer at once. Each of its slots (`parallel`, default 1) runs one generation at a time; more requests
 wait for a free slot (the C++ loop releases the GIL, so the server stays responsive); a client that
 disconnects mid-stream ends its generation. Bad

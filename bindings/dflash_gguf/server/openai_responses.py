@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .reply_parts import Part, message_parts, prefilled, reply_steps
 from .requests import BadRequest
 
 # Responses fields that have another name (or shape) in a chat request
@@ -182,157 +183,86 @@ class _Response:
         }
 
 
-def _items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat reply's message as the Responses output items, completed: its reasoning, its text, its calls."""
-    out = []
-    if message.get("reasoning_content"):
-        out.append(_reasoning_item(_new_id("rs"), message["reasoning_content"], "completed"))
-    if message.get("content"):
-        out.append(_message_item(_new_id("msg"), message["content"], "completed"))
-    for call in message.get("tool_calls") or []:
-        f = call["function"]
-        out.append(_call_item(_new_id("fc"), call["id"], f["name"], f["arguments"], "completed"))
-    return out
-
-
-def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    content = [{"type": "reasoning_text", "text": text}] if text else []
-    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
-
-
-def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
-
-
-def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+def _item(part: Part, item_id: str, status: str) -> dict[str, Any]:
+    """A reply's part as the Responses output item; an open one (status "in_progress") without its text."""
+    text = part.text if status == "completed" else ""
+    if part.kind == "reasoning":
+        content = [{"type": "reasoning_text", "text": text}] if text else []
+        return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+    if part.kind == "text":
+        content = [] if status != "completed" else [_text_part(text)]
+        return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
     return {
         "id": item_id,
         "type": "function_call",
         "status": status,
-        "call_id": call_id,
-        "name": name,
-        "arguments": arguments,
+        "call_id": part.call_id,
+        "name": part.name,
+        "arguments": text,
     }
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+_PREFIX = {"reasoning": "rs", "text": "msg", "call": "fc"}
 
 
 def response_object(chat: dict[str, Any]) -> dict[str, Any]:
     """A chat completion as the response object."""
     choice = chat["choices"][0]
-    response = _Response(chat["model"])
-    return response.shape(_items(choice["message"]), choice["finish_reason"], _usage(chat["usage"]))
+    items = [_item(p, _new_id(_PREFIX[p.kind]), "completed") for p in message_parts(choice["message"])]
+    return _Response(chat["model"]).shape(items, choice["finish_reason"], _usage(chat["usage"]))
 
 
 def response_events(
     chunks: Iterator[dict[str, Any]], model: str, usage: Callable[[], dict[str, Any]]
 ) -> Iterator[dict[str, Any]]:
     """A chat stream as the Responses stream's events: response.created and .in_progress once the prompt is
-    decoded (the chat's first two chunks), then per output item (reasoning, the message, each function call)
-    its .added, its deltas and its .done events, then response.completed (.incomplete for a reply cut at
-    max_output_tokens) with the whole response and its usage (`usage()`: the chat's, read at the end)."""
+    decoded, then per output item (reasoning, the message, each function call) its .added, its deltas and
+    its .done events, then response.completed (.incomplete for a reply cut at max_output_tokens) with the
+    whole response and its usage (`usage()`: the chat's, read at the end)."""
     response = _Response(model)
     seq = itertools.count()
 
     def event(kind: str, **fields: Any) -> dict[str, Any]:
         return {"type": kind, "sequence_number": next(seq), **fields}
 
-    first = list(itertools.islice(chunks, 2))  # the prefill's errors raise before any event
+    chunks = prefilled(chunks)
     yield event("response.created", response=response.shape([], None, None))
     yield event("response.in_progress", response=response.shape([], None, None))
-    done: list[dict[str, Any]] = []  # completed items
-    current: dict[str, Any] | None = None  # the item open: its kind, id, text so far (call: name, call_id)
-    finish = None
-
-    def close() -> Iterator[dict[str, Any]]:
-        nonlocal current
-        if current is None:
-            return
-        at, item_id, text = len(done), current["id"], current["text"]
-        if current["kind"] == "message":
-            item = _message_item(item_id, text, "completed")
-            yield event(
-                "response.output_text.done", item_id=item_id, output_index=at, content_index=0, text=text, logprobs=[]
-            )
-            yield event(
-                "response.content_part.done", item_id=item_id, output_index=at, content_index=0, part=item["content"][0]
-            )
-        elif current["kind"] == "reasoning":
-            item = _reasoning_item(item_id, text, "completed")
-            yield event("response.reasoning_text.done", item_id=item_id, output_index=at, content_index=0, text=text)
-        else:
-            item = _call_item(item_id, current["call_id"], current["name"], text, "completed")
-            yield event(
-                "response.function_call_arguments.done",
-                item_id=item_id,
-                output_index=at,
-                name=current["name"],
-                arguments=text,
-            )
-        yield event("response.output_item.done", output_index=at, item=item)
-        done.append(item)
-        current = None
-
-    def open_item(kind: str, **extra: Any) -> Iterator[dict[str, Any]]:
-        nonlocal current
-        yield from close()
-        at = len(done)
-        if kind == "message":
-            current = {"kind": kind, "id": _new_id("msg"), "text": ""}
-            yield event(
-                "response.output_item.added", output_index=at, item=_message_item(current["id"], None, "in_progress")
-            )
-            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-            yield event(
-                "response.content_part.added", item_id=current["id"], output_index=at, content_index=0, part=part
-            )
-        elif kind == "reasoning":
-            current = {"kind": kind, "id": _new_id("rs"), "text": ""}
-            yield event(
-                "response.output_item.added", output_index=at, item=_reasoning_item(current["id"], "", "in_progress")
-            )
-        else:
-            current = {"kind": kind, "id": _new_id("fc"), "text": "", **extra}
-            item = _call_item(current["id"], extra["call_id"], extra["name"], "", "in_progress")
-            yield event("response.output_item.added", output_index=at, item=item)
-
-    for chunk in itertools.chain(first, chunks):
-        choice = chunk["choices"][0]
-        delta, finish = choice["delta"], choice["finish_reason"] or finish
-        if delta.get("reasoning_content"):
-            if current is None or current["kind"] != "reasoning":
-                yield from open_item("reasoning")
-            current["text"] += delta["reasoning_content"]
-            yield event(
-                "response.reasoning_text.delta",
-                item_id=current["id"],
-                output_index=len(done),
-                content_index=0,
-                delta=delta["reasoning_content"],
-            )
-        if delta.get("content"):
-            if current is None or current["kind"] != "message":
-                yield from open_item("message")
-            current["text"] += delta["content"]
-            yield event(
-                "response.output_text.delta",
-                item_id=current["id"],
-                output_index=len(done),
-                content_index=0,
-                delta=delta["content"],
-                logprobs=[],
-            )
-        for call in delta.get("tool_calls") or []:
-            f = call.get("function") or {}
-            if call.get("id"):  # a call's first delta names it
-                yield from open_item("call", call_id=call["id"], name=f.get("name", ""))
-            if f.get("arguments") and current is not None:
-                current["text"] += f["arguments"]
+    done: list[dict[str, Any]] = []  # the items completed
+    item_id = ""  # the open item's
+    for step in reply_steps(chunks):
+        part, at = step.part, len(done)
+        if step.action == "finish":
+            kind = "response.incomplete" if step.reason == "length" else "response.completed"
+            yield event(kind, response=response.shape(done, step.reason, _usage(usage())))
+        elif step.action == "open":
+            item_id = _new_id(_PREFIX[part.kind])
+            yield event("response.output_item.added", output_index=at, item=_item(part, item_id, "in_progress"))
+            if part.kind == "text":
+                where = {"item_id": item_id, "output_index": at, "content_index": 0}
+                yield event("response.content_part.added", **where, part=_text_part(""))
+        elif step.action == "delta":
+            if part.kind == "call":
                 yield event(
-                    "response.function_call_arguments.delta",
-                    item_id=current["id"],
-                    output_index=len(done),
-                    delta=f["arguments"],
+                    "response.function_call_arguments.delta", item_id=item_id, output_index=at, delta=step.delta
                 )
-    yield from close()
-    kind = "response.incomplete" if finish == "length" else "response.completed"
-    yield event(kind, response=response.shape(done, finish or "stop", _usage(usage())))
+            else:
+                kind = "response.reasoning_text.delta" if part.kind == "reasoning" else "response.output_text.delta"
+                extra = {"logprobs": []} if part.kind == "text" else {}
+                yield event(kind, item_id=item_id, output_index=at, content_index=0, delta=step.delta, **extra)
+        else:  # close
+            where = {"item_id": item_id, "output_index": at}
+            if part.kind == "text":
+                yield event("response.output_text.done", **where, content_index=0, text=part.text, logprobs=[])
+                yield event("response.content_part.done", **where, content_index=0, part=_text_part(part.text))
+            elif part.kind == "reasoning":
+                yield event("response.reasoning_text.done", **where, content_index=0, text=part.text)
+            else:
+                yield event("response.function_call_arguments.done", **where, name=part.name, arguments=part.text)
+            item = _item(part, item_id, "completed")
+            yield event("response.output_item.done", output_index=at, item=item)
+            done.append(item)

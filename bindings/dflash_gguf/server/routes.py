@@ -6,10 +6,10 @@ import hmac
 import json
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..speculative import SpeculativeLlama
-from .openai_responses import chat_body, response_events, response_object
+from . import anthropic_messages, openai_responses
 from .requests import FIELDS, NATIVE, request_kwargs
 from .responses import (
     detokenize_response,
@@ -26,23 +26,65 @@ if TYPE_CHECKING:
     from .serving import DFlashServer
 
 
+class _Dialect(NamedTuple):
+    """An API whose request is a chat in other words: its body as a chat's, the chat's result as its answer,
+    the chat's stream as its events (given the model's name and the chat's usage, read at the end)."""
+
+    chat_body: Callable[[Any], dict[str, Any]]
+    answer: Callable[[dict[str, Any]], dict[str, Any]]
+    events: Callable[[Iterator[dict[str, Any]], str, SpeculativeLlama], Iterator[dict[str, Any]]]
+
+
+_RESPONSES = _Dialect(
+    openai_responses.chat_body,
+    openai_responses.response_object,
+    lambda chunks, model, llm: openai_responses.response_events(chunks, model, lambda: llm.last_usage),
+)
+DIALECTS = {
+    "/v1/responses": _RESPONSES,  # OpenAI's Responses API
+    "/responses": _RESPONSES,
+    "/v1/messages": _Dialect(  # Anthropic's Messages API; its message_start needs the prompt's counts
+        anthropic_messages.chat_body,
+        anthropic_messages.message_object,
+        lambda chunks, model, llm: anthropic_messages.message_events(
+            chunks, model, lambda: prompt_counts(llm), lambda: llm.last_usage
+        ),
+    ),
+}
+
+
+def prompt_counts(llm: SpeculativeLlama) -> tuple[int, int]:
+    """The prompt tokens of the generation under way and those of them reused, once its prompt is decoded."""
+    stats = llm._spec.stats
+    return stats["prompt_tokens"], stats["reused_tokens"]
+
+
+def chat_prompt_tokens(llm: SpeculativeLlama, kw: dict[str, Any]) -> list[int]:
+    """The tokens a chat of create_chat_completion's arguments `kw` starts from."""
+    return llm.tokenize(
+        llm.apply_chat_template(kw["messages"], kw.get("tools"), kw.get("chat_template_kwargs")), special=True
+    )
+
+
 class Handler(JSONEventHandler):
-    """The routes: OpenAI's (the Responses API's too), llama-server's native ones, /health, /props and /v1/models; the model and settings are
-    the server's (serving.DFlashServer)."""
+    """The routes: OpenAI's (Responses API included), Anthropic's Messages API, llama-server's native ones,
+    /health, /props and /v1/models; the model and settings are the server's (serving.DFlashServer)."""
 
     server: DFlashServer
 
     def _authorized(self) -> bool:
-        given = self.headers.get("Authorization", "")
-        if (
-            self.server.api_key is None
-            or self.path in ("/health", "/v1/health")
-            or hmac.compare_digest(given.encode(), f"Bearer {self.server.api_key}".encode())
+        key = self.server.api_key
+        if key is None or self.path in ("/health", "/v1/health"):
+            return True
+        # OpenAI's clients send the key as a bearer token, Anthropic's as X-Api-Key (llama-server takes both)
+        bearer = self.headers.get("Authorization", "").encode()
+        if hmac.compare_digest(bearer, f"Bearer {key}".encode()) or hmac.compare_digest(
+            self.headers.get("X-Api-Key", "").encode(), key.encode()
         ):
             return True
         self._send_json(
             HTTPStatus.UNAUTHORIZED,
-            error_body(HTTPStatus.UNAUTHORIZED, "invalid or missing API key (Authorization: Bearer ...)"),
+            error_body(HTTPStatus.UNAUTHORIZED, "invalid or missing API key (Authorization: Bearer ... or X-Api-Key)"),
         )
         return False
 
@@ -78,19 +120,26 @@ class Handler(JSONEventHandler):
             return
         llm, model_name = self.server.llm, self.server.model_name
         tokens = {"/tokenize": tokenize_response, "/detokenize": detokenize_response}.get(self.path)
-        responses = self.path in ("/v1/responses", "/responses")  # OpenAI's Responses API: a chat in other words
-        if self.path not in FIELDS and self.path not in NATIVE and tokens is None and not responses:
+        dialect = DIALECTS.get(self.path)
+        count = self.path == "/v1/messages/count_tokens"  # Anthropic's: the prompt's tokens
+        if self.path not in FIELDS and self.path not in NATIVE and tokens is None and dialect is None and not count:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
-            route = "/v1/chat/completions" if responses else self.path
-            if responses:
-                body = chat_body(body)
+            route = "/v1/chat/completions" if dialect or count else self.path
+            if dialect is not None:
+                body = dialect.chat_body(body)
+            elif count:
+                body = anthropic_messages.chat_body(body, need_max_tokens=False)
             kw = request_kwargs(route, body, self.server.reasoning_format) if route in FIELDS else {}
-            if tokens is not None:  # no generation: no slot to wait for
+            # no generation: no slot to wait for
+            if tokens is not None:
                 self._send_json(HTTPStatus.OK, tokens(llm, body))
+                return
+            if count:
+                self._send_json(HTTPStatus.OK, {"input_tokens": len(chat_prompt_tokens(llm, kw))})
                 return
             if self.path == "/apply-template":
                 self._send_json(HTTPStatus.OK, {"prompt": llm.apply_chat_template(**kw)})
@@ -102,8 +151,8 @@ class Handler(JSONEventHandler):
             if self.path in NATIVE:
                 self._native(llm, release, body, NATIVE[self.path])
                 return
-            if responses:
-                self._responses(llm, release, kw)
+            if dialect is not None:
+                self._dialect(llm, release, kw, dialect)
                 return
             # OpenAI's stream_options.include_usage: one more chunk, without choices, with the usage
             options = body.get("stream_options")
@@ -129,29 +178,29 @@ class Handler(JSONEventHandler):
             return None
         try:
             if route == "/v1/chat/completions":
-                text = llm.apply_chat_template(kw["messages"], kw.get("tools"), kw.get("chat_template_kwargs"))
-            else:
-                text = kw.get("prompt")
-            if isinstance(text, str):
-                return llm.tokenize(text, special=True)
+                return chat_prompt_tokens(llm, kw)
+            if isinstance(kw.get("prompt"), str):
+                return llm.tokenize(kw["prompt"], special=True)
         except Exception:  # noqa: BLE001 - the generation reports what is wrong with the request
             pass
         return None
 
-    def _responses(self, llm: SpeculativeLlama, release: Callable[[], None], kw: dict[str, Any]) -> None:
-        """OpenAI's Responses API: the chat of `kw` answered as a response object or its stream of events."""
+    def _dialect(
+        self, llm: SpeculativeLlama, release: Callable[[], None], kw: dict[str, Any], dialect: _Dialect
+    ) -> None:
+        """The chat of `kw` answered in another API's shapes, whole or as its stream of events."""
         model_name = self.server.model_name
         stream = bool(kw.get("stream"))
 
         def start() -> Any:
             out = llm.create_chat_completion(**kw, model=model_name)
-            return response_events(out, model_name, lambda: llm.last_usage) if stream else out
+            return dialect.events(out, model_name, llm) if stream else out
 
         self._generate(
             start,
             stream,
-            1,  # response.created: the prompt is decoded
-            lambda out: {**response_object(out), "timings": timings(llm.stats)},
+            1,  # the stream's first event comes once the prompt is decoded
+            lambda out: {**dialect.answer(out), "timings": timings(llm.stats)},
             lambda held: [{**held, "timings": timings(llm.stats)}],
             done=False,
             release=release,

@@ -117,8 +117,9 @@ class JSONEventHandler(BaseHTTPRequestHandler):
             rest.close()  # type: ignore[attr-defined]
 
     def _event(self, obj: Any) -> None:
-        # the Responses API's events are named in the stream too (OpenAI's and llama-server's streams)
+        # an event that says its type (the Responses and Messages APIs') is named by it in the stream too, as
+        # OpenAI's, Anthropic's and llama-server's streams name them
         kind = obj.get("type") if isinstance(obj, dict) else None
-        name = f"event: {kind}\n".encode() if isinstance(kind, str) and kind.startswith("response.") else b""
+        name = f"event: {kind}\n".encode() if isinstance(kind, str) else b""
         self.wfile.write(name + b"data: " + json.dumps(obj).encode() + b"\n\n")
         self.wfile.flush()
