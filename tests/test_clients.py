@@ -111,17 +111,27 @@ def sse_events(url: str, body: dict) -> list[tuple[str, dict]]:
     return events
 
 
-def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str) -> None:
-    """The Responses API (client.responses) gives the chat's reply, whole or streamed: the same text and token
-    counts as the chat of the same messages; a reply cut at max_output_tokens is incomplete, as OpenAI's; the
-    stream's events are named, numbered in order, and each item is added before its deltas and done after."""
-    system, user = "Be brief.", "def add(a, b):"
-    chat = client.chat.completions.create(
+BRIEF = ("Be brief.", "def add(a, b):")  # a system message and a user's
+
+
+@pytest.fixture(scope="module")
+def brief_chat(client: openai.OpenAI) -> Any:
+    """The chat of BRIEF, greedy, cut at 12 tokens: what the other APIs' answers to the same turns must be."""
+    system, user = BRIEF
+    return client.chat.completions.create(
         model="tiny",
         messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
         max_tokens=12,
         temperature=0,
     )
+
+
+def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str, brief_chat: Any) -> None:
+    """The Responses API (client.responses) gives the chat's reply, whole or streamed: the same text and token
+    counts as the chat of the same messages; a reply cut at max_output_tokens is incomplete, as OpenAI's; the
+    stream's events are named, numbered in order, and each item is added before its deltas and done after."""
+    system, user = BRIEF
+    chat = brief_chat
     kw = dict(model="tiny", instructions=system, input=user, max_output_tokens=12, temperature=0)
     whole = client.responses.create(**kw)
     assert whole.output_text == chat.choices[0].message.content and whole.output_text
@@ -222,17 +232,12 @@ def claude(base_url: str) -> Any:
 GREEDY_BODY = {"extra_body": {"temperature": 0}}  # the SDK leaves sampling fields to the request body
 
 
-def test_anthropic_messages_are_the_chat_s(claude: Any, client: openai.OpenAI, base_url: str) -> None:
+def test_anthropic_messages_are_the_chat_s(claude: Any, base_url: str, brief_chat: Any) -> None:
     """Anthropic's Messages API (the anthropic SDK) gives the chat's reply, whole or streamed: the same text and
     token counts as the chat of the same turns (input_tokens + cache_read_input_tokens its prompt), a reply
     cut at max_tokens stops for "max_tokens"; count_tokens counts that prompt; the stream's events are named."""
-    system, user = "Be brief.", "def add(a, b):"
-    chat = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
-        max_tokens=12,
-        temperature=0,
-    )
+    system, user = BRIEF
+    chat = brief_chat
     kw = dict(model="tiny", max_tokens=12, system=system, messages=[{"role": "user", "content": user}])
     whole = claude.messages.create(**kw, **GREEDY_BODY)
     assert [b.type for b in whole.content] == ["text"] and whole.content[0].text == chat.choices[0].message.content
