@@ -171,6 +171,45 @@ def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str, b
     assert out.output_text == chat.choices[0].message.content
 
 
+def test_responses_items_as_chat_messages() -> None:
+    """A Responses input as the chat's messages: instructions as the system message, what the model said
+    (reasoning, its message, its function calls) joined into one assistant turn, each function output a tool
+    message, the format and effort under the chat's names."""
+    from dflash_gguf.server.openai_responses import chat_body
+
+    body = {
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "user", "content": "weather?"},
+            {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "look it up"}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+            {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "c1", "output": "20"},
+        ],
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+        "reasoning": {"effort": "none"},
+        "max_output_tokens": 7,
+    }
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    chat = chat_body(body)
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Checking."}],
+            "reasoning_content": "look it up",
+            "tool_calls": [call],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "20"},
+    ]
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "w", "schema": {"type": "object"}},
+    }
+    assert (chat["reasoning_effort"], chat["max_tokens"]) == ("none", 7)
+
+
 def test_openai_responses_call_functions_and_take_their_output(client: openai.OpenAI) -> None:
     """A forced function tool comes back as a function_call item, whole and through the SDK's stream helper
     (which checks each item's identity from added to done); the call and its output sent back as items are
@@ -302,6 +341,49 @@ def test_anthropic_tool_use_and_results(claude: Any, client: openai.OpenAI) -> N
     )
     out = claude.messages.create(model="tiny", max_tokens=10, messages=turns, tools=[tool], **GREEDY_BODY)
     assert out.content[0].text == chat.choices[0].message.content
+
+
+def test_anthropic_turns_as_chat_messages() -> None:
+    """A Messages conversation as the chat's messages: the system text blocks joined, an assistant turn's
+    thinking, text and tool_use as one message, and a user turn's tool_result answering those calls before
+    the user's text (tool messages follow the calls they answer)."""
+    from dflash_gguf.server.anthropic_messages import chat_body
+
+    body = {
+        "max_tokens": 8,
+        "system": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "look it up", "signature": ""},
+                    {"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}},
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "20"}]},
+                    {"type": "text", "text": "and tomorrow?"},
+                ],
+            },
+        ],
+    }
+    call = {"id": "t1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert chat_body(body)["messages"] == [
+        {"role": "system", "content": "ab"},
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "Checking."}],
+            "tool_calls": [call],
+            "reasoning_content": "look it up",
+        },
+        {"role": "tool", "tool_call_id": "t1", "content": "20"},
+        {"role": "user", "content": [{"type": "text", "text": "and tomorrow?"}]},
+    ]
 
 
 @pytest.mark.parametrize(

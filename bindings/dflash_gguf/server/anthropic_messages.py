@@ -65,8 +65,8 @@ def _joined(content: Any, what: str) -> str:
 
 
 def _chat_messages(m: Any) -> list[dict[str, Any]]:
-    """One Messages message as chat messages: the turn (text parts, reasoning, tool calls), then a tool
-    message per tool_result block."""
+    """One Messages message as chat messages: a tool message per tool_result block (they answer the calls of
+    the turn before, so they come first), then the turn (text parts, reasoning, tool calls)."""
     if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
         raise BadRequest(f"each message needs a role, user or assistant, got {m!r:.80}")
     role, content = m["role"], m.get("content")
@@ -108,7 +108,7 @@ def _chat_messages(m: Any) -> list[dict[str, Any]]:
             turn["tool_calls"] = calls
         if thought:
             turn["reasoning_content"] = thought
-        return [turn, *results]
+        return [*results, turn]
     return results
 
 

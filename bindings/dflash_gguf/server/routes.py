@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 class _Dialect(NamedTuple):
     """An API whose request is a chat in other words: its body as a chat's, the chat's result as its answer,
-    the chat's stream as its events (given the model's name and the chat's usage, read at the end)."""
+    the chat's stream as its events (given the model's name and the slot, whose counts they read)."""
 
     chat_body: Callable[[Any], dict[str, Any]]
     answer: Callable[[dict[str, Any]], dict[str, Any]]
