@@ -502,8 +502,9 @@ void register_speculator(py::module_ & m) {
             // strings need not be UTF-8, hence backslashreplace
             const llama_model * model = live(p).target().model();
             auto text = [](const std::string & s) {
-                return py::reinterpret_steal<py::str>(
-                    PyUnicode_DecodeUTF8(s.data(), (Py_ssize_t)s.size(), "backslashreplace"));
+                PyObject * o = PyUnicode_DecodeUTF8(s.data(), (Py_ssize_t)s.size(), "backslashreplace");
+                if (!o) throw py::error_already_set();  // MemoryError
+                return py::reinterpret_steal<py::str>(o);
             };
             py::dict d;
             std::string key(256, '\0'), val(1024, '\0');

@@ -92,7 +92,10 @@ def props_response(llm: SpeculativeLlama, model_name: str, slots: int, reasoning
         "reasoning_format": reasoning_format,
         "speculative.n_max": llm.n_max,
     }
-    piece = lambda t: llm.detokenize([t], special=True).decode("utf-8", "replace") if t >= 0 else ""  # noqa: E731
+
+    def piece(token: int) -> str:
+        return llm.detokenize([token], special=True).decode("utf-8", "replace") if token >= 0 else ""
+
     return {
         "default_generation_settings": {"params": params, "n_ctx": llm.n_ctx()},
         "total_slots": slots,

@@ -128,7 +128,7 @@ class Handler(JSONEventHandler):
         try:
             length = int(self.headers.get("Content-Length", "0"))
             body = json.loads(self.rfile.read(length) or b"null")
-            route = "/v1/chat/completions" if dialect or count else self.path
+            route = "/v1/chat/completions" if dialect is not None or count else self.path
             if dialect is not None:
                 body = dialect.chat_body(body)
             elif count:
