@@ -414,6 +414,45 @@ def test_anthropic_messages_refuse_what_they_cannot_do(base_url: str, body: dict
     assert e.value.code == 400 and word in json.loads(e.value.read())["error"]["message"]
 
 
+def test_a_failure_mid_stream_reaches_both_sdks() -> None:
+    """A generation that breaks down after its stream began: the anthropic and openai SDKs raise it (an event
+    of type "error"), rather than ending the stream as if it were complete."""
+    anthropic = pytest.importorskip("anthropic", reason="the test extras (scripts/install.sh --test) bring the clients")
+
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
+
+        class FailsAfterFourChunks:  # the real model, whose chat stream breaks down after four chunks
+            def __getattr__(self, name: str) -> Any:
+                return getattr(llm, name)
+
+            def create_chat_completion(self, *args: Any, **kw: Any) -> Any:
+                chunks = llm.create_chat_completion(*args, **kw)
+                if not kw.get("stream"):
+                    return chunks
+                return self._failing(chunks)
+
+            @staticmethod
+            def _failing(chunks: Iterator[Any]) -> Iterator[Any]:
+                for i, chunk in enumerate(chunks):
+                    if i == 4:
+                        chunks.close()  # type: ignore[attr-defined]
+                        raise RuntimeError("the disk is on fire")
+                    yield chunk
+
+        with serving(FailsAfterFourChunks(), "tiny") as port:  # type: ignore[arg-type]
+            base = f"http://127.0.0.1:{port}"
+            claude = anthropic.Anthropic(base_url=base, api_key="none", max_retries=0)
+            kw = dict(model="tiny", max_tokens=20, messages=[{"role": "user", "content": "def f(x):"}])
+            with pytest.raises(anthropic.APIError, match="the disk is on fire"):
+                with claude.messages.stream(**kw, **GREEDY_BODY) as stream:
+                    for _ in stream:
+                        pass
+            client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+            with pytest.raises(openai.APIError, match="the disk is on fire"):
+                for _ in client.responses.create(model="tiny", input="def f(x):", max_output_tokens=20, stream=True):
+                    pass
+
+
 def test_langchain_tools_and_structured_output(base_url: str) -> None:
     from langchain_openai import ChatOpenAI, OpenAI
     from pydantic import BaseModel

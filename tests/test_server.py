@@ -56,7 +56,8 @@ def request(
 
 
 def events(payload: bytes) -> list[Any]:
-    parts = [p[len(b"data: ") :] for p in payload.split(b"\n\n") if p]
+    """The data of each event of an OpenAI stream (which ends with [DONE])."""
+    parts = [p.split(b"data: ", 1)[1] for p in payload.split(b"\n\n") if p]
     assert parts[-1] == b"[DONE]", parts[-1]
     return [json.loads(p) for p in parts[:-1]]
 
@@ -267,6 +268,8 @@ def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> No
         status, payload = request(port, "POST", "/v1/completions", body)
         *chunks, failure = events(payload)
         assert status == 200 and len(chunks) == 3 and "the disk is on fire" in failure["error"]["message"]
+        # named "error", as the openai and anthropic SDKs take an error event
+        assert failure["type"] == "error" and b"\nevent: error\ndata: " in payload
         direct = llm.create_completion(prompts()[2]["text"], max_tokens=40, **GREEDY)["choices"][0]["text"]
         assert direct.startswith("".join(c["choices"][0]["text"] for c in chunks))
 

@@ -103,7 +103,9 @@ class JSONEventHandler(BaseHTTPRequestHandler):
                 raise
             except Exception as e:  # noqa: BLE001 (mid-stream: the status is sent; say it in the stream)
                 end = [] if held is None else [held]
-                end.append(error_body(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}"))
+                # an event of type "error" (Anthropic's shape), which both OpenAI's and Anthropic's SDKs raise
+                failure = error_body(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(e).__name__}: {e}")
+                end.append({"type": "error", **failure})
             else:
                 end = last(held) if held is not None else []
             release()  # the generation is over (its stream exhausted): only sending is left
