@@ -255,6 +255,7 @@ def test_openai_responses_call_functions_and_take_their_output(client: openai.Op
         ({"input": "x", "tools": [{"type": "web_search"}]}, "function tools"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "text only"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input items"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
     ],
 )
 def test_openai_responses_refuse_what_they_cannot_do(client: openai.OpenAI, body: dict, word: str) -> None:
@@ -391,6 +392,7 @@ def test_anthropic_turns_as_chat_messages() -> None:
     [
         ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         ({"max_tokens": 4}, "messages"),
+        ({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "text only"),
         (
             {

@@ -26,8 +26,10 @@ def chat_body(body: Any, need_max_tokens: bool = True) -> dict[str, Any]:
         raise BadRequest("the request body must be a JSON object")
     if not isinstance(body.get("messages"), list):
         raise BadRequest("'messages' is required: an array of messages")
-    if need_max_tokens and not isinstance(body.get("max_tokens"), int):
-        raise BadRequest("'max_tokens' is required: the most tokens to generate")
+    limit = body.get("max_tokens")
+    if need_max_tokens and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        # (a chat's 0 means "up to the end of the context")
+        raise BadRequest(f"'max_tokens' is required: the most tokens to generate, >= 1, got {limit!r}")
     chat = {k: body[k] for k in ("max_tokens", "temperature", "top_p", "top_k", "stream") if k in body}
     messages: list[dict[str, Any]] = []
     system = body.get("system")

@@ -55,8 +55,11 @@ def chat_body(body: Any) -> dict[str, Any]:
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     if choice is not None:
         chat["tool_choice"] = choice
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
+    limit = body.get("max_output_tokens")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:  # a chat's 0 means no limit
+            raise BadRequest(f"'max_output_tokens' must be an integer >= 1, got {limit!r}")
+        chat["max_tokens"] = limit
     text = body.get("text")
     fmt = text.get("format") if isinstance(text, dict) else None
     if isinstance(fmt, dict) and fmt.get("type") == "json_object":
