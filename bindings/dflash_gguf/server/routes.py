@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import urlsplit
 
 from ..speculative import SpeculativeLlama
 from . import anthropic_messages, openai_responses
@@ -71,6 +72,12 @@ class Handler(JSONEventHandler):
     /health, /props and /v1/models; the model and settings are the server's (serving.DFlashServer)."""
 
     server: DFlashServer
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        # a route is a path: a query does not change it (the anthropic SDK's beta calls add ?beta=true)
+        self.path = urlsplit(self.path).path
+        return ok
 
     def _authorized(self) -> bool:
         key = self.server.api_key
