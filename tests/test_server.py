@@ -248,6 +248,15 @@ def test_requests_take_turns_and_a_client_may_leave_mid_stream(llm: SpeculativeL
     assert got == texts
 
 
+def test_a_query_does_not_change_the_route(llm: SpeculativeLlama, port: int) -> None:
+    """Routes are paths: a query (Claude Code's /v1/messages?beta=true) leaves the route and its answer as
+    they are."""
+    body = {"max_tokens": 6, "messages": [{"role": "user", "content": "x = 1"}], **GREEDY}
+    plain, queried = (request(port, "POST", path, body) for path in ("/v1/messages", "/v1/messages?beta=true"))
+    assert plain[0] == queried[0] == 200 and plain[1]["content"] == queried[1]["content"]
+    assert request(port, "GET", "/health?probe=1") == (200, {"status": "ok"})
+
+
 def test_a_failure_mid_stream_is_told_in_the_stream(llm: SpeculativeLlama) -> None:
     """Once a stream's 200 is sent, an error can only be an event: the chunks before it all arrive."""
 
