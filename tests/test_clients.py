@@ -174,7 +174,7 @@ def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str, b
 def test_responses_items_as_chat_messages() -> None:
     """A Responses input as the chat's messages: instructions as the system message, what the model said
     (reasoning, its message, its function calls) joined into one assistant turn, each function output a tool
-    message, the format and effort under the chat's names."""
+    message, the format and effort under the chat's names; a hosted tool (web search) left out."""
     from dflash_gguf.server.openai_responses import chat_body
 
     body = {
@@ -189,6 +189,7 @@ def test_responses_items_as_chat_messages() -> None:
         "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
         "reasoning": {"effort": "none"},
         "max_output_tokens": 7,
+        "tools": [{"type": "web_search"}, {"type": "function", "name": "get_weather", "parameters": {}}],
     }
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     chat = chat_body(body)
@@ -208,6 +209,7 @@ def test_responses_items_as_chat_messages() -> None:
         "json_schema": {"name": "w", "schema": {"type": "object"}},
     }
     assert (chat["reasoning_effort"], chat["max_tokens"]) == ("none", 7)
+    assert chat["tools"] == [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
 
 
 def test_openai_responses_call_functions_and_take_their_output(client: openai.OpenAI) -> None:
@@ -252,7 +254,7 @@ def test_openai_responses_call_functions_and_take_their_output(client: openai.Op
     [
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"model": "tiny"}, "'input' is required"),
-        ({"input": "x", "tools": [{"type": "web_search"}]}, "function tools"),
+        ({"input": "x", "tools": [{"type": "function"}]}, "needs a name"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "text only"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input items"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
@@ -347,7 +349,7 @@ def test_anthropic_tool_use_and_results(claude: Any, client: openai.OpenAI) -> N
 def test_anthropic_turns_as_chat_messages() -> None:
     """A Messages conversation as the chat's messages: the system text blocks joined, an assistant turn's
     thinking, text and tool_use as one message, and a user turn's tool_result answering those calls before
-    the user's text (tool messages follow the calls they answer)."""
+    the user's text (tool messages follow the calls they answer); a server tool (web search) left out."""
     from dflash_gguf.server.anthropic_messages import chat_body
 
     body = {
@@ -372,8 +374,15 @@ def test_anthropic_turns_as_chat_messages() -> None:
             },
         ],
     }
+    body["tools"] = [
+        {"type": "web_search_20250305", "name": "web_search"},
+        {"name": "get_weather", "description": "w", "input_schema": {"type": "object"}},
+    ]
     call = {"id": "t1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-    assert chat_body(body)["messages"] == [
+    chat = chat_body(body)
+    function = {"name": "get_weather", "description": "w", "parameters": {"type": "object"}}
+    assert chat["tools"] == [{"type": "function", "function": function}]
+    assert chat["messages"] == [
         {"role": "system", "content": "ab"},
         {"role": "user", "content": "weather?"},
         {
@@ -395,12 +404,8 @@ def test_anthropic_turns_as_chat_messages() -> None:
         ({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
         ({"max_tokens": 4, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "text only"),
         (
-            {
-                "max_tokens": 4,
-                "messages": [{"role": "user", "content": "x"}],
-                "tools": [{"type": "web_search_20250305", "name": "w"}],
-            },
-            "client tools",
+            {"max_tokens": 4, "messages": [{"role": "user", "content": "x"}], "tools": [{"description": "d"}]},
+            "needs a name",
         ),
     ],
 )

@@ -38,8 +38,13 @@ def chat_body(body: Any, need_max_tokens: bool = True) -> dict[str, Any]:
     for m in body["messages"]:
         messages += _chat_messages(m)
     chat["messages"] = messages
-    if body.get("tools") is not None:
-        chat["tools"] = [_chat_tool(t) for t in body["tools"]]
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise BadRequest("'tools' must be an array")
+        # Anthropic's server tools (web search, code execution, ...) run on Anthropic's side and have no local
+        # equivalent: left out, so that an agent that offers them (Claude Code's web search) still gets its answer
+        chat["tools"] = [_chat_tool(t) for t in tools if not isinstance(t, dict) or t.get("type", "custom") == "custom"]
     choice = body.get("tool_choice")
     if isinstance(choice, dict):
         kind = choice.get("type")
@@ -115,10 +120,9 @@ def _chat_messages(m: Any) -> list[dict[str, Any]]:
 
 
 def _chat_tool(tool: Any) -> dict[str, Any]:
-    """A client tool ({"name", "description", "input_schema"}) in the chat's shape; Anthropic's server tools
-    (web search, code execution, ...) have no local equivalent."""
-    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or tool.get("type", "custom") != "custom":
-        raise BadRequest(f"only client tools {{'name', 'description', 'input_schema'}} are supported, got {tool!r:.80}")
+    """A client tool ({"name", "description", "input_schema"}) in the chat's shape."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise BadRequest(f"a tool needs a name (and a description and an input_schema), got {tool!r:.80}")
     function = {
         "name": tool["name"],
         "description": tool.get("description", ""),

@@ -49,7 +49,9 @@ def chat_body(body: Any) -> dict[str, Any]:
     if tools is not None:
         if not isinstance(tools, list):
             raise BadRequest("'tools' must be an array")
-        chat["tools"] = [_chat_tool(t) for t in tools]
+        # the hosted tools (web search, file search, a shell, ...) have no chat equivalent: left out, as
+        # llama-server leaves them out, so that an agent that offers them still gets its answer
+        chat["tools"] = [_chat_tool(t) for t in tools if not isinstance(t, dict) or t.get("type") == "function"]
     choice = body.get("tool_choice")
     if isinstance(choice, dict):  # {"type": "function", "name": ...}: the chat names it under "function"
         choice = {"type": "function", "function": {"name": choice.get("name")}}
@@ -143,9 +145,9 @@ def _parts(content: Any) -> list[dict[str, Any]]:
 
 def _chat_tool(tool: Any) -> dict[str, Any]:
     """A Responses function tool ({"type": "function", "name", "description", "parameters"}) in the chat's
-    shape; other tool types (web search, ...) have no chat equivalent."""
-    if not isinstance(tool, dict) or tool.get("type") != "function":
-        raise BadRequest(f"only function tools are supported, got {tool!r:.80}")
+    shape."""
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+        raise BadRequest(f"a function tool needs a name, got {tool!r:.80}")
     return {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}}
 
 
