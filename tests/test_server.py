@@ -203,6 +203,11 @@ def test_bad_requests_get_a_400_and_the_server_keeps_serving(llm: SpeculativeLla
         assert status == 400, (body, out)
         assert out["error"]["type"] == "invalid_request_error" and message in out["error"]["message"], out
     assert request(port, "GET", "/v2/nothing")[0] == 404
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # answered at once, not after a timeout
+    conn.request("POST", "/v1/completions", body=b"{}", headers={"Content-Length": "-1"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and "Content-Length" in json.loads(resp.read())["error"]["message"]
+    conn.close()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # a browser's CORS preflight
     conn.request("OPTIONS", "/v1/chat/completions")
     resp = conn.getresponse()

@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 from ..speculative import SpeculativeLlama
 from . import anthropic_messages, openai_responses
-from .requests import FIELDS, NATIVE, request_kwargs
+from .requests import FIELDS, NATIVE, BadRequest, request_kwargs
 from .responses import (
     detokenize_response,
     error_body,
@@ -134,6 +134,8 @@ class Handler(JSONEventHandler):
             return
         try:
             length = int(self.headers.get("Content-Length", "0"))
+            if length < 0:  # read(-1) would wait for the client to close its side
+                raise BadRequest(f"Content-Length must be >= 0, got {length}")
             body = json.loads(self.rfile.read(length) or b"null")
             route = "/v1/chat/completions" if dialect is not None or count else self.path
             if dialect is not None:
