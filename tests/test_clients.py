@@ -15,7 +15,7 @@ import pytest
 openai = pytest.importorskip("openai", reason="the test extras (scripts/install.sh --test) bring the clients")
 pytest.importorskip("langchain_openai", reason="the test extras (scripts/install.sh --test) bring the clients")
 
-from tinycode import TARGET, THREADS, drafter_gguf  # noqa: E402
+from tinycode import TARGET, THREADS, drafter_gguf, sse_events  # noqa: E402
 
 from dflash_gguf import SpeculativeLlama  # noqa: E402
 from dflash_gguf.server import serving  # noqa: E402
@@ -95,22 +95,6 @@ def test_openai_list_prompt_and_content_parts(client: openai.OpenAI) -> None:
     assert plain.system_fingerprint.startswith("dflash-gguf-")
 
 
-def sse_events(url: str, body: dict) -> list[tuple[str, dict]]:
-    """The raw server-sent events of a streamed request: (event name, data)."""
-    import urllib.request
-
-    req = urllib.request.Request(
-        url, json.dumps({**body, "stream": True}).encode(), {"Content-Type": "application/json"}
-    )
-    events = []
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        for block in resp.read().decode().split("\n\n"):
-            lines = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
-            if "data" in lines:
-                events.append((lines.get("event", ""), json.loads(lines["data"])))
-    return events
-
-
 BRIEF = ("Be brief.", "def add(a, b):")  # a system message and a user's
 
 
@@ -137,7 +121,7 @@ def test_openai_responses_are_the_chat_s(client: openai.OpenAI, base_url: str, b
     assert whole.output_text == chat.choices[0].message.content and whole.output_text
     assert (whole.usage.input_tokens, whole.usage.output_tokens) == (chat.usage.prompt_tokens, 12)
     assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"
-    events = sse_events(base_url + "/responses", kw)
+    events = sse_events(base_url + "/responses", {**kw, "stream": True})
     assert [e["sequence_number"] for _, e in events] == list(range(len(events)))
     assert all(name == e["type"] for name, e in events)
     kinds = [e["type"] for _, e in events]

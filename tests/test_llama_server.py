@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tinycode import sse_events
 
 from dflash_convert import Options, convert
 
@@ -432,7 +433,7 @@ def test_responses_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_pa
             kinds = {"response.reasoning_text.delta": "reasoning", "response.output_text.delta": "message"}
             for server in (f"http://127.0.0.1:{port}", base):  # streamed: the deltas join to the same texts
                 joined: dict[str, str] = {}
-                for e in sse_data(server + "/v1/responses", {**body, "stream": True}):
+                for _, e in sse_events(server + "/v1/responses", {**body, "stream": True}, REQUEST_TIMEOUT_S):
                     if e.get("type") in kinds:
                         joined[kinds[e["type"]]] = joined.get(kinds[e["type"]], "") + e["delta"]
                 assert list(joined.items()) == items(ours), server
@@ -486,7 +487,7 @@ def test_anthropic_messages_are_llama_server_s(
         assert counts[0] == counts[1] == (200, {"input_tokens": prompt[0]})
         for server in (ours_base, base):
             joined: dict[str, str] = {}
-            for e in sse_data(server + "/v1/messages", {**body, "stream": True}):
+            for _, e in sse_events(server + "/v1/messages", {**body, "stream": True}, REQUEST_TIMEOUT_S):
                 kind, key = deltas.get(e.get("delta", {}).get("type"), (None, None))
                 if kind is not None:
                     joined[kind] = joined.get(kind, "") + e["delta"][key]
@@ -565,15 +566,11 @@ def test_chat_replies_are_llama_server_s(
 
 def sse_deltas(url: str, payload: dict[str, Any]) -> dict[str, str]:
     """The joined content and reasoning_content deltas of a streamed chat."""
-    req = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
     joined = {"content": "", "reasoning_content": ""}
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
-        for line in resp:
-            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
-                continue
-            for choice in json.loads(line[6:]).get("choices", []):
-                for key in joined:
-                    joined[key] += choice.get("delta", {}).get(key) or ""
+    for _, chunk in sse_events(url, payload, REQUEST_TIMEOUT_S):
+        for choice in chunk.get("choices", []):
+            for key in joined:
+                joined[key] += choice.get("delta", {}).get(key) or ""
     return joined
 
 
@@ -637,15 +634,9 @@ def test_openai_usage_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_
     assert llm.system_fingerprint.startswith("dflash-gguf-")
 
 
-def sse_data(url: str, payload: dict[str, Any]) -> list[Any]:
-    """Every event's data of a stream (a [DONE] left out)."""
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
-        lines = resp.read().decode().splitlines()
-    return [json.loads(line[len("data: ") :]) for line in lines if line.startswith("data: ") and line != "data: [DONE]"]
-
-
 def sse_usage(url: str, payload: dict[str, Any]) -> list[Any]:
     """The usage of each chunk of an OpenAI stream that has one, and the system_fingerprint's presence."""
-    out = [("system_fingerprint" in chunk, chunk.get("usage")) for chunk in sse_data(url, payload)]
+    out = [
+        ("system_fingerprint" in chunk, chunk.get("usage")) for _, chunk in sse_events(url, payload, REQUEST_TIMEOUT_S)
+    ]
     return [u for u in out if u[1] is not None] + [all(f for f, _ in out)]

@@ -428,3 +428,19 @@ def compare_greedy(
             break
         i += 1
     return problems, ties
+
+
+def sse_events(url: str, payload: dict[str, Any], timeout: float = 180) -> list[tuple[str, Any]]:
+    """POST `payload` to a streaming route: each server-sent event's name ("" where unnamed) and data, a
+    closing [DONE] left out."""
+    import urllib.request
+
+    req = urllib.request.Request(url, json.dumps(payload).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        blocks = resp.read().decode().split("\n\n")
+    events = []
+    for block in blocks:
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "data" in fields and fields["data"] != "[DONE]":
+            events.append((fields.get("event", ""), json.loads(fields["data"])))
+    return events
