@@ -372,11 +372,11 @@ def test_props_and_health_are_llama_server_s(
         status, ours = http_json(ours_base + "/props")
         assert status == 200
         assert set(ours) <= set(theirs), set(ours) - set(theirs)
-        # named and built otherwise; ours has no /slots route
-        ours_only = {"model_alias", "model_path", "build_info", "endpoint_slots"}
+        # named and built otherwise
+        ours_only = {"model_alias", "model_path", "build_info"}
         for key in set(ours) - ours_only - {"default_generation_settings"}:
             assert ours[key] == theirs[key], key
-        assert ours["model_alias"] == "ours" and ours["model_path"] == str(target) and not ours["endpoint_slots"]
+        assert ours["model_alias"] == "ours" and ours["model_path"] == str(target)
         settings = ours["default_generation_settings"]
         assert settings["params"]["seed"] == 4294967295  # llama.cpp's LLAMA_DEFAULT_SEED: random
         assert settings["n_ctx"] == theirs["default_generation_settings"]["n_ctx"] == 1024
@@ -640,3 +640,80 @@ def sse_usage(url: str, payload: dict[str, Any]) -> list[Any]:
         ("system_fingerprint" in chunk, chunk.get("usage")) for _, chunk in sse_events(url, payload, REQUEST_TIMEOUT_S)
     ]
     return [u for u in out if u[1] is not None] + [all(f for f, _ in out)]
+
+
+def test_metrics_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """GET /metrics: without --metrics a 501 from both servers; with it the same metrics of the same types,
+    and after the same greedy requests, drafted with the same file, the same counts of prompt and generated
+    tokens; on both, the accepted drafts per position add up to the accepted drafts."""
+    from tinycode import drafter_gguf, scrape_metrics
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target, draft = tinycode / "target-f16.gguf", drafter_gguf("f16")
+    with (
+        running_server(llama_server, target, tmp_path / "plain.log") as base,
+        SpeculativeLlama(str(target), str(draft), n_ctx=1024, n_threads=2, n_max=7) as llm,
+        serving(llm) as port,
+    ):
+        theirs, ours = http_json(base + "/metrics"), http_json(f"http://127.0.0.1:{port}/metrics")
+        assert theirs[0] == ours[0] == 501
+        assert theirs[1]["error"]["type"] == ours[1]["error"]["type"] == "not_supported_error"
+
+    texts = prompts(tinycode)[:2]
+    with (
+        running_server(llama_server, target, tmp_path / "draft.log", draft=draft, extra_args=["--metrics"]) as base,
+        SpeculativeLlama(str(target), str(draft), n_ctx=1024, n_threads=2, n_max=7) as llm,
+        serving(llm, metrics=True) as port,
+    ):
+        ours_base = f"http://127.0.0.1:{port}"
+        scraped = {}
+        for name, url in (("theirs", base), ("ours", ours_base)):
+            replies = [complete(url, text) for text in texts]
+            assert [r["tokens_predicted"] for r in replies] == [N_PREDICT] * len(texts), name
+            scraped[name] = scrape_metrics(url)
+    (theirs, their_types, _), (ours, our_types, _) = scraped["theirs"], scraped["ours"]
+    assert our_types == their_types
+    assert set(ours) == set(theirs), set(ours) ^ set(theirs)
+    for m in (theirs, ours):
+        assert m["llamacpp:tokens_predicted_total"] == len(texts) * N_PREDICT
+        drafted, accepted = (
+            m["llamacpp:spec_decode_num_draft_tokens_total"],
+            m["llamacpp:spec_decode_num_accepted_tokens_total"],
+        )
+        assert 0 < accepted <= drafted and m["llamacpp:spec_decode_num_drafts_total"] > 0
+        per_position = [v for k, v in m.items() if k.startswith("llamacpp:spec_decode_num_accepted_tokens_per_pos")]
+        assert len(per_position) == 7 and sum(per_position) == accepted
+        assert m["llamacpp:n_decode_total"] >= m["llamacpp:spec_decode_num_drafts_total"]
+        assert m["llamacpp:requests_processing"] == m["llamacpp:requests_deferred"] == 0
+    prompt_total = "llamacpp:prompt_tokens_total", "llamacpp:prompt_tokens_cached_total"
+    assert sum(ours[k] for k in prompt_total) == sum(theirs[k] for k in prompt_total)
+    assert ours["llamacpp:n_tokens_max"] == theirs["llamacpp:n_tokens_max"]
+
+
+def test_slots_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """GET /slots before and after the same greedy completion on one slot, drafted with the same file: each
+    field ours gives is one of llama-server's, with its value (the task's number aside), the tokens the
+    slot's context holds included."""
+    from tinycode import drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target, draft = tinycode / "target-f16.gguf", drafter_gguf("f16")
+    with (
+        running_server(llama_server, target, tmp_path / "slots.log", draft=draft) as base,
+        SpeculativeLlama(str(target), str(draft), n_ctx=1024, n_threads=2, n_max=7) as llm,
+        serving(llm) as port,
+    ):
+        ours_base = f"http://127.0.0.1:{port}"
+        before = http_json(base + "/slots"), http_json(ours_base + "/slots")
+        for url in (base, ours_base):
+            complete(url, prompts(tinycode)[0])
+        after = http_json(base + "/slots"), http_json(ours_base + "/slots")
+    for (_, [theirs]), (status, [ours]) in (before, after):
+        assert status == 200 and set(ours) <= set(theirs), set(ours) - set(theirs)
+        for key in set(ours) - {"id_task"}:
+            assert ours[key] == theirs[key], key
+    assert after[1][1][0]["n_prompt_tokens"] > 0

@@ -518,3 +518,109 @@ def test_a_slot_is_free_before_its_answer_is_sent() -> None:
                 # with no prompt to match, the slot freed last: the one that served
                 with server.slot() as (free, _):
                     assert free is llm, path
+
+
+def test_metrics_count_every_generation_of_every_slot() -> None:
+    """GET /metrics (--metrics): llama-server's counters, each the sum of what the generations of both slots
+    did (a list of prompts is two generations), the two rate gauges over the time since the previous scrape,
+    the requests in a slot and waiting for one; a 501 without --metrics."""
+    from tinycode import scrape_metrics
+
+    with SpeculativeLlama(
+        str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_batch=8, n_threads=THREADS, n_max=3
+    ) as llm:
+        with running(make_server(llm, port=0)) as port:
+            assert request(port, "GET", "/metrics")[0] == 501
+            assert request(port, "GET", "/props")[1]["endpoint_metrics"] is False
+        server = make_server(llm, port=0, parallel=2, metrics=True)
+        seen: list[Any] = []  # every generation's statistics, beside the server's own count of them
+        by_slot: list[SpeculativeLlama] = []
+        for s in server.slots:
+            count = s.on_generation
+            s.on_generation = lambda stats, count=count, s=s: (seen.append(stats), by_slot.append(s), count(stats))
+        with running(server) as port:
+            base = f"http://127.0.0.1:{port}"
+            assert request(port, "GET", "/props")[1]["endpoint_metrics"] is True
+            idle, types, headers = scrape_metrics(base)
+            assert headers["Content-Type"] == "text/plain; version=0.0.4"
+            assert abs(int(headers["Process-Start-Time-Unix"]) - time.time()) < 600
+            assert idle["llamacpp:tokens_predicted_total"] == 0 and types["llamacpp:n_decode_total"] == "counter"
+            texts = [p["text"] for p in prompts()[:3]]
+
+            def usage(prompt: Any) -> dict[str, Any]:
+                return request(port, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 16, **GREEDY})[1][
+                    "usage"
+                ]
+
+            usages = [usage(texts[:2])]  # in the slot freed last, llm
+            with server.slot() as (busy, _):  # llm busy: the other slot's generations
+                usages += [usage(texts[2]), usage(texts[2])]  # the second's prefix comes from the context
+            got, _, _ = scrape_metrics(base)
+            assert busy is llm and by_slot == [llm, llm, server.slots[1], server.slots[1]]
+            m = {k.removeprefix("llamacpp:"): v for k, v in got.items()}
+            assert m["tokens_predicted_total"] == sum(u["completion_tokens"] for u in usages)
+            assert m["prompt_tokens_cached_total"] == sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+            assert m["prompt_tokens_total"] + m["prompt_tokens_cached_total"] == sum(u["prompt_tokens"] for u in usages)
+            assert m["prompt_tokens_cached_total"] > 0
+            # each prefill decodes its new tokens 8 (n_batch) at a time, each step verifies once
+            assert all(s.target_decodes == -(-(s.prompt_tokens - s.reused_prompt_tokens) // 8) + s.steps for s in seen)
+            assert m["n_decode_total"] == sum(s.target_decodes for s in seen)
+            assert m["spec_decode_num_draft_tokens_total"] == sum(s.drafted for s in seen)
+            assert m["spec_decode_num_accepted_tokens_total"] == sum(s.accepted for s in seen) > 0
+            assert m["spec_decode_num_drafts_total"] == sum(s.steps - s.plain_steps for s in seen)
+            per_position = [m[f'spec_decode_num_accepted_tokens_per_pos_total{{position="{i}"}}'] for i in range(3)]
+            assert sum(per_position) == m["spec_decode_num_accepted_tokens_total"]
+            assert per_position == sorted(per_position, reverse=True)  # a draft is accepted up to a position
+            assert m["n_tokens_max"] == max(s.prompt_tokens + s.generated_tokens - 1 for s in seen)  # what was decoded
+            assert m["prompt_seconds_total"] == pytest.approx(sum(s.prefill_ms for s in seen) / 1e3)
+            assert m["prompt_tokens_seconds"] > 0 and m["predicted_tokens_seconds"] > 0
+            assert m["requests_processing"] == m["requests_deferred"] == 0
+            again, _, _ = scrape_metrics(base)  # no generation since: the rates' window is empty
+            assert again["llamacpp:predicted_tokens_seconds"] == again["llamacpp:prompt_tokens_seconds"] == 0
+            assert again["llamacpp:tokens_predicted_total"] == m["tokens_predicted_total"]
+
+            with server.slot(), server.slot():  # both slots busy: a request waits
+                assert scrape_metrics(base)[0]["llamacpp:requests_processing"] == 2
+                asker = threading.Thread(target=_complete, args=(port, 5, {}))
+                asker.start()
+                deadline = time.monotonic() + 30
+                while scrape_metrics(base)[0]["llamacpp:requests_deferred"] != 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            asker.join(60)
+            after = scrape_metrics(base)[0]
+            assert after["llamacpp:requests_deferred"] == after["llamacpp:requests_processing"] == 0
+            assert len(seen) == 5
+    assert llm.on_generation is None  # the server's count leaves the caller's object as it found it
+
+
+def test_slots_say_which_slot_is_busy_and_what_each_holds() -> None:
+    """GET /slots (llama-server's, on by default): per slot its context size, whether it generates, its latest
+    generation's number and, once free, the tokens its context holds; `?fail_on_no_slot=1` is a 503 while
+    every slot is busy; with slots=False (--no-slots) a 501."""
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=512, n_threads=THREADS, n_max=3) as llm:
+        server = make_server(llm, port=0, parallel=2)
+        with running(server) as port:
+            idle = {"n_ctx": 512, "speculative": True, "is_processing": False}
+            assert request(port, "GET", "/slots") == (200, [{"id": 0, **idle}, {"id": 1, **idle}])
+            text = prompts()[0]["text"]
+            out = request(port, "POST", "/v1/completions", {"prompt": text, "max_tokens": 8, **GREEDY})[1]
+            again = request(port, "POST", "/v1/completions", {"prompt": text, "max_tokens": 8, **GREEDY})[1]
+            first, second = request(port, "GET", "/slots")[1]
+            assert second == {"id": 1, **idle}  # the prompt came back to the slot that held it
+            assert again["timings"]["cache_n"] == out["usage"]["prompt_tokens"] - 1
+            # what was decoded: the prompt and every generated token but the last
+            held = again["usage"]["total_tokens"] - 1
+            assert (
+                first == {"id": 0, **idle, "id_task": 1, "n_prompt_tokens": held}
+                and len(llm._spec.cached_tokens) == held
+            )
+            assert request(port, "GET", "/slots?fail_on_no_slot=1")[0] == 200
+            with server.slot(), server.slot():
+                status, body = request(port, "GET", "/slots?fail_on_no_slot=1")
+                assert status == 503 and body["error"]["type"] == "unavailable_error"
+                busy = request(port, "GET", "/slots")[1]
+                assert busy == [{"id": i, **idle, "is_processing": True, "id_task": 2 + i} for i in range(2)]
+        with running(make_server(llm, port=0, slots=False)) as port:
+            assert request(port, "GET", "/slots")[0] == 501
+            assert request(port, "GET", "/props")[1]["endpoint_slots"] is False

@@ -444,3 +444,22 @@ def sse_events(url: str, payload: dict[str, Any], timeout: float = 180) -> list[
         if "data" in fields and fields["data"] != "[DONE]":
             events.append((fields.get("event", ""), json.loads(fields["data"])))
     return events
+
+
+def scrape_metrics(base: str) -> tuple[dict[str, float], dict[str, str], dict[str, str]]:
+    """GET base/metrics in Prometheus' text format: each sample's value by its name with labels, each
+    metric's type (# TYPE lines) by its name, and the response's headers."""
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as resp:
+        text, headers = resp.read().decode(), dict(resp.headers)
+    values: dict[str, float] = {}
+    types: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            sample, value = line.rsplit(" ", 1)
+            values[sample] = float(value)
+    return values, types, headers

@@ -407,7 +407,7 @@ void register_speculator(py::module_ & m) {
                                [](PySpeculator & p) { return counters_dict(live(p).drafter().counters()); })
         .def_property_readonly("stats",
                                [](PySpeculator & p) {
-                                   const auto & s = live(p).stats();
+                                   const dflash::SpecStats s = live(p).stats();
                                    py::dict d;
                                    d["steps"] = s.steps;
                                    d["plain_steps"] = s.steps_by_length.empty() ? 0 : s.steps_by_length[0];
@@ -426,6 +426,7 @@ void register_speculator(py::module_ & m) {
                                    d["rollback_ms"] = s.rollback_ms;
                                    d["prompt_tokens"] = s.prompt_tokens;
                                    d["reused_tokens"] = s.reused_tokens;
+                                   d["target_decodes"] = s.target_decodes;
                                    return d;
                                })
         .def(

@@ -413,6 +413,19 @@ def generate(
     help="Generations served at once, each in a slot with its own context on the one loaded model "
     "(llama-server's --parallel); more requests wait for a free slot. Each slot uses --threads threads.",
 )
+@click.option(
+    "--metrics",
+    is_flag=True,
+    help="Serve GET /metrics: tokens, timings and speculative acceptance (per draft position too) since the "
+    "start, in Prometheus' text format under llama-server's names.",
+)
+@click.option(
+    "--slots/--no-slots",
+    default=True,
+    show_default=True,
+    help="Serve GET /slots: each slot's context size, whether it is generating, its latest prompt's counts "
+    "(llama-server's; `?fail_on_no_slot=1` answers 503 while every slot is busy).",
+)
 def serve(
     host: str,
     port: int,
@@ -421,6 +434,8 @@ def serve(
     cache_ram: int,
     reasoning_format: str,
     parallel: int,
+    metrics: bool,
+    slots: bool,
     **model: Any,
 ) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/responses (streaming too),
@@ -433,7 +448,8 @@ def serve(
             from llama_cpp import LlamaRAMCache
 
             llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
-        server = make_server(llm, host, port, alias or Path(model["target"]).stem, api_key, reasoning_format, parallel)
+        name = alias or Path(model["target"]).stem
+        server = make_server(llm, host, port, name, api_key, reasoning_format, parallel, metrics, slots)
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]

@@ -245,6 +245,7 @@ class GenerationMixin:
             accepted=s["accepted"],
             mean_accepted_length=(s["accepted"] + drafted_steps) / drafted_steps if drafted_steps else 1.0,
             per_position_acceptance=[a / r if r else 0.0 for a, r in zip(acc, reached)],
+            accepted_by_position=list(acc),
             steps_by_length=list(s["steps_by_length"]),
             prefill_ms=s["prefill_ms"],
             calibration_ms=s["calibration_ms"],
@@ -253,8 +254,11 @@ class GenerationMixin:
             verify_ms=s["verify_ms"],
             inject_ms=s["inject_ms"],
             rollback_ms=s["rollback_ms"],
+            target_decodes=s["target_decodes"],
             tokens_per_second=n_out / decode_s if decode_s > 0 else 0.0,
         )
+        if self.on_generation is not None:
+            self.on_generation(self.stats)
 
     def _bos_skip(self, prompt: Sequence[int]) -> int:
         """llama_cpp.Llama lists an echoed prompt's logprobs without its leading BOS"""

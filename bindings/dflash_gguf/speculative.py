@@ -190,6 +190,8 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         self._token_logprobs: list[TokenLogprob | None] = []
         self._end_token: int | None = None
         self.stats = GenerationStats()
+        # called with each generation's statistics as it ends, on the generating thread (a server's /metrics)
+        self.on_generation: Callable[[GenerationStats], None] | None = None
         # OpenAI's usage of the last completion or chat, streamed ones too (a list of prompts: summed)
         self.last_usage: dict[str, Any] = self.stats.usage()
         block = self._spec.draft_hparams["block_size"]

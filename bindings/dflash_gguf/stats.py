@@ -20,6 +20,7 @@ class GenerationStats:
     accepted: int = 0
     mean_accepted_length: float = 0.0  # tokens per target pass, bonus token included
     per_position_acceptance: list[float] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)  # steps whose drafts were accepted up to i + 1
     steps_by_length: list[int] = field(default_factory=list)  # steps per draft length 0..n_max ([0]: plain)
     prefill_ms: float = 0.0
     calibration_ms: float = 0.0  # n_max="auto": timing each draft length, once, before the first prefill
@@ -28,6 +29,7 @@ class GenerationStats:
     verify_ms: float = 0.0
     inject_ms: float = 0.0
     rollback_ms: float = 0.0  # a recurrent target's state checkpoints and restores
+    target_decodes: int = 0  # llama_decode calls on the target's context (prefill chunks, verifies, restores)
     tokens_per_second: float = 0.0  # completion tokens / decode time (prefill excluded)
 
     def line(self) -> str:

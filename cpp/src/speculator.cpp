@@ -89,6 +89,12 @@ void Speculator::flush_features() {
     stats_.inject_ms += ms_since(t0);
 }
 
+SpecStats Speculator::stats() const {
+    SpecStats s = stats_;
+    s.target_decodes = target_->decode_calls() - decodes_before_start_;
+    return s;
+}
+
 int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingParams & params, uint64_t seed) {
     anchor_ = -1;  // step() refuses to run until this start() has succeeded
     if (prompt.empty()) throw Error("the prompt is empty");
@@ -146,6 +152,7 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
     rng_.seed(seed);
     seed_ = seed;
     stats_ = SpecStats{};
+    decodes_before_start_ = target_->decode_calls();
     if (opts_.adaptive && !calibrated_) calibrate();
     stats_.pos_reached.assign(drafter_->hparams().block_size - 1, 0);
     stats_.pos_accepted.assign(drafter_->hparams().block_size - 1, 0);

@@ -316,6 +316,7 @@ void Target::decode_chunk(const int32_t * tokens, uint32_t n, int32_t p0, bool a
         batch_.logits[i] = all_logits || i == last_row;
     }
     const int32_t rc = llama_decode(ctx_, batch_);
+    ++decode_calls_;
     if (rc != 0) {
         last_chunk_p0_ = -1;
         throw Error("target decode failed (llama_decode returned " + std::to_string(rc) + ") at positions " +

@@ -68,7 +68,9 @@ CHATML_TEMPLATE = (
 )
 
 
-def props_response(llm: SpeculativeLlama, model_name: str, slots: int, reasoning_format: str) -> dict[str, Any]:
+def props_response(
+    llm: SpeculativeLlama, model_name: str, slots: int, reasoning_format: str, metrics: bool, slots_route: bool
+) -> dict[str, Any]:
     """llama-server's GET /props, the fields that describe this server: a slot's context size and the native
     routes' sampling defaults (create_completion's, under llama-server's names), the slots, the model, its
     chat template and BOS / EOS text. Clients read n_ctx and the template from it."""
@@ -102,9 +104,9 @@ def props_response(llm: SpeculativeLlama, model_name: str, slots: int, reasoning
         "model_alias": model_name,
         "model_path": llm.model_path,
         "modalities": {"vision": False, "video": False, "audio": False},
-        "endpoint_slots": False,
+        "endpoint_slots": slots_route,
         "endpoint_props": False,
-        "endpoint_metrics": False,
+        "endpoint_metrics": metrics,
         "chat_template": llm._spec.chat_template or CHATML_TEMPLATE,
         "bos_token": piece(llm.token_bos()),
         "eos_token": piece(llm.token_eos()),
@@ -145,6 +147,10 @@ def openai_last_events(held: dict[str, Any], s: GenerationStats, usage: dict[str
     return events
 
 
+_ERROR_TYPES = {HTTPStatus.NOT_IMPLEMENTED: "not_supported_error", HTTPStatus.SERVICE_UNAVAILABLE: "unavailable_error"}
+
+
 def error_body(status: HTTPStatus, message: str) -> dict[str, Any]:
-    kind = "invalid_request_error" if status < 500 else "server_error"
+    # llama-server's types for its 501 and 503, OpenAI's otherwise
+    kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from ..speculative import SpeculativeLlama
 from . import anthropic_messages, openai_responses
@@ -76,7 +76,8 @@ class Handler(JSONEventHandler):
     def parse_request(self) -> bool:
         ok = super().parse_request()
         # a route is a path: a query does not change it (the anthropic SDK's beta calls add ?beta=true)
-        self.path = urlsplit(self.path).path
+        url = urlsplit(self.path)
+        self.path, self._query = url.path, url.query
         return ok
 
     def _authorized(self) -> bool:
@@ -102,8 +103,19 @@ class Handler(JSONEventHandler):
             self._send_json(HTTPStatus.OK, {"status": "ok"})
         elif self.path == "/props":
             server = self.server
-            props = props_response(server.llm, server.model_name, len(server.slots), server.reasoning_format)
+            props = props_response(
+                server.llm,
+                server.model_name,
+                len(server.slots),
+                server.reasoning_format,
+                server.metrics_route,
+                server.slots_route,
+            )
             self._send_json(HTTPStatus.OK, props)
+        elif self.path == "/metrics":
+            self._metrics()
+        elif self.path == "/slots":
+            self._slots()
         elif self.path == "/v1/models":
             self._send_json(
                 HTTPStatus.OK,
@@ -121,6 +133,32 @@ class Handler(JSONEventHandler):
             )
         else:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route GET {self.path}"))
+
+    def _slots(self) -> None:
+        if not self.server.slots_route:
+            message = "This server does not support slots endpoint. Start it with `--slots`"
+            self._send_json(HTTPStatus.NOT_IMPLEMENTED, error_body(HTTPStatus.NOT_IMPLEMENTED, message))
+            return
+        slots = self.server.slots_json()
+        # a load balancer's question (llama-server's): is any slot free now?
+        if "fail_on_no_slot" in parse_qs(self._query) and all(s["is_processing"] for s in slots):
+            unavailable = HTTPStatus.SERVICE_UNAVAILABLE
+            self._send_json(unavailable, error_body(unavailable, "no slot available"))
+            return
+        self._send_json(HTTPStatus.OK, slots)
+
+    def _metrics(self) -> None:
+        if not self.server.metrics_route:
+            message = "This server does not support metrics endpoint. Start it with `--metrics`"
+            self._send_json(HTTPStatus.NOT_IMPLEMENTED, error_body(HTTPStatus.NOT_IMPLEMENTED, message))
+            return
+        data = self.server.metrics_text().encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")  # Prometheus' text format
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Process-Start-Time-Unix", str(int(self.server.metrics.started)))
+        self.end_headers()
+        self.wfile.write(data)
 
     def do_POST(self) -> None:
         if not self._authorized():

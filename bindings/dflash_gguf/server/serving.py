@@ -13,12 +13,13 @@ from typing import Any
 import llama_cpp
 
 from ..speculative import SpeculativeLlama
+from .metrics import ServerMetrics
 from .routes import Handler
 
 
 class DFlashServer(ThreadingHTTPServer):
     """What every request's handler reads (`self.server`): the model, its name, the key, the chat default,
-    and the slots generations take."""
+    the slots generations take and the metrics of what they did."""
 
     daemon_threads = True
 
@@ -30,6 +31,8 @@ class DFlashServer(ThreadingHTTPServer):
         api_key: str | None,
         reasoning_format: str,
         parallel: int = 1,
+        metrics: bool = False,
+        slots_route: bool = True,
     ) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
@@ -52,6 +55,38 @@ class DFlashServer(ThreadingHTTPServer):
                 s.cache = shared
         self._free = list(reversed(self.slots))  # the slot freed last at the end
         self._freed = threading.Condition()
+        self._waiting = 0  # requests waiting for a free slot
+        self._tasks = 0  # generations given a slot so far
+        self._task_of: dict[int, int] = {}  # id(slot) -> its latest generation's number
+        self.slots_route = slots_route
+        # counted whether or not /metrics is served (llama-server's --metrics only opens the route)
+        self.metrics_route = metrics
+        self.metrics = ServerMetrics(llm._spec.n_max)  # the longest draft, "auto"'s included
+        self._callers_hook = llm.on_generation
+        for s in self.slots:
+            s.on_generation = self.metrics.add
+
+    def metrics_text(self) -> str:
+        """/metrics' text: the counters, and the requests in a slot and waiting for one now."""
+        with self._freed:
+            processing, waiting = len(self.slots) - len(self._free), self._waiting
+        return self.metrics.render(processing, waiting)
+
+    def slots_json(self) -> list[dict[str, Any]]:
+        """llama-server's GET /slots: each slot's context size, whether it generates now, the number of its
+        latest generation and, while free, the tokens its context holds (what a conversation coming back to
+        it reuses). Nothing is read from a busy slot, whose thread is changing it."""
+        out = []
+        with self._freed:  # no slot is taken meanwhile
+            for i, s in enumerate(self.slots):
+                busy = s not in self._free
+                slot: dict[str, Any] = {"id": i, "n_ctx": s.n_ctx(), "speculative": True, "is_processing": busy}
+                if id(s) in self._task_of:
+                    slot["id_task"] = self._task_of[id(s)]
+                    if not busy:
+                        slot["n_prompt_tokens"] = len(s._spec.cached_tokens)
+                out.append(slot)
+        return out
 
     @contextlib.contextmanager
     def slot(self, prompt: Sequence[int] | None = None) -> Iterator[tuple[SpeculativeLlama, Callable[[], None]]]:
@@ -60,11 +95,15 @@ class DFlashServer(ThreadingHTTPServer):
         (llama-server's choice by prompt similarity), so that conversations that take turns each come back to
         their own; among equals, the one freed last."""
         with self._freed:
+            self._waiting += 1
             while not self._free:
                 self._freed.wait()
+            self._waiting -= 1
             held = llama_cpp.Llama.longest_token_prefix
             llm = max(reversed(self._free), key=lambda s: held(s._spec.cached_tokens, prompt) if prompt else 0)
             self._free.remove(llm)
+            self._task_of[id(llm)] = self._tasks
+            self._tasks += 1
         freed = False
 
         def release() -> None:
@@ -82,7 +121,8 @@ class DFlashServer(ThreadingHTTPServer):
 
     def server_close(self) -> None:
         super().server_close()
-        for s in self.slots[1:]:  # llm is the caller's
+        self.llm.on_generation = self._callers_hook  # llm is the caller's
+        for s in self.slots[1:]:
             s.close()
 
 
@@ -110,14 +150,18 @@ def make_server(
     api_key: str | None = None,
     reasoning_format: str = "deepseek",
     parallel: int = 1,
+    metrics: bool = False,
+    slots: bool = True,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
     `reasoning_format`: chats' default (llama-server's --reasoning-format; "deepseek": a reasoning model's
     thinking in `reasoning_content`). `parallel`: generations served at once (llama-server's --parallel),
     each in a slot of its own: a decoder on llm's weights (`share_weights`) with its own context; llm's
-    cache, if set, is shared by them all."""
-    return DFlashServer((host, port), llm, model_name, api_key, reasoning_format, parallel)
+    cache, if set, is shared by them all. `metrics`: serve GET /metrics (llama-server's --metrics), the
+    generations' counters in Prometheus' text format. `slots`: serve GET /slots (llama-server's default; its
+    --no-slots turns it off)."""
+    return DFlashServer((host, port), llm, model_name, api_key, reasoning_format, parallel, metrics, slots)
 
 
 @contextlib.contextmanager
@@ -129,10 +173,13 @@ def serving(
     port: int = 0,
     reasoning_format: str = "deepseek",
     parallel: int = 1,
+    metrics: bool = False,
+    slots: bool = True,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
-    with running(make_server(llm, host, port, model_name, api_key, reasoning_format, parallel)) as bound:
+    server = make_server(llm, host, port, model_name, api_key, reasoning_format, parallel, metrics, slots)
+    with running(server) as bound:
         yield bound
 
 

@@ -43,7 +43,8 @@ struct SpecStats {
     double rollback_ms = 0;     // a recurrent target's checkpoints before verifies and restores after
     double calibration_ms = 0;  // the draft-length calibration run by this start(), if any
     uint32_t prompt_tokens = 0;
-    uint32_t reused_tokens = 0;  // of the prompt's prefix, those the target did not decode again
+    uint32_t reused_tokens = 0;   // of the prompt's prefix, those the target did not decode again
+    uint64_t target_decodes = 0;  // llama_decode calls on the target's context (prefill chunks, verifies, restores)
 };
 
 // What the target and the draft cache hold for a token prefix: with it a later start() on a prompt
@@ -89,7 +90,7 @@ public:
     // the controller's current view: per-position acceptance and expected cost of k drafts
     std::vector<double> acceptance_estimate() const;
     double expected_step_ms(uint32_t k) const;
-    const SpecStats & stats() const { return stats_; }
+    SpecStats stats() const;
     Target & target() { return *target_; }
     Drafter & drafter() { return *drafter_; }
     uint32_t n_past() const { return (uint32_t)committed_.size(); }
@@ -159,12 +160,13 @@ private:
     SamplingParams params_;
     Rng rng_;
     uint64_t seed_ = 0;
-    std::vector<int32_t> committed_;   // tokens whose K/V the target holds (positions 0..n-1)
-    int32_t anchor_ = -1;              // newest token, not yet decoded
-    TokenWindow generated_;            // this generation's tokens up to anchor_, as the penalties count them
-    float mu_ = 0.0f;                  // Mirostat's surprise bound after the output up to anchor_
-    std::vector<float> shaped_;        // scratch for shaped logits
-    std::vector<int32_t> id_scratch_;  // scratch token ids: token_logprob's top, top_allowed's order
+    uint64_t decodes_before_start_ = 0;  // the target's decode_calls() when start() began
+    std::vector<int32_t> committed_;     // tokens whose K/V the target holds (positions 0..n-1)
+    int32_t anchor_ = -1;                // newest token, not yet decoded
+    TokenWindow generated_;              // this generation's tokens up to anchor_, as the penalties count them
+    float mu_ = 0.0f;                    // Mirostat's surprise bound after the output up to anchor_
+    std::vector<float> shaped_;          // scratch for shaped logits
+    std::vector<int32_t> id_scratch_;    // scratch token ids: token_logprob's top, top_allowed's order
     struct SamplerFree {
         void operator()(llama_sampler * s) const { llama_sampler_free(s); }
     };

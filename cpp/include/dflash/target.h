@@ -141,7 +141,8 @@ public:
     uint32_t n_embd() const { return n_embd_; }
     uint32_t n_layer() const { return n_layer_; }
     uint32_t n_ctx() const;
-    uint32_t n_batch() const { return n_batch_; }  // rows per llama_decode call
+    uint32_t n_batch() const { return n_batch_; }            // rows per llama_decode call
+    uint64_t decode_calls() const { return decode_calls_; }  // llama_decode calls made through this object
     bool is_eog(int32_t tok) const { return llama_vocab_is_eog(vocab_, tok); }
 
 private:
@@ -192,6 +193,7 @@ private:
     std::vector<int32_t> tokens_;  // the tokens of positions 0..tokens_.size()-1, as far as known
     int32_t last_chunk_p0_ = -1;   // first position of our most recent llama_decode call; -1: not ours
     bool rolled_back_ = false;     // a snapshot rollback since that call (libllama allows one)
+    uint64_t decode_calls_ = 0;
     std::vector<Checkpoint> checkpoints_;
     RollbackCounters rollback_;
 };
