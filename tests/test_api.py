@@ -130,10 +130,26 @@ def test_stop_strings_cut_the_text(spec: SpeculativeLlama) -> None:
             text, reason = out["choices"][0]["text"], out["choices"][0]["finish_reason"]
             assert out["usage"]["completion_tokens"] < 64
         assert text == want, (stream, stop)
-        assert reason == "stop"
+        assert reason == "stop" and spec.stopping_word == stop
     # a stop string that never occurs changes nothing
     out = spec.create_completion(prompt, max_tokens=64, stop=["\x00never\x00"], **GREEDY)
     assert out["choices"][0]["text"] == full and out["choices"][0]["finish_reason"] == "length"
+    assert spec.stopping_word == ""
+
+
+def test_the_stop_string_that_begins_first_ends_the_text() -> None:
+    """Of several stop strings in one piece, the one that begins first (on a tie the one listed first, as
+    llama-server chooses) cuts the text and is the one reported."""
+    from dflash_gguf.text import TextStream
+
+    for stops, piece, text, word in (
+        (["cd", "b"], b"abcde", "a", "b"),
+        (["abc", "ab"], b"xabcd", "x", "abc"),
+        (["ab", "abc"], b"xabcd", "x", "ab"),
+        (["zz"], b"xabcd", "xabc", ""),  # the last character held: a stop string may begin there
+    ):
+        stream = TextStream(stops)
+        assert (stream.feed(piece), stream.stopped_by, stream.stopped) == (text, word, bool(word)), stops
 
 
 def test_max_tokens_gives_length(spec: SpeculativeLlama) -> None:

@@ -280,6 +280,17 @@ def test_anthropic_messages_are_the_chat_s(claude: Any, base_url: str, brief_cha
     assert final.usage.input_tokens + final.usage.cache_read_input_tokens == chat.usage.prompt_tokens
     events = sse_events(base_url + "/messages", {**kw, "temperature": 0, "stream": True})
     assert all(name == e["type"] for name, e in events)
+    # a stop sequence from the middle of the reply ends it there and is named (Anthropic's stop_reason)
+    reply = whole.content[0].text
+    word = reply[len(reply) // 2 :][:3]
+    stops = {"stop_sequences": ["\x00never", word]}
+    cut = claude.messages.create(**kw, **stops, **GREEDY_BODY)
+    with claude.messages.stream(**kw, **stops, **GREEDY_BODY) as stream:
+        cut_streamed = stream.get_final_message()
+    for message in (cut, cut_streamed):
+        assert message.content[0].text == reply[: reply.index(word)]
+        assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", word)
+    assert (whole.stop_sequence, final.stop_sequence) == (None, None)
     kinds = [e["type"] for _, e in events]
     assert kinds[:2] == ["message_start", "content_block_start"]
     assert kinds[-3:] == ["content_block_stop", "message_delta", "message_stop"]

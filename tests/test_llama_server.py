@@ -336,17 +336,25 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
                         "ignore_eos": ignore_eos,
                     }
                     _, theirs = http_json(base + "/completion", req)
+                    # a stop string from the middle of the text, and two that never come
+                    word = theirs["content"][len(theirs["content"]) // 2 :][:3]
                     _, ours = http_json(ours_base + "/completion", req)
-                    assert ours["content"] == theirs["content"]
-                    for key in ("tokens_predicted", "tokens_evaluated", "stop"):
-                        assert ours[key] == theirs[key], key
+                    for stops in ([], ["\x00never", word, "\x01never"]):
+                        if stops:
+                            theirs, ours = (
+                                http_json(b + "/completion", {**req, "stop": stops})[1] for b in (base, ours_base)
+                            )
+                        assert ours["content"] == theirs["content"]
+                        for key in ("tokens_predicted", "tokens_evaluated", "stop", "stop_type", "stopping_word"):
+                            assert ours[key] == theirs[key], key
+                    assert theirs["stop_type"] == "word" and theirs["stopping_word"] == word
             # a prompt whose greedy continuation ends the text early: ignore_eos goes on past it
             short = {"prompt": 'if __name__ == "__main__":\n    main()\n', "n_predict": 200, "temperature": 0.0}
-            ended = http_json(ours_base + "/completion", short)[1]
-            assert ended["tokens_predicted"] < 200, ended
             for server_base in (base, ours_base):
+                ended = http_json(server_base + "/completion", short)[1]
+                assert ended["tokens_predicted"] < 200 and ended["stop_type"] == "eos", ended
                 _, out = http_json(server_base + "/completion", {**short, "ignore_eos": True})
-                assert out["tokens_predicted"] == 200, server_base
+                assert out["tokens_predicted"] == 200 and out["stop_type"] == "limit", server_base
 
 
 @pytest.mark.parametrize("template", [None, "Qwen-Qwen3-0.6B"])

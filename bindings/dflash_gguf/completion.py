@@ -70,6 +70,7 @@ class CompletionMixin:
         finally:
             generation.close()  # a stop string ends it here: its figures are recorded before the last chunk
         self.last_usage = self.stats.usage()
+        self.stopping_word = stream.stopped_by
         reason = "stop" if stream.stopped else self.finish_reason
         yield stream.flush(), reason
 

@@ -194,6 +194,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         self.on_generation: Callable[[GenerationStats], None] | None = None
         # OpenAI's usage of the last completion or chat, streamed ones too (a list of prompts: summed)
         self.last_usage: dict[str, Any] = self.stats.usage()
+        self.stopping_word = ""  # the stop string that ended the last completion or chat ("" if none did)
         block = self._spec.draft_hparams["block_size"]
         if isinstance(n_max, int) and n_max > block - 1:
             warnings.warn(f"n_max {n_max} clamped to block_size - 1 = {block - 1}", stacklevel=2)

@@ -26,18 +26,22 @@ class TextStream:
         self._decoder = utf8_decoder()
         self._text = ""  # decoded, not yet released
         self.stopped = False
+        self.stopped_by = ""  # the stop string that ended the text
 
     def feed(self, piece: bytes) -> str:
         """Adds a piece; returns the text that is now safe to release."""
         if self.stopped:
             return ""
         self._text += self._decoder.decode(piece)
-        for s in self.stop:
-            i = self._text.find(s)
-            if i >= 0:
-                self.stopped = True
-                out, self._text = self._text[:i], ""
-                return out
+        # the stop string that begins first (a piece may bring several); of those that begin there, the first
+        # listed (llama-server's choice)
+        found = [(i, k) for k, s in enumerate(self.stop) if (i := self._text.find(s)) >= 0]
+        if found:
+            i, k = min(found)
+            self.stopped_by = self.stop[k]
+            self.stopped = True
+            out, self._text = self._text[:i], ""
+            return out
         cut = max(0, len(self._text) - self._hold) if self.stop else len(self._text)
         out, self._text = self._text[:cut], self._text[cut:]
         return out

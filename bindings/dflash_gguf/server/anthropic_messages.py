@@ -151,25 +151,32 @@ def _block(part: Part, complete: bool) -> dict[str, Any]:
     return {"type": "tool_use", "id": part.call_id, "name": part.name, "input": arguments}
 
 
-def _message(model: str, content: list[dict[str, Any]], reason: str | None, usage: dict[str, int]) -> dict[str, Any]:
+def _stop(reason: str, stop_sequence: str | None) -> dict[str, Any]:
+    """stop_reason and stop_sequence of a chat that ended for `reason`; `stop_sequence`: the request's stop
+    sequence that ended it, if one did."""
+    if stop_sequence is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_sequence}
+    return {"stop_reason": _STOP_REASON.get(reason, "end_turn"), "stop_sequence": None}
+
+
+def _message(model: str, content: list[dict[str, Any]], stop: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]:
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
         "content": content,
         "model": model,
-        "stop_reason": None if reason is None else _STOP_REASON.get(reason, "end_turn"),
-        "stop_sequence": None,
+        **stop,
         "usage": usage,
     }
 
 
-def message_object(chat: dict[str, Any]) -> dict[str, Any]:
-    """A chat completion as the message object."""
+def message_object(chat: dict[str, Any], stop_sequence: str | None) -> dict[str, Any]:
+    """A chat completion as the message object; `stop_sequence`: the request's stop sequence that ended it."""
     choice, u = chat["choices"][0], chat["usage"]
     content = [_block(p, complete=True) for p in message_parts(choice["message"])]
     usage = _usage(u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"])
-    return _message(chat["model"], content, choice["finish_reason"], usage)
+    return _message(chat["model"], content, _stop(choice["finish_reason"], stop_sequence), usage)
 
 
 def message_events(
@@ -177,14 +184,16 @@ def message_events(
     model: str,
     prompt: Callable[[], tuple[int, int]],
     usage: Callable[[], dict[str, Any]],
+    stop_sequence: Callable[[], str | None],
 ) -> Iterator[dict[str, Any]]:
     """A chat stream as the Messages stream's events: message_start once the prompt is decoded (`prompt()`:
     its tokens and those reused, read then), each part's content_block_start, deltas and content_block_stop,
-    then message_delta (the stop reason and the usage, `usage()`: the chat's, read at the end) and
-    message_stop."""
+    then message_delta (the stop reason and the usage, `usage()`: the chat's, and `stop_sequence()`, read at
+    the end) and message_stop."""
     chunks = prefilled(chunks)
     n_prompt, cached = prompt()
-    yield {"type": "message_start", "message": _message(model, [], None, _usage(n_prompt, cached, 0))}
+    no_stop = {"stop_reason": None, "stop_sequence": None}
+    yield {"type": "message_start", "message": _message(model, [], no_stop, _usage(n_prompt, cached, 0))}
     index = -1
     for step in reply_steps(chunks):
         part = step.part
@@ -202,7 +211,7 @@ def message_events(
         else:
             u = usage()
             counts = _usage(u["prompt_tokens"], u["prompt_tokens_details"]["cached_tokens"], u["completion_tokens"])
-            delta = {"stop_reason": _STOP_REASON.get(step.reason, "end_turn"), "stop_sequence": None}
+            delta = _stop(step.reason, stop_sequence())
             yield {"type": "message_delta", "delta": delta, "usage": counts}
             yield {"type": "message_stop"}
 

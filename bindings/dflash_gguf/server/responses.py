@@ -40,18 +40,23 @@ def detokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
     return {"content": b"".join(llm.detokenize([t], special=True) for t in tokens).decode("utf-8", "replace")}
 
 
-def native_response(text: str, model: str, last: tuple[str, GenerationStats] | None) -> dict[str, Any]:
-    """One /completion or /infill answer or stream chunk in llama-server's native shape; the last (`last`: the prompt as
-    text and the generation's figures) with stop true and the figures."""
+def native_response(text: str, model: str, last: tuple[str, SpeculativeLlama] | None) -> dict[str, Any]:
+    """One /completion or /infill answer or stream chunk in llama-server's native shape; the last (`last`: the
+    prompt as text and the model that generated it) with stop true, how it stopped and the figures."""
     out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
     if last is not None:
-        prompt, s = last
+        prompt, llm = last
+        s = llm.stats
+        word = llm.stopping_word
+        ended = "word" if word else "eos" if s.end_of_text else "limit" if llm.finish_reason == "length" else "none"
         out.update(
             prompt=prompt,
             tokens_predicted=s.generated_tokens,
             tokens_evaluated=s.prompt_tokens,
             tokens_cached=s.prompt_tokens + max(s.generated_tokens - 1, 0),  # what the context holds
             truncated=False,
+            stop_type=ended,
+            stopping_word=word,
             timings=timings(s),
         )
     return out

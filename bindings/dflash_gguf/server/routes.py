@@ -29,17 +29,20 @@ if TYPE_CHECKING:
 
 class _Dialect(NamedTuple):
     """An API whose request is a chat in other words: its body as a chat's, the chat's result as its answer,
-    the chat's stream as its events (given the model's name and the slot, whose counts they read)."""
+    the chat's stream as its events (given the model's name and the slot, whose counts they read); `stop()`
+    is the request's stop string that ended the reply, if one did."""
 
     chat_body: Callable[[Any], dict[str, Any]]
-    answer: Callable[[dict[str, Any]], dict[str, Any]]
-    events: Callable[[Iterator[dict[str, Any]], str, SpeculativeLlama], Iterator[dict[str, Any]]]
+    answer: Callable[[dict[str, Any], str | None], dict[str, Any]]
+    events: Callable[
+        [Iterator[dict[str, Any]], str, SpeculativeLlama, Callable[[], str | None]], Iterator[dict[str, Any]]
+    ]
 
 
 _RESPONSES = _Dialect(
     openai_responses.chat_body,
-    openai_responses.response_object,
-    lambda chunks, model, llm: openai_responses.response_events(chunks, model, lambda: llm.last_usage),
+    lambda chat, stop: openai_responses.response_object(chat),
+    lambda chunks, model, llm, stop: openai_responses.response_events(chunks, model, lambda: llm.last_usage),
 )
 DIALECTS = {
     "/v1/responses": _RESPONSES,  # OpenAI's Responses API
@@ -47,8 +50,8 @@ DIALECTS = {
     "/v1/messages": _Dialect(  # Anthropic's Messages API; its message_start needs the prompt's counts
         anthropic_messages.chat_body,
         anthropic_messages.message_object,
-        lambda chunks, model, llm: anthropic_messages.message_events(
-            chunks, model, lambda: prompt_counts(llm), lambda: llm.last_usage
+        lambda chunks, model, llm, stop: anthropic_messages.message_events(
+            chunks, model, lambda: prompt_counts(llm), lambda: llm.last_usage, stop
         ),
     ),
 }
@@ -238,16 +241,21 @@ class Handler(JSONEventHandler):
         """The chat of `kw` answered in another API's shapes, whole or as its stream of events."""
         model_name = self.server.model_name
         stream = bool(kw.get("stream"))
+        stops = [kw["stop"]] if isinstance(kw.get("stop"), str) else list(kw.get("stop") or [])
+
+        def stop() -> str | None:
+            word = llm.stopping_word  # or a stop string of the chat template's: the end of the turn
+            return word if word and word in stops else None
 
         def start() -> Any:
             out = llm.create_chat_completion(**kw, model=model_name)
-            return dialect.events(out, model_name, llm) if stream else out
+            return dialect.events(out, model_name, llm, stop) if stream else out
 
         self._generate(
             start,
             stream,
             1,  # the stream's first event comes once the prompt is decoded
-            lambda out: {**dialect.answer(out), "timings": timings(llm.stats)},
+            lambda out: {**dialect.answer(out, stop()), "timings": timings(llm.stats)},
             lambda held: [{**held, "timings": timings(llm.stats)}],
             done=False,
             release=release,
@@ -282,8 +290,8 @@ class Handler(JSONEventHandler):
             start,
             stream,
             1,
-            lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm.stats)),
-            lambda held: [native_response(held["content"], model_name, (prompt[0], llm.stats))],
+            lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm)),
+            lambda held: [native_response(held["content"], model_name, (prompt[0], llm))],
             done=False,
             release=release,
         )
