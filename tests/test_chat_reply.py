@@ -49,11 +49,12 @@ def test_thinking_and_hermes_calls_come_apart_whatever_the_chunks(step: int) -> 
         '"arguments": {"city": "Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
         '"arguments": {"city": "Rome"}}\n</tool_call>'
     )
-    message = parse(ReplySyntax(thinking=True, tool_format="hermes"), text, step)
+    # Qwen3's template writes "<think>\n" and "</think>\n\n": a reply that repeats them has them dropped
+    message = parse(ReplySyntax(thinking=True, tool_format="hermes", after_open="\n", after_close="\n\n"), text, step)
     assert without_ids(message) == {
         "role": "assistant",
         "content": "Let me look.",
-        "reasoning_content": "\nThe user wants weather.\n",
+        "reasoning_content": "The user wants weather.\n",
         "tool_calls": [
             {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}},
             {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
@@ -94,6 +95,35 @@ def test_qwen3_coder_calls_take_their_types_from_the_schema() -> None:
         ]
 
 
+# Qwen3.5's family (llama-server's Qwen3-Coder parser): replies to a prompt that opened <think>, and what
+# llama-server makes of them (tests/test_llama_server.py::test_forced_replies_are_read_as_llama_server_reads_them)
+XML_FAMILY_REPLIES = [
+    ("abc\n</think>\n\nhello", "abc\n", "hello"),
+    ("  abc  \n\n</think>\n\n  hello  ", "abc  \n\n", "hello  "),  # the thinking from its first non-space
+    ("abc", "abc", ""),
+    ("\n\n</think>\n\nx", "", "x"),
+    # a call made while thinking ends the thinking (without tools the call is text)
+    (
+        "abc\n<tool_call>\n<function=f>\n</function>\n</tool_call>",
+        "abc\n",
+        "<tool_call>\n<function=f>\n</function>\n</tool_call>",
+    ),
+]
+
+
+@pytest.mark.parametrize("step", [1, 3, 10_000])
+def test_qwen35_thinking_starts_at_its_first_non_space_and_ends_at_a_call(step: int) -> None:
+    syntax = ReplySyntax(thinking=True, starts_thinking=True, xml_family=True)
+    for text, reasoning, content in XML_FAMILY_REPLIES:
+        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
+        assert parse(syntax, text, step) == want, text
+    # with tools, the call that ended the thinking is parsed
+    text = "I should look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"
+    message = parse(ReplySyntax(True, True, "qwen3-coder", xml_family=True), text, step)
+    assert message["reasoning_content"] == "I should look.\n" and message["content"] == ""
+    assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [{"city": "Oslo"}]
+
+
 def test_the_syntax_comes_from_the_template() -> None:
     qwen3 = "{% if tools %}<tool_call>{% endif %}<think>\n\n</think>"
     assert reply_syntax(qwen3, "<|im_start|>assistant\n", "deepseek", True) == ReplySyntax(True, False, "hermes")
@@ -103,6 +133,11 @@ def test_the_syntax_comes_from_the_template() -> None:
     assert reply_syntax(qwen3, "x", "none", True) == ReplySyntax(False, False, "hermes")
     assert reply_syntax("<tool_call>\n<function=f>", "x", "none", True).tool_format == "qwen3-coder"
     assert reply_syntax(None, "x", "deepseek", True) == ReplySyntax()
+    # Qwen3.5's: the newline after the <think> its prompt opened is not thinking
+    qwen35 = "<tool_call>\n<function=x>\n<parameter=y>\n<think>\n"
+    assert reply_syntax(qwen35, "<|im_start|>assistant\n<think>\n", "deepseek", False) == ReplySyntax(
+        True, True, None, "", xml_family=True
+    )
     with pytest.raises(ValueError, match="reasoning_format"):
         reply_syntax(qwen3, "x", "deepseek-legacy", True)
 

@@ -725,3 +725,65 @@ def test_slots_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: 
         for key in set(ours) - {"id_task"}:
             assert ours[key] == theirs[key], key
     assert after[1][1][0]["n_prompt_tokens"] > 0
+
+
+# replies to force: whitespace before, inside and after a thinking the reply opens or the prompt opened
+FORCED_REPLIES = [
+    "  abc  ",
+    "\n\nabc\n",
+    "<think>plan</think>\n\n  ok",
+    "<think>\n\nplan</think>\n ok",
+    "<think>plan</think>\n\n\nok",
+    "x</think>\n\n  y",
+    " \n</think>z",
+]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+@pytest.mark.parametrize(
+    ("template", "extra"),
+    [
+        ("Qwen3.5-4B", {}),
+        ("Qwen3.5-4B", NO_THINKING),
+        ("Qwen-Qwen3-0.6B", {}),
+        ("Qwen-Qwen3-0.6B", NO_THINKING),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", {}),
+        ("Qwen3-Coder", {}),
+        ("HuggingFaceTB-SmolLM3-3B", {}),
+        ("meta-llama-Llama-3.1-8B-Instruct", {}),
+    ],
+)
+def test_forced_replies_are_read_as_llama_server_reads_them(
+    llama_server: Path, tmp_path: Path, template: str, extra: dict[str, Any]
+) -> None:
+    """Replies a grammar forces (the same text from both servers: thinking closed or not, whitespace around
+    it, a call begun while thinking) come apart into the same content and reasoning_content, whole and
+    streamed, as each template's reader in llama-server makes of them."""
+    from test_chat_reply import XML_FAMILY_REPLIES
+    from tinycode import chat_target_gguf, drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = chat_target_gguf(template)
+    with (
+        running_server(llama_server, target, tmp_path / "forced.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
+        ours_base = f"http://127.0.0.1:{port}"
+        for text in [*FORCED_REPLIES, *(r[0] for r in XML_FAMILY_REPLIES)]:
+            req = {
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 60,
+                "temperature": 0.0,
+                "grammar": "root ::= " + json.dumps(text),
+                **extra,
+            }
+            _, theirs = http_json(base + "/v1/chat/completions", req)
+            _, ours = http_json(ours_base + "/v1/chat/completions", req)
+            mine, upstream = ours["choices"][0]["message"], theirs["choices"][0]["message"]
+            for key in ("content", "reasoning_content"):
+                assert mine.get(key) == upstream.get(key), (text, key, mine, upstream)
+            streams = [sse_deltas(b + "/v1/chat/completions", {**req, "stream": True}) for b in (ours_base, base)]
+            assert streams[0] == streams[1], text

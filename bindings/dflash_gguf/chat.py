@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from llama_cpp import llama_chat_format
+
 from .chat_reply import ReplyParser, reply_message, reply_syntax, tool_call_grammar
 from .generation import zero_is_no_limit
 from .llama_compat import (
@@ -106,7 +108,7 @@ class ChatMixin:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
         fingerprint = self.system_fingerprint
         # a forced call's grammar makes the whole reply the call: nothing to take apart
-        parser = ReplyParser(syntax, named) if call is None and (syntax.thinking or syntax.tool_format) else None
+        parser = ReplyParser(syntax, named) if call is None and syntax.parses else None
 
         def finish(reason: str | None, content: str) -> str | None:
             if reason != "stop":
@@ -182,7 +184,6 @@ class ChatMixin:
         self, messages: list[dict[str, Any]], template_args: dict[str, Any] | None = None
     ) -> tuple[str, list[str]]:
         import jinja2
-        from llama_cpp import llama_chat_format
 
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
@@ -194,7 +195,7 @@ class ChatMixin:
                     self._spec.token_to_piece(t, True).decode("utf-8", "replace") if t >= 0 else ""
                     for t in (self._spec.token_eos, self._spec.token_bos)
                 )
-                fmt = llama_chat_format.Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+                fmt = _TemplateFormatter(template=template, eos_token=eos, bos_token=bos)
                 resp = fmt(messages=messages, **(template_args or {}))
                 if bos and self._spec.add_bos and resp.prompt.startswith(bos):  # tokenizing adds it back
                     resp.prompt = resp.prompt[len(bos) :]
@@ -209,19 +210,39 @@ class ChatMixin:
         return resp.prompt, stop
 
 
+class _TemplateFormatter(llama_chat_format.Jinja2ChatFormatter):
+    """llama_cpp's chat template renderer, given only the arguments a request has: llama-server leaves out
+    `tools` (and the rest) when there are none, where llama_cpp's passes None, which templates that test
+    `tools is defined` and then walk them (Hermes 3's) cannot iterate."""
+
+    def __call__(self, *, messages: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        def raise_exception(message: str) -> None:
+            raise ValueError(message)
+
+        prompt = self._environment.render(
+            messages=messages,
+            eos_token=self.eos_token,
+            bos_token=self.bos_token,
+            raise_exception=raise_exception,
+            add_generation_prompt=self.add_generation_prompt,
+            strftime_now=self.strftime_now,
+            **kwargs,
+        )
+        return llama_chat_format.ChatFormatterResponse(prompt=prompt, stop=[self.eos_token], added_special=True)
+
+
 def template_arguments(
     tools: Any, tool_choice: Any, functions: Any, function_call: Any, chat_template_kwargs: Any
 ) -> dict[str, Any]:
     """What a chat template is rendered with besides the messages."""
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise ValueError(f"chat_template_kwargs must be a dict, got {chat_template_kwargs!r:.80}")
-    return {
-        "tools": tools,
-        "tool_choice": tool_choice,
-        "functions": functions,
-        "function_call": function_call,
-        **(chat_template_kwargs or {}),
-    }
+    # llama-server's: today's date (Llama 3.x templates print it), and no `tools` at all rather than none
+    # (templates that test `tools is defined` then walk them)
+    args: dict[str, Any] = {"date_string": time.strftime("%d %b %Y"), "datetime": time.strftime("%b %d %Y")}
+    given = {"tools": tools or None, "tool_choice": tool_choice, "functions": functions, "function_call": function_call}
+    args |= {k: v for k, v in given.items() if v is not None}
+    return args | (chat_template_kwargs or {})
 
 
 def as_template_message(message: dict[str, Any]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ template teaches (Qwen2.5/Qwen3/Hermes: <tool_call>{json}</tool_call>; Qwen3-Cod
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
 import uuid
 from dataclasses import dataclass
@@ -14,6 +16,7 @@ from typing import Any
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 REASONING_FORMATS = ("none", "auto", "deepseek")
+ALL = "all"  # ReplyParser.skip: every whitespace character
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,19 @@ class ReplySyntax:
     tool_format: str | None = None  # "hermes", "qwen3-coder" or None (no parsing)
     # what the prompt holds after the <think> it opened (its newline): llama-server counts it as thinking
     opened: str = ""
+    # Qwen3-Coder's family (Qwen3.5 / 3.6 among it): the thinking and the text after it begin at their first
+    # non-space, and a <tool_call> ends the thinking as </think> does (the call is then the reply's)
+    xml_family: bool = False
+    # the whitespace the template writes after <think> and after </think> around an earlier reply's
+    # thinking: as much of it as a reply repeats is not part of its thinking or text (llama-server's
+    # reader learns these markers from the template)
+    after_open: str = ""
+    after_close: str = ""
+
+    @property
+    def parses(self) -> bool:
+        """A reply in this syntax is not its text as written."""
+        return self.thinking or self.tool_format is not None or self.xml_family
 
 
 def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools: bool) -> ReplySyntax:
@@ -30,13 +46,36 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     template = template or ""
-    thinking = reasoning_format != "none" and THINK_OPEN in template
+    # a prompt that closed the thinking itself (enable_thinking false) is answered in text alone, as written
+    thinking = reasoning_format != "none" and THINK_OPEN in template and not prompt.rstrip().endswith(THINK_CLOSE)
     tool_format = None
     if tools and CALL_OPEN in template:
         tool_format = "qwen3-coder" if "<function=" in template else "hermes"
-    if thinking and prompt.rstrip().endswith(THINK_OPEN):
-        return ReplySyntax(True, True, tool_format, prompt[prompt.rindex(THINK_OPEN) + len(THINK_OPEN) :])
-    return ReplySyntax(thinking, False, tool_format)
+    # llama-server's test for the templates its Qwen3-Coder parser reads (the ones that put no newline
+    # between <tool_call> and <function= are not of them)
+    xml_family = (
+        all(tag in template for tag in (CALL_OPEN, "<function=", "<parameter="))
+        and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in template
+    )
+    after_open, after_close = _think_spacing(template) if thinking else ("", "")
+    starts_thinking = thinking and prompt.rstrip().endswith(THINK_OPEN)
+    opened = prompt[prompt.rindex(THINK_OPEN) + len(THINK_OPEN) :] if starts_thinking and not xml_family else ""
+    return ReplySyntax(thinking, starts_thinking, tool_format, opened, xml_family, after_open, after_close)
+
+
+@functools.lru_cache(maxsize=8)
+def _think_spacing(template: str) -> tuple[str, str]:
+    """The whitespace `template` writes after <think> and after </think> when it renders an earlier
+    reply's thinking; none where it leaves thinking out of the conversation (DeepSeek-R1's)."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    turns = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "C", "reasoning_content": "R"}]
+    try:
+        rendered = Jinja2ChatFormatter(template=template, eos_token="", bos_token="")(messages=turns).prompt
+    except Exception:  # noqa: BLE001 - a template that needs more than this to render
+        return "", ""
+    found = re.search(r"<think>(\s*)R\s*</think>(\s*)C", rendered)
+    return (found.group(1), found.group(2)) if found else ("", "")
 
 
 def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
@@ -63,7 +102,11 @@ class ReplyParser:
         self.mode = "reasoning" if syntax.starts_thinking else ("start" if syntax.thinking else "content")
         self.pending = syntax.opened
         self.calls: list[dict[str, Any]] = []
-        self.trim_start = False  # the content after </think> starts at its first non-space
+        # whitespace to drop where the text is now: ALL of it, as much of a given string as the text repeats,
+        # or None; llama-server's readers drop a thinking template's reply's leading whitespace
+        self.skip: str | None = ALL if (syntax.thinking and not syntax.starts_thinking) or syntax.xml_family else None
+        self.held = ""  # the thinking so far, while it is only whitespace: dropped if it stays so
+        self.thought = False  # some thinking was given out
         self.gap = ""  # the whitespace before a tool call's block, the reply's again if it is no call
 
     def feed(self, text: str) -> list[dict[str, Any]]:
@@ -82,28 +125,34 @@ class ReplyParser:
         return out
 
     def _step(self, final: bool) -> list[dict[str, Any]]:
+        if self.skip is not None:
+            self.pending = self._skip_space(self.pending, final)
+            if self.skip is not None:  # all whitespace so far: more may come
+                return []
         text = self.pending
         if self.mode == "start":  # a thinking model may open with <think>
-            stripped = text.lstrip()
-            if stripped.startswith(THINK_OPEN):
-                self.pending, self.mode = stripped[len(THINK_OPEN) :], "reasoning"
-            elif final or not THINK_OPEN.startswith(stripped):
+            if text.startswith(THINK_OPEN):
+                self.pending, self.mode = text[len(THINK_OPEN) :], "reasoning"
+                self.skip = ALL if self.syntax.xml_family else self.syntax.after_open
+            elif final or not THINK_OPEN.startswith(text):
                 self.mode = "content"
             return []
         if self.mode == "reasoning":
-            end = text.find(THINK_CLOSE)
-            if end >= 0:
-                self.pending, self.mode, self.trim_start = text[end + len(THINK_CLOSE) :], "content", True
+            ends = [THINK_CLOSE, CALL_OPEN] if self.syntax.xml_family else [THINK_CLOSE]
+            found = [(i, tag) for tag in ends if (i := text.find(tag)) >= 0]
+            if found:
+                end, tag = min(found)
+                if tag == THINK_CLOSE:
+                    self.pending = text[end + len(THINK_CLOSE) :]
+                    self.skip = ALL if self.syntax.xml_family else self.syntax.after_close
+                else:  # a call made while thinking ends the thinking
+                    self.pending = text[end:]
+                self.mode = "content"
                 return self._reasoning(text[:end])
-            keep = 0 if final else _partial_tag(text, THINK_CLOSE)
+            keep = 0 if final else max(_partial_tag(text, tag) for tag in ends)
             self.pending = text[len(text) - keep :]
             return self._reasoning(text[: len(text) - keep])
         if self.mode == "content":
-            if self.trim_start:
-                text = self.pending = text.lstrip()
-                self.trim_start = not text and not final
-                if not text:
-                    return []
             if self.syntax.tool_format is None:
                 self.pending = ""
                 return self._content(text)
@@ -134,7 +183,27 @@ class ReplyParser:
         self.calls.append(call)
         return [{"tool_calls": [call]}]
 
+    def _skip_space(self, text: str, final: bool) -> str:
+        """`text` without the whitespace self.skip says to drop; self.skip None once that is settled."""
+        how = self.skip
+        if how == ALL:
+            rest = text.lstrip()
+            if rest or final:
+                self.skip = None
+            return rest
+        assert how is not None
+        n = len(os.path.commonprefix([text, how]))
+        self.skip = how[n:] if n == len(text) and n < len(how) and not final else None
+        return text[n:]
+
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
+        # thinking that is only whitespace is no thinking (llama-server's): held until the first non-space
+        if not self.thought:
+            text, self.held = self.held + text, ""
+            if not text.strip():
+                self.held = text
+                return []
+            self.thought = True
         return [{"reasoning_content": text}] if text else []
 
     def _content(self, text: str) -> list[dict[str, Any]]:

@@ -42,6 +42,7 @@ class DFlashServer(ThreadingHTTPServer):
         self.reasoning_format = reasoning_format
         self.created = int(time.time())
         self.slots = [llm]
+        self._callers_hook = llm.on_generation  # server_close gives it back, from a failed bind too
         super().__init__(address, Handler)  # binds first: a port in use costs no slot a context
         try:
             # one decoder per slot, all on llm's weights; a generation takes a free one or waits for one
@@ -62,7 +63,6 @@ class DFlashServer(ThreadingHTTPServer):
         # counted whether or not /metrics is served (llama-server's --metrics only opens the route)
         self.metrics_route = metrics
         self.metrics = ServerMetrics(llm._spec.n_max)  # the longest draft, "auto"'s included
-        self._callers_hook = llm.on_generation
         for s in self.slots:
             s.on_generation = self.metrics.add
 
