@@ -17,7 +17,7 @@ import pytest
 from tinycode import THREADS, chat_target_gguf, drafter_gguf, prompts
 
 from dflash_gguf import SpeculativeLlama
-from dflash_gguf.chat_reply import ReplyParser, ReplySyntax, reply_message, reply_syntax, tool_call_grammar
+from dflash_gguf.chat_reply import ReplySyntax, reply_message, reply_parser, reply_syntax, tool_call_grammar
 
 WEATHER = {
     "name": "get_weather",
@@ -32,7 +32,7 @@ GREEDY = {"temperature": 0.0, "seed": 0}
 
 
 def parse(syntax: ReplySyntax, text: str, step: int) -> dict[str, Any]:
-    parser = ReplyParser(syntax, {"get_weather": WEATHER})
+    parser = reply_parser(syntax, {"get_weather": WEATHER})
     deltas = [d for i in range(0, len(text), step) for d in parser.feed(text[i : i + step])] + parser.finish()
     return reply_message(deltas)
 
@@ -297,3 +297,107 @@ def test_a_forced_call_in_a_thinking_template_is_still_a_call(qwen3: Speculative
             calls = out["choices"][0]["message"]["tool_calls"]
         assert calls and calls[0]["function"]["name"] == "get_weather"
         assert isinstance(json.loads("".join(c["function"]["arguments"] for c in calls))["city"], str)
+
+
+# gpt-oss's replies (harmony) and what llama-server makes of them, whole and streamed
+# (tests/test_llama_server.py::test_forced_replies_are_read_as_llama_server_reads_them)
+HARMONY_REPLIES = [
+    (
+        "<|channel|>analysis<|message|>Think hard.<|end|><|start|>assistant<|channel|>final<|message|>The answer.",
+        "Think hard.",
+        "The answer.",
+    ),
+    (
+        "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b<|end|>"
+        "<|start|>assistant<|channel|>final<|message|>c",
+        "ab",
+        "c",
+    ),
+    # a preamble to the user in the commentary channel is text
+    (
+        "<|channel|>commentary<|message|>Let me see.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+        "",
+        "Let me see.Done.",
+    ),
+    ("<|channel|>analysis<|message|>x<|end|><|start|>assistant", "x", ""),
+    (
+        "<|channel|>commentary to=assistant<|channel|>analysis<|message|>r<|end|><|start|>assistant"
+        "<|channel|>final<|message|>f",
+        "r",
+        "f",
+    ),  # the stray header gpt-oss-20b writes
+    ("<|channel|>final<|message|>a<|end|><|start|>assistant<|channel|>final<|message|>b", "", "a"),
+]
+
+
+@pytest.mark.parametrize("step", [1, 7, 10_000])
+def test_gpt_oss_channels_come_apart_whatever_the_chunks(step: int) -> None:
+    harmony = ReplySyntax(thinking=True, tool_format="harmony")
+    for text, reasoning, content in HARMONY_REPLIES:
+        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
+        assert parse(harmony, text, step) == want, text
+    # reasoning_format "none": the thinking stays in the text with its markers
+    text = HARMONY_REPLIES[0][0]
+    assert parse(ReplySyntax(tool_format="harmony"), text, step) == {
+        "role": "assistant",
+        "content": "<|channel|>analysis<|message|>Think hard.<|end|>The answer.",
+    }
+    # text that is not harmony stays as written
+    for text in ("hello", " <|channel|>final<|message|>a", "<|channel|>final"):
+        assert parse(harmony, text, step) == {"role": "assistant", "content": text}, text
+
+
+@pytest.mark.parametrize("step", [1, 10_000])
+def test_gpt_oss_calls_name_their_tool_in_either_header(step: int) -> None:
+    harmony = ReplySyntax(thinking=True, tool_format="harmony")
+    think = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+    for call in (
+        '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}',
+        ' to=functions.get_weather<|channel|>commentary json<|message|>{"city": "Oslo"}<|call|>',
+    ):
+        message = parse(harmony, think + call, step)
+        assert message["reasoning_content"] == "Need weather." and message["content"] == ""
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message["tool_calls"]] == [
+            ("get_weather", {"city": "Oslo"})
+        ]
+    # arguments that are no JSON: the message stays text
+    bad = parse(harmony, "<|channel|>commentary to=functions.get_weather<|message|>{oops", step)
+    assert bad == {"role": "assistant", "content": "<|channel|>commentary to=functions.get_weather<|message|>{oops"}
+
+
+def test_a_gpt_oss_reply_through_the_chat() -> None:
+    """A target whose vocabulary has gpt-oss's markers and ends of a reply as special tokens, under its
+    template: a reply of those tokens (forced by a logits processor) comes back as reasoning and text, or
+    as a call with finish_reason "tool_calls", whole and streamed."""
+    from tinycode import harmony_target_gguf
+
+    with SpeculativeLlama(str(harmony_target_gguf()), str(drafter_gguf("f32")), n_ctx=512, n_max=3) as llm:
+
+        def forcing(text: str, end: str) -> Any:
+            want = llm.tokenize(text.encode(), add_bos=False, special=True) + llm.tokenize(end.encode(), False, True)
+            start: list[int] = []
+
+            def force(input_ids: Any, scores: Any) -> Any:
+                start[:] = start or [len(input_ids)]
+                scores[:] = -1e9
+                scores[want[min(len(input_ids) - start[0], len(want) - 1)]] = 0.0
+                return scores
+
+            return force
+
+        msgs = [{"role": "user", "content": "hi"}]
+        reply = "<|channel|>analysis<|message|>Plan it.<|end|><|start|>assistant<|channel|>final<|message|>Done."
+        for stream in (False, True):
+            kw = dict(max_tokens=60, logits_processor=forcing(reply, "<|return|>"), reasoning_format="deepseek")
+            out = llm.create_chat_completion(msgs, stream=stream, **kw, **GREEDY)
+            deltas = [c["choices"][0]["delta"] for c in out] if stream else [out["choices"][0]["message"]]
+            assert "".join(d.get("reasoning_content") or "" for d in deltas) == "Plan it."
+            assert "".join(d.get("content") or "" for d in deltas) == "Done."
+        call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
+        described = [{"type": "function", "function": {**WEATHER, "description": "The weather."}}]  # the template's
+        out = llm.create_chat_completion(
+            msgs, tools=described, max_tokens=60, logits_processor=forcing(call, "<|call|>"), **GREEDY
+        )
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}

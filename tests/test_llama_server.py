@@ -751,15 +751,17 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
         ("Qwen3-Coder", {}),
         ("HuggingFaceTB-SmolLM3-3B", {}),
         ("meta-llama-Llama-3.1-8B-Instruct", {}),
+        ("openai-gpt-oss-120b", {}),
+        ("openai-gpt-oss-120b", {"reasoning_format": "none"}),
     ],
 )
 def test_forced_replies_are_read_as_llama_server_reads_them(
     llama_server: Path, tmp_path: Path, template: str, extra: dict[str, Any]
 ) -> None:
     """Replies a grammar forces (the same text from both servers: thinking closed or not, whitespace around
-    it, a call begun while thinking) come apart into the same content and reasoning_content, whole and
-    streamed, as each template's reader in llama-server makes of them."""
-    from test_chat_reply import XML_FAMILY_REPLIES
+    it, a call begun while thinking; gpt-oss's channels) come apart into the same content and
+    reasoning_content, whole and streamed, as each template's reader in llama-server makes of them."""
+    from test_chat_reply import HARMONY_REPLIES, XML_FAMILY_REPLIES
     from tinycode import chat_target_gguf, drafter_gguf
 
     from dflash_gguf import SpeculativeLlama
@@ -772,10 +774,11 @@ def test_forced_replies_are_read_as_llama_server_reads_them(
         serving(llm, "ours") as port,
     ):
         ours_base = f"http://127.0.0.1:{port}"
-        for text in [*FORCED_REPLIES, *(r[0] for r in XML_FAMILY_REPLIES)]:
+        replies = HARMONY_REPLIES if template.startswith("openai") else XML_FAMILY_REPLIES
+        for text in [r[0] for r in replies] + FORCED_REPLIES * (replies is XML_FAMILY_REPLIES):
             req = {
                 "messages": [{"role": "user", "content": "hi"}],
-                "max_tokens": 60,
+                "max_tokens": 300,
                 "temperature": 0.0,
                 "grammar": "root ::= " + json.dumps(text),
                 **extra,

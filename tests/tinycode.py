@@ -121,6 +121,11 @@ def chat_target_gguf(template: str) -> Path:
     not trained to chat: its replies are code, but prompt layouts and reply parsing do not need better."""
     import gguf
 
+    return _target_copy(template, {"tokenizer.chat_template": (gguf.GGUFValueType.STRING, _template_text(template))})
+
+
+def _template_text(template: str) -> str:
+    """llama.cpp's models/templates/<template>.jinja, from the llama-server source the build script unpacked."""
     cache = Path(os.environ.get("DFLASH_CACHE", Path.home() / ".cache" / "dflash-gguf"))
     path = (
         cache
@@ -135,7 +140,31 @@ def chat_target_gguf(template: str) -> Path:
     )
     if not path.is_file():
         raise FileNotFoundError(f"{path} (unpacked by scripts/build_llama_server.sh)")
-    return _target_copy(template, {"tokenizer.chat_template": (gguf.GGUFValueType.STRING, path.read_text())})
+    return path.read_text()
+
+
+def harmony_target_gguf() -> Path:
+    """The tinycode target under gpt-oss's chat template, with the harmony markers and its ends of a reply
+    (<|return|>, <|call|>) as special (control) tokens of its vocabulary in the places of <|mask|> and its
+    six last tokens, as in gpt-oss's own vocabulary (libllama then renders the markers' text and ends a
+    reply at <|return|> or <|call|>, not at <|end|>)."""
+    import gguf
+
+    from dflash_gguf.chat_harmony import CALL, MARKERS
+
+    fields = gguf.GGUFReader(TARGET, "r").fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    for i, marker in zip((1, 2042, 2043, 2044, 2045, 2046, 2047), (*MARKERS, "<|return|>", CALL)):
+        tokens[i], types[i] = marker, gguf.TokenType.CONTROL
+    array = gguf.GGUFValueType.ARRAY
+    return _target_copy(
+        "harmony",
+        {
+            "tokenizer.chat_template": (gguf.GGUFValueType.STRING, _template_text("openai-gpt-oss-120b")),
+            "tokenizer.ggml.tokens": (array, tokens),
+            "tokenizer.ggml.token_type": (array, types),
+        },
+    )
 
 
 def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:

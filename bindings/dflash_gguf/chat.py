@@ -11,7 +11,7 @@ from typing import Any
 
 from llama_cpp import llama_chat_format
 
-from .chat_reply import ReplyParser, reply_message, reply_syntax, tool_call_grammar
+from .chat_reply import reply_message, reply_parser, reply_syntax, tool_call_grammar
 from .generation import zero_is_no_limit
 from .llama_compat import (
     LogprobCursor,
@@ -108,7 +108,7 @@ class ChatMixin:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
         fingerprint = self.system_fingerprint
         # a forced call's grammar makes the whole reply the call: nothing to take apart
-        parser = ReplyParser(syntax, named) if call is None and syntax.parses else None
+        parser = reply_parser(syntax, named) if call is None and syntax.parses else None
 
         def finish(reason: str | None, content: str) -> str | None:
             if reason != "stop":

@@ -13,6 +13,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .chat_harmony import CHANNEL, HarmonyParser
+from .text import partial_tag
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 REASONING_FORMATS = ("none", "auto", "deepseek")
@@ -23,7 +26,7 @@ ALL = "all"  # ReplyParser.skip: every whitespace character
 class ReplySyntax:
     thinking: bool = False  # the reply may hold <think>...</think>: goes to reasoning_content
     starts_thinking: bool = False  # the prompt ends in an opened <think> (the template opened it)
-    tool_format: str | None = None  # "hermes", "qwen3-coder" or None (no parsing)
+    tool_format: str | None = None  # "hermes", "qwen3-coder", "harmony" (gpt-oss: thinking too) or None
     # what the prompt holds after the <think> it opened (its newline): llama-server counts it as thinking
     opened: str = ""
     # Qwen3-Coder's family (Qwen3.5 / 3.6 among it): the thinking and the text after it begin at their first
@@ -46,6 +49,8 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     template = template or ""
+    if CHANNEL in template:  # gpt-oss's harmony format, read whole by chat_harmony
+        return ReplySyntax(thinking=reasoning_format != "none", tool_format="harmony")
     # a prompt that closed the thinking itself (enable_thinking false) is answered in text alone, as written
     thinking = reasoning_format != "none" and THINK_OPEN in template and not prompt.rstrip().endswith(THINK_CLOSE)
     tool_format = None
@@ -76,6 +81,13 @@ def _think_spacing(template: str) -> tuple[str, str]:
         return "", ""
     found = re.search(r"<think>(\s*)R\s*</think>(\s*)C", rendered)
     return (found.group(1), found.group(2)) if found else ("", "")
+
+
+def reply_parser(syntax: ReplySyntax, tools: dict[str, dict[str, Any]] | None = None) -> ReplyParser | HarmonyParser:
+    """The parser of replies in `syntax`."""
+    if syntax.tool_format == "harmony":
+        return HarmonyParser(syntax.thinking, tools)
+    return ReplyParser(syntax, tools)
 
 
 def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
@@ -149,7 +161,7 @@ class ReplyParser:
                     self.pending = text[end:]
                 self.mode = "content"
                 return self._reasoning(text[:end])
-            keep = 0 if final else max(_partial_tag(text, tag) for tag in ends)
+            keep = 0 if final else max(partial_tag(text, tag) for tag in ends)
             self.pending = text[len(text) - keep :]
             return self._reasoning(text[: len(text) - keep])
         if self.mode == "content":
@@ -164,7 +176,7 @@ class ReplyParser:
             if final:  # the reply's own end is left as it is, unless calls came before it
                 self.pending = ""
                 return self._content(text.rstrip() if self.calls else text)
-            settled = text[: len(text) - _partial_tag(text, CALL_OPEN)].rstrip()
+            settled = text[: len(text) - partial_tag(text, CALL_OPEN)].rstrip()
             self.pending = text[len(settled) :]
             return self._content(settled)
         # mode "call": a tool call's block, whole before it is parsed
@@ -240,14 +252,6 @@ class ReplyParser:
                     pass
             args[key] = value
         return {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}
-
-
-def _partial_tag(text: str, tag: str) -> int:
-    """The length of the longest end of `text` that begins `tag` (it may become the tag)."""
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-n:]):
-            return n
-    return 0
 
 
 def reply_message(deltas: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,6 +12,14 @@ def utf8_decoder() -> codecs.IncrementalDecoder:
     return codecs.getincrementaldecoder("utf-8")(errors="replace")
 
 
+def partial_tag(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that begins `tag` (it may become the tag)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
+
+
 class TextStream:
     """Turns token pieces (bytes) into text deltas.
 
