@@ -365,39 +365,104 @@ def test_gpt_oss_calls_name_their_tool_in_either_header(step: int) -> None:
     assert bad == {"role": "assistant", "content": "<|channel|>commentary to=functions.get_weather<|message|>{oops"}
 
 
-def test_a_gpt_oss_reply_through_the_chat() -> None:
-    """A target whose vocabulary has gpt-oss's markers and ends of a reply as special tokens, under its
-    template: a reply of those tokens (forced by a logits processor) comes back as reasoning and text, or
-    as a call with finish_reason "tool_calls", whole and streamed."""
-    from tinycode import harmony_target_gguf
+def forcing(llm: SpeculativeLlama, text: str) -> Any:
+    """A logits processor that makes the reply `text`'s tokens (special ones included), then the end of text."""
+    want = [*llm.tokenize(text.encode(), add_bos=False, special=True), llm.token_eos()]
+    start: list[int] = []
 
-    with SpeculativeLlama(str(harmony_target_gguf()), str(drafter_gguf("f32")), n_ctx=512, n_max=3) as llm:
+    def force(input_ids: Any, scores: Any) -> Any:
+        start[:] = start or [len(input_ids)]
+        scores[:] = -1e9
+        scores[want[min(len(input_ids) - start[0], len(want) - 1)]] = 0.0
+        return scores
 
-        def forcing(text: str, end: str) -> Any:
-            want = llm.tokenize(text.encode(), add_bos=False, special=True) + llm.tokenize(end.encode(), False, True)
-            start: list[int] = []
+    return force
 
-            def force(input_ids: Any, scores: Any) -> Any:
-                start[:] = start or [len(input_ids)]
-                scores[:] = -1e9
-                scores[want[min(len(input_ids) - start[0], len(want) - 1)]] = 0.0
-                return scores
 
-            return force
+def chat_deltas(llm: SpeculativeLlama, text: str, stream: bool, **kw: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The reply `text` (forced) to "hi" as (message or deltas, finish_reason)."""
+    msgs = [{"role": "user", "content": "hi"}]
+    out = llm.create_chat_completion(msgs, stream=stream, max_tokens=300, logits_processor=forcing(llm, text), **kw)
+    if not stream:
+        return [out["choices"][0]["message"]], out["choices"][0]["finish_reason"]
+    chunks = list(out)
+    return [c["choices"][0]["delta"] for c in chunks], chunks[-1]["choices"][0]["finish_reason"]
 
-        msgs = [{"role": "user", "content": "hi"}]
-        reply = "<|channel|>analysis<|message|>Plan it.<|end|><|start|>assistant<|channel|>final<|message|>Done."
+
+def joined(deltas: list[dict[str, Any]], key: str) -> str:
+    return "".join(d.get(key) or "" for d in deltas)
+
+
+@pytest.mark.parametrize(
+    ("template", "markers", "reply", "call"),
+    [
+        (
+            "openai-gpt-oss-120b",
+            ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|return|>", "<|call|>"),
+            "<|channel|>analysis<|message|>Plan it.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+            '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}',
+        ),
+        (
+            "muse-glimmer",
+            ("<|start|>", "<|message|>", "<|eom|>", "<|eot|>"),
+            " to=self<|message|>Plan it.<|eom|><|start|>assistant to=user<|message|>Done.",
+            ' to=get_weather<|message|><atem:function_calls>\n<atem:invoke name="get_weather">\n'
+            '<atem:parameter name="city">Oslo</atem:parameter>\n</atem:invoke>\n</atem:function_calls>',
+        ),
+    ],
+)
+def test_message_runs_through_the_chat_with_their_markers_special(
+    template: str, markers: tuple[str, ...], reply: str, call: str
+) -> None:
+    """gpt-oss's and Muse Glimmer's replies through the chat, on a target whose vocabulary has their
+    markers as special tokens (libllama shows no special token's text unless asked; the chat asks for
+    the markers'): reasoning and text apart, whole and streamed, and a call with finish_reason
+    "tool_calls"."""
+    from tinycode import special_tokens_target
+
+    target = special_tokens_target(template, markers)
+    with SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=2048, n_threads=THREADS) as llm:
         for stream in (False, True):
-            kw = dict(max_tokens=60, logits_processor=forcing(reply, "<|return|>"), reasoning_format="deepseek")
-            out = llm.create_chat_completion(msgs, stream=stream, **kw, **GREEDY)
-            deltas = [c["choices"][0]["delta"] for c in out] if stream else [out["choices"][0]["message"]]
-            assert "".join(d.get("reasoning_content") or "" for d in deltas) == "Plan it."
-            assert "".join(d.get("content") or "" for d in deltas) == "Done."
-        call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Oslo"}'
-        described = [{"type": "function", "function": {**WEATHER, "description": "The weather."}}]  # the template's
-        out = llm.create_chat_completion(
-            msgs, tools=described, max_tokens=60, logits_processor=forcing(call, "<|call|>"), **GREEDY
-        )
-        choice = out["choices"][0]
-        assert choice["finish_reason"] == "tool_calls"
-        assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}
+            deltas, _ = chat_deltas(llm, reply, stream, reasoning_format="deepseek", **GREEDY)
+            assert (joined(deltas, "reasoning_content"), joined(deltas, "content")) == ("Plan it.", "Done."), stream
+        described = [{"type": "function", "function": {**WEATHER, "description": "The weather."}}]
+        (message,), finish = chat_deltas(llm, call, False, tools=described, **GREEDY)
+        assert finish == "tool_calls"
+        assert json.loads(message["tool_calls"][0]["function"]["arguments"]) == {"city": "Oslo"}
+
+
+# Muse Glimmer's replies and what llama-server makes of them
+GLIMMER_REPLIES = [
+    (" to=self<|message|>Think.<|eom|><|start|>assistant to=user<|message|>Answer.", "Think.", "Answer."),
+    (" to=user<|message|>Just.", "", "Just."),
+    ("<|message|>Bare.", "", "Bare."),
+    (
+        " to=self<|message|>a<|eom|><|start|>assistant to=self<|message|>b<|eom|><|start|>assistant<|message|>c",
+        "ab",
+        "c",
+    ),
+    (" to=self<|message|>x<|eom|>", "x", ""),
+    (" to=user<|message|>done<|eom|>", "", "done"),
+    (" to=user<|message|> sp \n", "", " sp \n"),
+]
+
+
+@pytest.mark.parametrize("step", [1, 6, 10_000])
+def test_muse_glimmer_recipients_come_apart_whatever_the_chunks(step: int) -> None:
+    glimmer = ReplySyntax(thinking=True, tool_format="glimmer")
+    for text, reasoning, content in GLIMMER_REPLIES:
+        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
+        assert parse(glimmer, text, step) == want, text
+    # a call in ATEM markup after the thinking, its parameters typed by the tool's schema; another may follow
+    invoke = (
+        '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">Oslo</atem:parameter>\n'
+        '<atem:parameter name="days">3</atem:parameter>\n</atem:invoke>\n</atem:function_calls>'
+    )
+    text = f" to=self<|message|>Weather first.<|eom|><|start|>assistant to=get_weather<|message|>{invoke}"
+    message = parse(glimmer, f"{text}<|eom|><|start|>assistant to=get_weather<|message|>{invoke}", step)
+    assert message["reasoning_content"] == "Weather first." and message["content"] == ""
+    assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [{"city": "Oslo", "days": 3}] * 2
+    # without tools a recipient other than self and user is no format of it: the text as written
+    assert reply_syntax("<atem:function_calls><|eom|>", "x", "none", False) == ReplySyntax()
+    no_tools = reply_parser(ReplySyntax(thinking=True, tool_format="glimmer"), {})
+    assert reply_message(no_tools.feed(text) + no_tools.finish())["content"].endswith(invoke)

@@ -753,15 +753,17 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
         ("meta-llama-Llama-3.1-8B-Instruct", {}),
         ("openai-gpt-oss-120b", {}),
         ("openai-gpt-oss-120b", {"reasoning_format": "none"}),
+        ("muse-glimmer", {}),
+        ("muse-glimmer", {"reasoning_format": "none"}),
     ],
 )
 def test_forced_replies_are_read_as_llama_server_reads_them(
     llama_server: Path, tmp_path: Path, template: str, extra: dict[str, Any]
 ) -> None:
     """Replies a grammar forces (the same text from both servers: thinking closed or not, whitespace around
-    it, a call begun while thinking; gpt-oss's channels) come apart into the same content and
+    it, a call begun while thinking; gpt-oss's channels, Muse Glimmer's recipients) come apart into the same content and
     reasoning_content, whole and streamed, as each template's reader in llama-server makes of them."""
-    from test_chat_reply import HARMONY_REPLIES, XML_FAMILY_REPLIES
+    from test_chat_reply import GLIMMER_REPLIES, HARMONY_REPLIES, XML_FAMILY_REPLIES
     from tinycode import chat_target_gguf, drafter_gguf
 
     from dflash_gguf import SpeculativeLlama
@@ -774,7 +776,9 @@ def test_forced_replies_are_read_as_llama_server_reads_them(
         serving(llm, "ours") as port,
     ):
         ours_base = f"http://127.0.0.1:{port}"
-        replies = HARMONY_REPLIES if template.startswith("openai") else XML_FAMILY_REPLIES
+        replies = {"openai-gpt-oss-120b": HARMONY_REPLIES, "muse-glimmer": GLIMMER_REPLIES}.get(
+            template, XML_FAMILY_REPLIES
+        )
         for text in [r[0] for r in replies] + FORCED_REPLIES * (replies is XML_FAMILY_REPLIES):
             req = {
                 "messages": [{"role": "user", "content": "hi"}],

@@ -143,25 +143,22 @@ def _template_text(template: str) -> str:
     return path.read_text()
 
 
-def harmony_target_gguf() -> Path:
-    """The tinycode target under gpt-oss's chat template, with the harmony markers and its ends of a reply
-    (<|return|>, <|call|>) as special (control) tokens of its vocabulary in the places of <|mask|> and its
-    six last tokens, as in gpt-oss's own vocabulary (libllama then renders the markers' text and ends a
-    reply at <|return|> or <|call|>, not at <|end|>)."""
+def special_tokens_target(template: str, tokens: tuple[str, ...]) -> Path:
+    """The tinycode target under one of llama.cpp's templates (chat_target_gguf), with `tokens` as special
+    (control) tokens of its vocabulary in the places of <|mask|> and its last tokens: as the markers of
+    gpt-oss's or Muse Glimmer's replies are in their own vocabularies."""
     import gguf
 
-    from dflash_gguf.chat_harmony import CALL, MARKERS
-
     fields = gguf.GGUFReader(TARGET, "r").fields
-    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
-    for i, marker in zip((1, 2042, 2043, 2044, 2045, 2046, 2047), (*MARKERS, "<|return|>", CALL)):
-        tokens[i], types[i] = marker, gguf.TokenType.CONTROL
+    vocab, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    for i, token in zip((1, *range(len(vocab) - len(tokens) + 1, len(vocab))), tokens):
+        vocab[i], types[i] = token, gguf.TokenType.CONTROL
     array = gguf.GGUFValueType.ARRAY
     return _target_copy(
-        "harmony",
+        f"{template}-special",
         {
-            "tokenizer.chat_template": (gguf.GGUFValueType.STRING, _template_text("openai-gpt-oss-120b")),
-            "tokenizer.ggml.tokens": (array, tokens),
+            "tokenizer.chat_template": (gguf.GGUFValueType.STRING, _template_text(template)),
+            "tokenizer.ggml.tokens": (array, vocab),
             "tokenizer.ggml.token_type": (array, types),
         },
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from llama_cpp import llama_chat_format
 
-from .chat_reply import reply_message, reply_parser, reply_syntax, tool_call_grammar
+from .chat_reply import reply_markers, reply_message, reply_parser, reply_syntax, tool_call_grammar
 from .generation import zero_is_no_limit
 from .llama_compat import (
     LogprobCursor,
@@ -102,13 +102,17 @@ class ChatMixin:
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         sampling = self._sampling(max_tokens, grammars[given[0]] if given else None, locals(), triggers)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
-        chunks = self._completion_chunks(prompt, zero_is_no_limit(max_tokens), sampling, stops, seed, n_logprobs)
+        markers = (self.tokenize(m.encode(), add_bos=False, special=True) for m in reply_markers(syntax))
+        shown = frozenset(ids[0] for ids in markers if len(ids) == 1)  # the markers that are a token each
+        chunks = self._completion_chunks(
+            prompt, zero_is_no_limit(max_tokens), sampling, stops, seed, n_logprobs, shown=shown
+        )
         cursor = None
         if n_logprobs is not None:
             cursor = LogprobCursor(self._completion_tokens, self._token_logprobs, self._spec.token_to_piece, 0)
         fingerprint = self.system_fingerprint
         # a forced call's grammar makes the whole reply the call: nothing to take apart
-        parser = reply_parser(syntax, named) if call is None and syntax.parses else None
+        parser = reply_parser(syntax, named if may_call else {}) if call is None and syntax.parses else None
 
         def finish(reason: str | None, content: str) -> str | None:
             if reason != "stop":

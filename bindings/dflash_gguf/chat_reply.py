@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_harmony import CHANNEL, HarmonyParser
+from .chat_messages import CHANNEL, GLIMMER_MARKERS, HARMONY_MARKERS, GlimmerParser, HarmonyParser
 from .text import partial_tag
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -26,7 +26,9 @@ ALL = "all"  # ReplyParser.skip: every whitespace character
 class ReplySyntax:
     thinking: bool = False  # the reply may hold <think>...</think>: goes to reasoning_content
     starts_thinking: bool = False  # the prompt ends in an opened <think> (the template opened it)
-    tool_format: str | None = None  # "hermes", "qwen3-coder", "harmony" (gpt-oss: thinking too) or None
+    # "hermes", "qwen3-coder", or a format of messages read whole (thinking too): "harmony" (gpt-oss),
+    # "glimmer" (Muse Glimmer); None: no calls read
+    tool_format: str | None = None
     # what the prompt holds after the <think> it opened (its newline): llama-server counts it as thinking
     opened: str = ""
     # Qwen3-Coder's family (Qwen3.5 / 3.6 among it): the thinking and the text after it begin at their first
@@ -49,8 +51,11 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools
     if reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     template = template or ""
-    if CHANNEL in template:  # gpt-oss's harmony format, read whole by chat_harmony
+    if CHANNEL in template:  # gpt-oss's harmony format (chat_messages)
         return ReplySyntax(thinking=reasoning_format != "none", tool_format="harmony")
+    if "<atem:function_calls>" in template and "<|eom|>" in template:  # Muse Glimmer's (chat_messages)
+        thinking = reasoning_format != "none"  # neither thinking nor tools: the reply as written
+        return ReplySyntax(thinking, tool_format="glimmer" if thinking or tools else None)
     # a prompt that closed the thinking itself (enable_thinking false) is answered in text alone, as written
     thinking = reasoning_format != "none" and THINK_OPEN in template and not prompt.rstrip().endswith(THINK_CLOSE)
     tool_format = None
@@ -83,11 +88,21 @@ def _think_spacing(template: str) -> tuple[str, str]:
     return (found.group(1), found.group(2)) if found else ("", "")
 
 
-def reply_parser(syntax: ReplySyntax, tools: dict[str, dict[str, Any]] | None = None) -> ReplyParser | HarmonyParser:
-    """The parser of replies in `syntax`."""
+def reply_parser(
+    syntax: ReplySyntax, tools: dict[str, dict[str, Any]] | None = None
+) -> ReplyParser | HarmonyParser | GlimmerParser:
+    """The parser of replies in `syntax`; `tools`: those it may call."""
     if syntax.tool_format == "harmony":
         return HarmonyParser(syntax.thinking, tools)
+    if syntax.tool_format == "glimmer":
+        return GlimmerParser(syntax.thinking, tools)
     return ReplyParser(syntax, tools)
+
+
+def reply_markers(syntax: ReplySyntax) -> tuple[str, ...]:
+    """The tags replies in `syntax` are read by whose text is the reply's even where they are special
+    tokens (llama-server's preserved tokens: libllama shows no special token's text otherwise)."""
+    return {"harmony": HARMONY_MARKERS, "glimmer": GLIMMER_MARKERS}.get(syntax.tool_format or "", ())
 
 
 def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:

@@ -34,9 +34,11 @@ class CompletionMixin:
         logprobs: int | None = None,
         stopping_criteria: StoppingCriteria | None = None,
         prompt_logprobs: bool = False,
+        shown: frozenset[int] = frozenset(),
     ) -> Iterator[tuple[str, str | None]]:
         """(text delta, finish_reason or None); the tokens go to self._completion_tokens as they come
-        (after the prompt's, with prompt_logprobs); self.stats are the call's when the last one comes."""
+        (after the prompt's, with prompt_logprobs); self.stats are the call's when the last one comes.
+        `shown`: special tokens whose text is the reply's (where others show none)."""
         if isinstance(prompt, str):
             tokens = self.tokenize(prompt, special=True)
         else:
@@ -62,7 +64,7 @@ class CompletionMixin:
         try:
             for tok in generation:
                 self._completion_tokens.append(tok)
-                delta = stream.feed(self._spec.token_to_piece(tok))
+                delta = stream.feed(self._spec.token_to_piece(tok, tok in shown))
                 if delta:
                     yield delta, None
                 if stream.stopped:
