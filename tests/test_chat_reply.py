@@ -113,30 +113,36 @@ XML_FAMILY_REPLIES = [
 
 @pytest.mark.parametrize("step", [1, 3, 10_000])
 def test_qwen35_thinking_starts_at_its_first_non_space_and_ends_at_a_call(step: int) -> None:
-    syntax = ReplySyntax(thinking=True, starts_thinking=True, xml_family=True)
+    syntax = ReplySyntax(thinking=True, starts_thinking=True, xml_family=True, lstrip=True)
     for text, reasoning, content in XML_FAMILY_REPLIES:
         want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
         assert parse(syntax, text, step) == want, text
     # with tools, the call that ended the thinking is parsed
     text = "I should look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"
-    message = parse(ReplySyntax(True, True, "qwen3-coder", xml_family=True), text, step)
+    message = parse(ReplySyntax(True, True, "qwen3-coder", xml_family=True, lstrip=True), text, step)
     assert message["reasoning_content"] == "I should look.\n" and message["content"] == ""
     assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [{"city": "Oslo"}]
 
 
 def test_the_syntax_comes_from_the_template() -> None:
     qwen3 = "{% if tools %}<tool_call>{% endif %}<think>\n\n</think>"
-    assert reply_syntax(qwen3, "<|im_start|>assistant\n", "deepseek", True) == ReplySyntax(True, False, "hermes")
+    # a template that can think: the reply from its first non-space
+    assert reply_syntax(qwen3, "<|im_start|>assistant\n", "deepseek", True) == ReplySyntax(
+        True, False, "hermes", lstrip=True
+    )
     assert reply_syntax(qwen3, "<|im_start|>assistant\n<think>\n", "auto", False) == ReplySyntax(
         True, True, None, "\n"
     )  # the prompt's newline after <think> is thinking too
-    assert reply_syntax(qwen3, "x", "none", True) == ReplySyntax(False, False, "hermes")
+    assert reply_syntax(qwen3, "x", "none", True) == ReplySyntax(False, False, "hermes", lstrip=True)
+    # thinking not read: the think block the prompt ends with is the reply's text
+    for block in ("<think>\n", "<think>\n\n</think>\n\n"):
+        assert reply_syntax(qwen3, f"<|im_start|>assistant\n{block}", "none", False) == ReplySyntax(opened=block)
     assert reply_syntax("<tool_call>\n<function=f>", "x", "none", True).tool_format == "qwen3-coder"
     assert reply_syntax(None, "x", "deepseek", True) == ReplySyntax()
     # Qwen3.5's: the newline after the <think> its prompt opened is not thinking
     qwen35 = "<tool_call>\n<function=x>\n<parameter=y>\n<think>\n"
     assert reply_syntax(qwen35, "<|im_start|>assistant\n<think>\n", "deepseek", False) == ReplySyntax(
-        True, True, None, "", xml_family=True
+        True, True, None, "", xml_family=True, lstrip=True
     )
     with pytest.raises(ValueError, match="reasoning_format"):
         reply_syntax(qwen3, "x", "deepseek-legacy", True)

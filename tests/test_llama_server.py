@@ -502,6 +502,18 @@ def test_anthropic_messages_are_llama_server_s(
             assert list(joined.items()) == blocks(ours), server
 
 
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+
+
 @pytest.mark.parametrize(
     ("template", "extra"),
     [
@@ -509,20 +521,11 @@ def test_anthropic_messages_are_llama_server_s(
         ("Qwen-Qwen3-0.6B", {}),
         ("Qwen-Qwen3-0.6B", {"chat_template_kwargs": {"enable_thinking": False}}),  # <think></think> in the prompt
         ("Qwen-Qwen3-0.6B", {"reasoning_effort": "none"}),
-        (
-            "Qwen-Qwen3-0.6B",
-            {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "get_weather",
-                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-                        },
-                    }
-                ]
-            },
-        ),
+        ("Qwen-Qwen3-0.6B", {"tools": WEATHER_TOOLS}),
+        # a chat with tools is read from the reply's first non-space (Llama 3.x, Mistral: their replies begin
+        # with whitespace here)
+        ("meta-llama-Llama-3.1-8B-Instruct", {"tools": WEATHER_TOOLS}),
+        ("mistralai-Mistral-Nemo-Instruct-2407", {"tools": WEATHER_TOOLS}),
     ],
 )
 def test_chat_replies_are_llama_server_s(
@@ -738,6 +741,7 @@ FORCED_REPLIES = [
     " \n</think>z",
 ]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+NOT_READ = {"reasoning_format": "none"}  # the thinking stays in the text
 
 
 @pytest.mark.parametrize(
@@ -745,16 +749,21 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
     [
         ("Qwen3.5-4B", {}),
         ("Qwen3.5-4B", NO_THINKING),
+        ("Qwen3.5-4B", NOT_READ),
         ("Qwen-Qwen3-0.6B", {}),
         ("Qwen-Qwen3-0.6B", NO_THINKING),
+        ("Qwen-Qwen3-0.6B", NOT_READ),
+        ("Qwen-Qwen3-0.6B", {**NOT_READ, **NO_THINKING}),
         ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", {}),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", NOT_READ),
         ("Qwen3-Coder", {}),
         ("HuggingFaceTB-SmolLM3-3B", {}),
+        ("HuggingFaceTB-SmolLM3-3B", NOT_READ),
         ("meta-llama-Llama-3.1-8B-Instruct", {}),
         ("openai-gpt-oss-120b", {}),
-        ("openai-gpt-oss-120b", {"reasoning_format": "none"}),
+        ("openai-gpt-oss-120b", NOT_READ),
         ("muse-glimmer", {}),
-        ("muse-glimmer", {"reasoning_format": "none"}),
+        ("muse-glimmer", NOT_READ),
     ],
 )
 def test_forced_replies_are_read_as_llama_server_reads_them(

@@ -56,7 +56,7 @@ class ChatMixin:
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
         tfs_z: float = 1.0,  # ignored, as in create_completion
-        reasoning_format: str = "none",
+        reasoning_format: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
@@ -71,8 +71,11 @@ class ChatMixin:
         its template's own syntax, as llama-server reads it (Qwen2.5/Qwen3/Hermes `<tool_call>` JSON,
         kept to the tools' schemas by a grammar that starts at `<tool_call>`; Qwen3-Coder's XML): the
         calls come back as `tool_calls` (finish_reason "tool_calls"), the text around them as content.
-        `reasoning_format="deepseek"` (llama-server's default; "none" here, as llama_cpp.Llama):
-        a reasoning model's `<think>...</think>` comes back as `reasoning_content`, apart from the content.
+        `reasoning_format="deepseek"` (llama-server's default): a reasoning model's `<think>...</think>`
+        comes back as `reasoning_content`, apart from the content, and the reply is read as llama-server
+        reads it ("none": the same, its thinking left in the content); None (the default, as
+        llama_cpp.Llama): the reply as written, its tool calls aside (gpt-oss's and Muse Glimmer's replies
+        are read as under "none").
         `chat_template_kwargs` reach the template (e.g. {"enable_thinking": False} for Qwen3).
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
         Sampling options as in create_completion."""

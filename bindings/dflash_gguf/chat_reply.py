@@ -29,7 +29,8 @@ class ReplySyntax:
     # "hermes", "qwen3-coder", or a format of messages read whole (thinking too): "harmony" (gpt-oss),
     # "glimmer" (Muse Glimmer); None: no calls read
     tool_format: str | None = None
-    # what the prompt holds after the <think> it opened (its newline): llama-server counts it as thinking
+    # what the prompt holds after the <think> it opened (its newline): llama-server counts it as thinking;
+    # where thinking is not read, the prompt's whole think block, which it counts as text
     opened: str = ""
     # Qwen3-Coder's family (Qwen3.5 / 3.6 among it): the thinking and the text after it begin at their first
     # non-space, and a <tool_call> ends the thinking as </think> does (the call is then the reply's)
@@ -39,25 +40,37 @@ class ReplySyntax:
     # reader learns these markers from the template)
     after_open: str = ""
     after_close: str = ""
+    # the reply's leading whitespace is dropped (llama-server's reader does so under a template that can
+    # think, for a chat with tools, and in Qwen3-Coder's family)
+    lstrip: bool = False
 
     @property
     def parses(self) -> bool:
         """A reply in this syntax is not its text as written."""
-        return self.thinking or self.tool_format is not None or self.xml_family
+        return self.thinking or self.tool_format is not None or self.xml_family or self.lstrip or bool(self.opened)
 
 
-def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools: bool) -> ReplySyntax:
-    """How to read the reply to `prompt`, rendered by `template` (the target's chat template)."""
-    if reasoning_format not in REASONING_FORMATS:
+def reply_syntax(template: str | None, prompt: str, reasoning_format: str | None, tools: bool) -> ReplySyntax:
+    """How to read the reply to `prompt`, rendered by `template` (the target's chat template), as
+    llama-server reads it; `reasoning_format` None: as llama_cpp.Llama gives it (as written, tool calls
+    aside)."""
+    if reasoning_format is not None and reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     template = template or ""
-    if CHANNEL in template:  # gpt-oss's harmony format (chat_messages)
-        return ReplySyntax(thinking=reasoning_format != "none", tool_format="harmony")
+    thinking = reasoning_format not in (None, "none")
+    if CHANNEL in template:  # gpt-oss's harmony format (chat_messages), read for its calls at least
+        return ReplySyntax(thinking=thinking, tool_format="harmony")
     if "<atem:function_calls>" in template and "<|eom|>" in template:  # Muse Glimmer's (chat_messages)
-        thinking = reasoning_format != "none"  # neither thinking nor tools: the reply as written
+        # neither thinking nor tools: the reply as written
         return ReplySyntax(thinking, tool_format="glimmer" if thinking or tools else None)
-    # a prompt that closed the thinking itself (enable_thinking false) is answered in text alone, as written
-    thinking = reasoning_format != "none" and THINK_OPEN in template and not prompt.rstrip().endswith(THINK_CLOSE)
+    if reasoning_format is None:
+        return _calls_only(template, tools)
+    can_think = THINK_OPEN in template
+    # the think block the template ended the prompt with: opened (the reply is thinking) or closed
+    # (enable_thinking false: the reply is text)
+    tail = prompt.rstrip()
+    block = prompt[prompt.rindex(THINK_OPEN) :] if can_think and tail.endswith((THINK_OPEN, THINK_CLOSE)) else ""
+    thinking = reasoning_format != "none" and can_think and not tail.endswith(THINK_CLOSE)
     tool_format = None
     if tools and CALL_OPEN in template:
         tool_format = "qwen3-coder" if "<function=" in template else "hermes"
@@ -67,10 +80,20 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str, tools
         all(tag in template for tag in (CALL_OPEN, "<function=", "<parameter="))
         and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in template
     )
+    if reasoning_format == "none" and block:  # the prompt's think block, then the reply, as written
+        return ReplySyntax(tool_format=tool_format, opened=block)
     after_open, after_close = _think_spacing(template) if thinking else ("", "")
-    starts_thinking = thinking and prompt.rstrip().endswith(THINK_OPEN)
-    opened = prompt[prompt.rindex(THINK_OPEN) + len(THINK_OPEN) :] if starts_thinking and not xml_family else ""
-    return ReplySyntax(thinking, starts_thinking, tool_format, opened, xml_family, after_open, after_close)
+    starts_thinking = thinking and tail.endswith(THINK_OPEN)
+    opened = block[len(THINK_OPEN) :] if starts_thinking and not xml_family else ""
+    lstrip = xml_family or (can_think and not block) or (tools and "tools" in template)
+    return ReplySyntax(thinking, starts_thinking, tool_format, opened, xml_family, after_open, after_close, lstrip)
+
+
+def _calls_only(template: str, tools: bool) -> ReplySyntax:
+    """The tool calls of a reply in `template`'s syntax, the rest as written."""
+    if tools and CALL_OPEN in template:
+        return ReplySyntax(tool_format="qwen3-coder" if "<function=" in template else "hermes")
+    return ReplySyntax()
 
 
 @functools.lru_cache(maxsize=8)
@@ -131,7 +154,7 @@ class ReplyParser:
         self.calls: list[dict[str, Any]] = []
         # whitespace to drop where the text is now: ALL of it, as much of a given string as the text repeats,
         # or None; llama-server's readers drop a thinking template's reply's leading whitespace
-        self.skip: str | None = ALL if (syntax.thinking and not syntax.starts_thinking) or syntax.xml_family else None
+        self.skip: str | None = ALL if syntax.lstrip else None
         self.held = ""  # the thinking so far, while it is only whitespace: dropped if it stays so
         self.thought = False  # some thinking was given out
         self.gap = ""  # the whitespace before a tool call's block, the reply's again if it is no call
