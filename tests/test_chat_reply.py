@@ -37,6 +37,13 @@ def parse(syntax: ReplySyntax, text: str, step: int) -> dict[str, Any]:
     return reply_message(deltas)
 
 
+def check_replies(syntax: ReplySyntax, replies: list[tuple[str, str, str]], step: int) -> None:
+    """Each (reply, its reasoning_content, its content) comes apart so, fed `step` characters at a time."""
+    for text, reasoning, content in replies:
+        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
+        assert parse(syntax, text, step) == want, text
+
+
 def without_ids(message: dict[str, Any]) -> dict[str, Any]:
     calls = [{k: v for k, v in c.items() if k != "id"} for c in message.get("tool_calls", [])]
     return {**message, "tool_calls": calls} if calls else message
@@ -114,9 +121,7 @@ XML_FAMILY_REPLIES = [
 @pytest.mark.parametrize("step", [1, 3, 10_000])
 def test_qwen35_thinking_starts_at_its_first_non_space_and_ends_at_a_call(step: int) -> None:
     syntax = ReplySyntax(thinking=True, starts_thinking=True, xml_family=True, lstrip=True)
-    for text, reasoning, content in XML_FAMILY_REPLIES:
-        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
-        assert parse(syntax, text, step) == want, text
+    check_replies(syntax, XML_FAMILY_REPLIES, step)
     # with tools, the call that ended the thinking is parsed
     text = "I should look.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>"
     message = parse(ReplySyntax(True, True, "qwen3-coder", xml_family=True, lstrip=True), text, step)
@@ -339,9 +344,7 @@ HARMONY_REPLIES = [
 @pytest.mark.parametrize("step", [1, 7, 10_000])
 def test_gpt_oss_channels_come_apart_whatever_the_chunks(step: int) -> None:
     harmony = ReplySyntax(thinking=True, tool_format="harmony")
-    for text, reasoning, content in HARMONY_REPLIES:
-        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
-        assert parse(harmony, text, step) == want, text
+    check_replies(harmony, HARMONY_REPLIES, step)
     # reasoning_format "none": the thinking stays in the text with its markers
     text = HARMONY_REPLIES[0][0]
     assert parse(ReplySyntax(tool_format="harmony"), text, step) == {
@@ -456,9 +459,7 @@ GLIMMER_REPLIES = [
 @pytest.mark.parametrize("step", [1, 6, 10_000])
 def test_muse_glimmer_recipients_come_apart_whatever_the_chunks(step: int) -> None:
     glimmer = ReplySyntax(thinking=True, tool_format="glimmer")
-    for text, reasoning, content in GLIMMER_REPLIES:
-        want = {"role": "assistant", "content": content, **({"reasoning_content": reasoning} if reasoning else {})}
-        assert parse(glimmer, text, step) == want, text
+    check_replies(glimmer, GLIMMER_REPLIES, step)
     # a call in ATEM markup after the thinking, its parameters typed by the tool's schema; another may follow
     invoke = (
         '<atem:function_calls>\n<atem:invoke name="get_weather">\n<atem:parameter name="city">Oslo</atem:parameter>\n'

@@ -526,6 +526,7 @@ WEATHER_TOOLS = [
         # with whitespace here)
         ("meta-llama-Llama-3.1-8B-Instruct", {"tools": WEATHER_TOOLS}),
         ("mistralai-Mistral-Nemo-Instruct-2407", {"tools": WEATHER_TOOLS}),
+        ("google-gemma-2-2b-it", {}),  # no system role: the system text joins the user's
     ],
 )
 def test_chat_replies_are_llama_server_s(

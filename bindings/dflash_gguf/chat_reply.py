@@ -57,23 +57,21 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str | None
     if reasoning_format is not None and reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
     template = template or ""
-    thinking = reasoning_format not in (None, "none")
+    reads_thinking = reasoning_format not in (None, "none")
     if CHANNEL in template:  # gpt-oss's harmony format (chat_messages), read for its calls at least
-        return ReplySyntax(thinking=thinking, tool_format="harmony")
+        return ReplySyntax(reads_thinking, tool_format="harmony")
     if "<atem:function_calls>" in template and "<|eom|>" in template:  # Muse Glimmer's (chat_messages)
         # neither thinking nor tools: the reply as written
-        return ReplySyntax(thinking, tool_format="glimmer" if thinking or tools else None)
+        return ReplySyntax(reads_thinking, tool_format="glimmer" if reads_thinking or tools else None)
+    tool_format = _call_format(template, tools)
     if reasoning_format is None:
-        return _calls_only(template, tools)
+        return ReplySyntax(tool_format=tool_format)
     can_think = THINK_OPEN in template
     # the think block the template ended the prompt with: opened (the reply is thinking) or closed
     # (enable_thinking false: the reply is text)
     tail = prompt.rstrip()
     block = prompt[prompt.rindex(THINK_OPEN) :] if can_think and tail.endswith((THINK_OPEN, THINK_CLOSE)) else ""
-    thinking = reasoning_format != "none" and can_think and not tail.endswith(THINK_CLOSE)
-    tool_format = None
-    if tools and CALL_OPEN in template:
-        tool_format = "qwen3-coder" if "<function=" in template else "hermes"
+    thinking = reads_thinking and can_think and not tail.endswith(THINK_CLOSE)
     # llama-server's test for the templates its Qwen3-Coder parser reads (the ones that put no newline
     # between <tool_call> and <function= are not of them)
     xml_family = (
@@ -89,11 +87,11 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str | None
     return ReplySyntax(thinking, starts_thinking, tool_format, opened, xml_family, after_open, after_close, lstrip)
 
 
-def _calls_only(template: str, tools: bool) -> ReplySyntax:
-    """The tool calls of a reply in `template`'s syntax, the rest as written."""
+def _call_format(template: str, tools: bool) -> str | None:
+    """The syntax of the tool calls `template` teaches, where a reply's calls are read (`tools`)."""
     if tools and CALL_OPEN in template:
-        return ReplySyntax(tool_format="qwen3-coder" if "<function=" in template else "hermes")
-    return ReplySyntax()
+        return "qwen3-coder" if "<function=" in template else "hermes"
+    return None
 
 
 @functools.lru_cache(maxsize=8)
@@ -153,7 +151,7 @@ class ReplyParser:
         self.pending = syntax.opened
         self.calls: list[dict[str, Any]] = []
         # whitespace to drop where the text is now: ALL of it, as much of a given string as the text repeats,
-        # or None; llama-server's readers drop a thinking template's reply's leading whitespace
+        # or None (ReplySyntax.lstrip, after_open, after_close)
         self.skip: str | None = ALL if syntax.lstrip else None
         self.held = ""  # the thinking so far, while it is only whitespace: dropped if it stays so
         self.thought = False  # some thinking was given out
