@@ -3,16 +3,14 @@ llama-server's and OpenAI's shapes."""
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from llama_cpp import llama_chat_format
-
 from .chat_reply import reply_markers, reply_message, reply_parser, reply_syntax, tool_call_grammar
+from .chat_template import formatter, takes_system, without_system
 from .generation import zero_is_no_limit
 from .llama_compat import (
     LogprobCursor,
@@ -203,9 +201,9 @@ class ChatMixin:
                     self._spec.token_to_piece(t, True).decode("utf-8", "replace") if t >= 0 else ""
                     for t in (self._spec.token_eos, self._spec.token_bos)
                 )
-                if messages and messages[0].get("role") == "system" and not _takes_system(template):
+                if messages and messages[0].get("role") == "system" and not takes_system(template):
                     messages = without_system(messages)
-                resp = _formatter(template, eos, bos)(messages=messages, **(template_args or {}))
+                resp = formatter(template, eos, bos)(messages=messages, **(template_args or {}))
                 if bos and self._spec.add_bos and resp.prompt.startswith(bos):  # tokenizing adds it back
                     resp.prompt = resp.prompt[len(bos) :]
             else:
@@ -217,53 +215,6 @@ class ChatMixin:
             ) from e
         stop = resp.stop if isinstance(resp.stop, list) else ([resp.stop] if resp.stop else [])
         return resp.prompt, stop
-
-
-@functools.lru_cache(maxsize=4)
-def _formatter(template: str, eos: str, bos: str) -> _TemplateFormatter:
-    """A template's renderer, compiled once."""
-    return _TemplateFormatter(template=template, eos_token=eos, bos_token=bos)
-
-
-@functools.lru_cache(maxsize=4)
-def _takes_system(template: str) -> bool:
-    """`template` renders a system message (llama-server's probe: its text is in the prompt; Gemma's
-    templates refuse one)."""
-    probe = [{"role": "system", "content": "System message"}, {"role": "user", "content": "User message"}]
-    try:
-        return "System message" in _formatter(template, "", "")(messages=probe).prompt
-    except Exception:  # noqa: BLE001 - refused (raise_exception) or unrenderable
-        return False
-
-
-def without_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The messages for a template that takes no system message, as llama-server hands them to it: the
-    system text joins the next message's, or goes where none follows."""
-    system, rest = messages[0], messages[1:]
-    if not rest:
-        return rest
-    return [{**rest[0], "content": f"{system.get('content') or ''}\n{rest[0].get('content') or ''}"}, *rest[1:]]
-
-
-class _TemplateFormatter(llama_chat_format.Jinja2ChatFormatter):
-    """llama_cpp's chat template renderer, given only the arguments a request has: llama-server leaves out
-    `tools` (and the rest) when there are none, where llama_cpp's passes None, which templates that test
-    `tools is defined` and then walk them (Hermes 3's) cannot iterate."""
-
-    def __call__(self, *, messages: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        def raise_exception(message: str) -> None:
-            raise ValueError(message)
-
-        prompt = self._environment.render(
-            messages=messages,
-            eos_token=self.eos_token,
-            bos_token=self.bos_token,
-            raise_exception=raise_exception,
-            add_generation_prompt=self.add_generation_prompt,
-            strftime_now=self.strftime_now,
-            **kwargs,
-        )
-        return llama_chat_format.ChatFormatterResponse(prompt=prompt, stop=[self.eos_token], added_special=True)
 
 
 def template_arguments(

@@ -17,10 +17,36 @@ START, MESSAGE = "<|start|>assistant", "<|message|>"
 _LONGEST_HEADER = 256  # without <|message|> by then the text is no header
 
 
-class MessageRunParser:
-    """Feed the reply's text as it comes; get OpenAI chat deltas ({"reasoning_content"}, {"content"},
-    {"tool_calls"}) for what is settled (ReplyParser's interface). A format is a subclass: its headers,
-    the tags that end a body, what follows each kind of message and how a call's body reads."""
+class DeltaParser:
+    """Feed a reply's text as it comes; get OpenAI chat deltas ({"reasoning_content"}, {"content"},
+    {"tool_calls"}) for what is settled. A reader is a subclass: its `_step` reads what it can of
+    `self.pending` (`final`: no more text comes) and says so by changing `pending` or `mode`."""
+
+    pending: str
+    mode: str
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        self.pending += text
+        return self._run(final=False)
+
+    def finish(self) -> list[dict[str, Any]]:
+        return self._run(final=True)
+
+    def _run(self, final: bool) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while True:
+            before = (self.mode, len(self.pending))
+            out += self._step(final)
+            if (self.mode, len(self.pending)) == before:
+                return out
+
+    def _step(self, final: bool) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+
+class MessageRunParser(DeltaParser):
+    """A reply as a run of messages. A format is a subclass: its headers, the tags that end a body, what
+    follows each kind of message and how a call's body reads."""
 
     ENDS: tuple[str, ...] = ()
 
@@ -57,26 +83,11 @@ class MessageRunParser:
         return [{"reasoning_content": text}] if text else []
 
     # --- the run of messages ----------------------------------------------------------------------------
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        self.pending += text
-        return self._run(final=False)
-
-    def finish(self) -> list[dict[str, Any]]:
-        return self._run(final=True)
-
-    def _run(self, final: bool) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        while True:
-            before = (self.mode, len(self.pending))
-            out += self._step(final)
-            if (self.mode, len(self.pending)) == before:
-                return out
-
     def _step(self, final: bool) -> list[dict[str, Any]]:
         text = self.pending
         if self.mode == "raw":
             self.pending = ""
-            return _content(text)
+            return content_delta(text)
         if self.mode == "done":  # what follows the reply's last message is not read (llama-server's)
             self.pending = ""
             return []
@@ -118,10 +129,10 @@ class MessageRunParser:
         if self.kind == "reasoning":
             return self._reasoning(text)
         if self.kind == "content":
-            return _content(text)
+            return content_delta(text)
         read = self._call(text)
         if read is None:  # no call after all: the message stays text, as written
-            return _content(self.header + text + end)
+            return content_delta(self.header + text + end)
         name, arguments = read
         call = {
             "index": len(self.calls),
@@ -168,12 +179,12 @@ class HarmonyParser(MessageRunParser):
         return (self.to, arguments) if isinstance(arguments, dict) else None
 
     def _opened(self) -> list[dict[str, Any]]:
-        return [] if self.thinking or self.kind != "reasoning" else _content(self.header)
+        return [] if self.thinking or self.kind != "reasoning" else content_delta(self.header)
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
         if self.thinking:
             return super()._reasoning(text)
-        return _content(text + (self.ENDS[0] if self.mode == "next" else ""))  # with its <|end|>, once read
+        return content_delta(text + (self.ENDS[0] if self.mode == "next" else ""))  # with its <|end|>, once read
 
 
 class GlimmerParser(MessageRunParser):
@@ -222,7 +233,7 @@ class GlimmerParser(MessageRunParser):
         return name, arguments
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
-        return super()._reasoning(text) if self.thinking else _content(text)
+        return super()._reasoning(text) if self.thinking else content_delta(text)
 
 
 CHANNEL = "<|channel|>"
@@ -243,5 +254,5 @@ GLIMMER_MARKERS = (
 )
 
 
-def _content(text: str) -> list[dict[str, Any]]:
+def content_delta(text: str) -> list[dict[str, Any]]:
     return [{"content": text}] if text else []

@@ -13,7 +13,16 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_messages import CHANNEL, GLIMMER_MARKERS, HARMONY_MARKERS, GlimmerParser, HarmonyParser
+from .chat_messages import (
+    CHANNEL,
+    GLIMMER_MARKERS,
+    HARMONY_MARKERS,
+    DeltaParser,
+    GlimmerParser,
+    HarmonyParser,
+    content_delta,
+)
+from .chat_template import formatter
 from .text import partial_tag
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -98,11 +107,9 @@ def _call_format(template: str, tools: bool) -> str | None:
 def _think_spacing(template: str) -> tuple[str, str]:
     """The whitespace `template` writes after <think> and after </think> when it renders an earlier
     reply's thinking; none where it leaves thinking out of the conversation (DeepSeek-R1's)."""
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
     turns = [{"role": "user", "content": "U"}, {"role": "assistant", "content": "C", "reasoning_content": "R"}]
     try:
-        rendered = Jinja2ChatFormatter(template=template, eos_token="", bos_token="")(messages=turns).prompt
+        rendered = formatter(template, "", "")(messages=turns).prompt
     except Exception:  # noqa: BLE001 - a template that needs more than this to render
         return "", ""
     found = re.search(r"<think>(\s*)R\s*</think>(\s*)C", rendered)
@@ -140,9 +147,8 @@ def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> 
     return f"root ::= {block} ([ \\n]{{0,2}} {block})*\n{rules}", (CALL_OPEN,)
 
 
-class ReplyParser:
-    """Feed the reply's text as it comes; get OpenAI chat deltas ({"reasoning_content"}, {"content"},
-    {"tool_calls"}) for what is settled. Text that may still become a tag is held back."""
+class ReplyParser(DeltaParser):
+    """A reply of <think> and <tool_call> tags; text that may still become a tag is held back."""
 
     def __init__(self, syntax: ReplySyntax, tools: dict[str, dict[str, Any]] | None = None) -> None:
         self.syntax = syntax
@@ -156,21 +162,6 @@ class ReplyParser:
         self.held = ""  # the thinking so far, while it is only whitespace: dropped if it stays so
         self.thought = False  # some thinking was given out
         self.gap = ""  # the whitespace before a tool call's block, the reply's again if it is no call
-
-    def feed(self, text: str) -> list[dict[str, Any]]:
-        self.pending += text
-        out: list[dict[str, Any]] = []
-        while True:
-            n_before, mode_before = len(self.pending), self.mode
-            out += self._step(final=False)
-            if len(self.pending) == n_before and self.mode == mode_before:
-                return out
-
-    def finish(self) -> list[dict[str, Any]]:
-        out = self.feed("")
-        while self.pending:
-            out += self._step(final=True)
-        return out
 
     def _step(self, final: bool) -> list[dict[str, Any]]:
         if self.skip is not None:
@@ -203,18 +194,18 @@ class ReplyParser:
         if self.mode == "content":
             if self.syntax.tool_format is None:
                 self.pending = ""
-                return self._content(text)
+                return content_delta(text)
             start = text.find(CALL_OPEN)
             if start >= 0:  # the whitespace before a call belongs to no part of the message
                 before = text[:start].rstrip()
                 self.pending, self.mode, self.gap = text[start:], "call", text[len(before) : start]
-                return self._content(before)
+                return content_delta(before)
             if final:  # the reply's own end is left as it is, unless calls came before it
                 self.pending = ""
-                return self._content(text.rstrip() if self.calls else text)
+                return content_delta(text.rstrip() if self.calls else text)
             settled = text[: len(text) - partial_tag(text, CALL_OPEN)].rstrip()
             self.pending = text[len(settled) :]
-            return self._content(settled)
+            return content_delta(settled)
         # mode "call": a tool call's block, whole before it is parsed
         end = text.find(CALL_CLOSE)
         if end < 0 and not final:
@@ -225,7 +216,7 @@ class ReplyParser:
         call = self._parse_call(block)
         if call is None:  # not a call after all: the text stays the reply's
             self.pending = text[whole:]
-            return self._content(self.gap + text[:whole])
+            return content_delta(self.gap + text[:whole])
         self.pending = text[whole:].lstrip()
         call = {"index": len(self.calls), "id": f"call_{uuid.uuid4().hex}", "type": "function", "function": call}
         self.calls.append(call)
@@ -253,9 +244,6 @@ class ReplyParser:
                 return []
             self.thought = True
         return [{"reasoning_content": text}] if text else []
-
-    def _content(self, text: str) -> list[dict[str, Any]]:
-        return [{"content": text}] if text else []
 
     def _parse_call(self, block: str) -> dict[str, str] | None:
         if self.syntax.tool_format == "qwen3-coder":

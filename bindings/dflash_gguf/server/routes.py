@@ -137,10 +137,15 @@ class Handler(JSONEventHandler):
         else:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route GET {self.path}"))
 
-    def _slots(self) -> None:
-        if not self.server.slots_route:
-            message = "This server does not support slots endpoint. Start it with `--slots`"
+    def _turned_off(self, on: bool, route: str) -> bool:
+        """A route the server was started without answers 501, as llama-server's."""
+        if not on:
+            message = f"This server does not support {route} endpoint. Start it with `--{route}`"
             self._send_json(HTTPStatus.NOT_IMPLEMENTED, error_body(HTTPStatus.NOT_IMPLEMENTED, message))
+        return not on
+
+    def _slots(self) -> None:
+        if self._turned_off(self.server.slots_route, "slots"):
             return
         slots = self.server.slots_json()
         # a load balancer's question (llama-server's): is any slot free now?
@@ -151,9 +156,7 @@ class Handler(JSONEventHandler):
         self._send_json(HTTPStatus.OK, slots)
 
     def _metrics(self) -> None:
-        if not self.server.metrics_route:
-            message = "This server does not support metrics endpoint. Start it with `--metrics`"
-            self._send_json(HTTPStatus.NOT_IMPLEMENTED, error_body(HTTPStatus.NOT_IMPLEMENTED, message))
+        if self._turned_off(self.server.metrics_route, "metrics"):
             return
         data = self.server.metrics_text().encode()
         self.send_response(HTTPStatus.OK)
