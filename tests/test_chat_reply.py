@@ -54,7 +54,7 @@ def test_thinking_and_hermes_calls_come_apart_whatever_the_chunks(step: int) -> 
     text = (
         '<think>\nThe user wants weather.\n</think>\n\nLet me look.\n<tool_call>\n{"name": "get_weather", '
         '"arguments": {"city": "Paris", "days": 2}}\n</tool_call>\n<tool_call>\n{"name": "get_weather", '
-        '"arguments": {"city": "Rome"}}\n</tool_call>'
+        '"arguments": {"city":"Rome"}}\n</tool_call>'
     )
     # Qwen3's template writes "<think>\n" and "</think>\n\n": a reply that repeats them has them dropped
     message = parse(ReplySyntax(thinking=True, tool_format="hermes", after_open="\n", after_close="\n\n"), text, step)
@@ -64,7 +64,7 @@ def test_thinking_and_hermes_calls_come_apart_whatever_the_chunks(step: int) -> 
         "reasoning_content": "The user wants weather.\n",
         "tool_calls": [
             {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "days": 2}'}},
-            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}},
+            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Rome"}'}},  # as written
         ],
     }
     ids = [c["id"] for c in message["tool_calls"]]
@@ -90,16 +90,60 @@ def test_text_that_only_looks_like_a_tag_stays_as_written(step: int) -> None:
 
 
 def test_qwen3_coder_calls_take_their_types_from_the_schema() -> None:
+    """Tagged parameters become compact JSON, as llama-server joins them: a string parameter escaped, a
+    number as written."""
     text = (
-        "I'll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
-        "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>"
+        'I\'ll check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew "York"\n</parameter>\n'
+        "<parameter=days>\n3.0\n</parameter>\n</function>\n</tool_call>"
     )
     for step in (1, 5, 10_000):
         message = parse(ReplySyntax(tool_format="qwen3-coder"), text, step)
         assert message["content"] == "I'll check."
-        assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
-            {"city": "New York", "days": 3}
-        ]
+        assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"city":"New \\"York\\"","days":3.0}']
+
+
+@pytest.mark.parametrize("step", [1, 4, 10_000])
+def test_llama3_calls_end_the_reply(step: int) -> None:
+    """Llama 3.x's call is a JSON object that ends the reply (its "type" optional), its arguments as
+    written; a brace that opens no call to one of the tools leaves the reply as written."""
+    llama3 = ReplySyntax(tool_format="llama3")
+    call = '{"type": "function", "name": "get_weather",\n"parameters" :{"city" : "Paris", "days"\n: 3\n}\n}\n'
+    message = parse(llama3, "Let me check.\n\n" + call, step)
+    assert without_ids(message) == {
+        "role": "assistant",
+        "content": "Let me check.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": '{"city" : "Paris", "days"\n: 3\n}'}}
+        ],
+    }
+    for text in (
+        "def f():\n    return {1: 2}\n",  # code
+        '{"name": "get_time", "parameters": {}}',  # no such tool
+        '{"name": "get_weather", "parameters": {"city": "Rome"}} and more',  # text after it
+        '{"type": "object", "name": "get_weather", "parameters": {}}',
+        '{"name": "get_weather", "parameters": {}',  # cut short
+    ):
+        assert parse(llama3, text, step) == {"role": "assistant", "content": text}, text
+
+
+@pytest.mark.parametrize("step", [1, 4, 10_000])
+def test_mistral_calls_are_a_list_after_their_marker(step: int) -> None:
+    """Mistral Nemo's calls: a JSON list after [TOOL_CALLS], each with its arguments as written and the id
+    the reply gives it (llama-server's grammar lets a comma close a call that has none)."""
+    mistral = ReplySyntax(tool_format="mistral")
+    text = (
+        'Sure. [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "a1b2c3d4e"},\n'
+        '{"name": "get_weather",\n "arguments": {\n"city": "Rome", "days": 2},\n}]'
+    )
+    message = parse(mistral, text, step)
+    assert message["content"] == "Sure."
+    assert [(c["id"], c["function"]["arguments"]) for c in message["tool_calls"]][0] == (
+        "a1b2c3d4e",
+        '{"city": "Oslo"}',
+    )
+    assert message["tool_calls"][1]["function"]["arguments"] == '{\n"city": "Rome", "days": 2}'
+    for text in ("[TOOL_CALLS] nothing", '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]', "[TOOL_CALLS][]"):
+        assert parse(mistral, text, step) == {"role": "assistant", "content": text}, text
 
 
 # Qwen3.5's family (llama-server's Qwen3-Coder parser): replies to a prompt that opened <think>, and what
@@ -151,6 +195,21 @@ def test_the_syntax_comes_from_the_template() -> None:
     )
     with pytest.raises(ValueError, match="reasoning_format"):
         reply_syntax(qwen3, "x", "deepseek-legacy", True)
+    # llama.cpp's copies of the published templates: their call syntax, read where the chat has tools
+    from tinycode import _template_text
+
+    for name, tool_format in [
+        ("meta-llama-Llama-3.1-8B-Instruct", "llama3"),
+        ("meta-llama-Llama-3.2-3B-Instruct", "llama3"),
+        ("meta-llama-Llama-3.3-70B-Instruct", "llama3"),
+        ("mistralai-Mistral-Nemo-Instruct-2407", "mistral"),
+        ("NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "hermes"),
+        ("Qwen3.5-4B", "qwen3-coder"),
+        ("CohereForAI-c4ai-command-r-plus-tool_use", None),  # JSON calls in a syntax of its own: not read
+    ]:
+        template = _template_text(name)
+        assert reply_syntax(template, "x", "auto", True).tool_format == tool_format, name
+        assert reply_syntax(template, "x", "auto", False).tool_format is None, name
 
 
 @pytest.fixture(scope="module")
@@ -198,22 +257,29 @@ def test_a_lazy_grammar_is_free_until_its_word_then_binds(tiny: SpeculativeLlama
         list(tiny.generate_tokens(prompt, max_tokens=4, grammar=grammar, grammar_triggers=word))  # not a list
 
 
-def test_the_tools_grammar_keeps_a_call_to_the_tools(tiny: SpeculativeLlama) -> None:
-    """The grammar a started <tool_call> is held to: bound from the start here, the reply is one call
-    (or several) to a named tool with arguments that follow its schema, which the parser takes apart."""
-    syntax = ReplySyntax(tool_format="hermes")
+@pytest.mark.parametrize(
+    ("tool_format", "opener", "end"), [("hermes", "<tool_call>", "</tool_call>"), ("mistral", "[TOOL_CALLS]", "}]")]
+)
+def test_the_tools_grammar_keeps_a_call_to_the_tools(
+    tiny: SpeculativeLlama, tool_format: str, opener: str, end: str
+) -> None:
+    """The grammar a started call is held to: bound from the start here, the reply is one call (or
+    several) to a named tool with arguments that follow its schema, which the parser takes apart."""
+    syntax = ReplySyntax(tool_format=tool_format)
     gbnf, triggers = tool_call_grammar({"get_weather": WEATHER}, syntax)
-    assert triggers == ("<tool_call>",)
-    text = tiny.create_completion(prompts()[1]["text"], max_tokens=120, grammar=gbnf, **GREEDY)["choices"][0]["text"]
-    assert text.startswith("<tool_call>"), text
-    whole = text[: text.rindex("</tool_call>") + len("</tool_call>")]  # the calls complete within max_tokens
+    assert triggers == (opener,)
+    text = tiny.create_completion(prompts()[1]["text"], max_tokens=160, grammar=gbnf, **GREEDY)["choices"][0]["text"]
+    assert text.startswith(opener), text
+    # the calls complete within max_tokens (Mistral's list closed after the last whole call)
+    whole = text[: text.rindex(end) + len(end)] if end in text else text[: text.rindex("}}") + 2] + "]"
     message = parse(syntax, whole, 7)
-    assert message["content"] == "" and len(message["tool_calls"]) == whole.count("<tool_call>"), text
+    assert message["content"] == "" and len(message["tool_calls"]) == whole.count('"name"'), text
     for c in message["tool_calls"]:
         assert c["function"]["name"] == "get_weather"
         args = json.loads(c["function"]["arguments"])
         assert isinstance(args["city"], str) and set(args) <= {"city", "days"}
     assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="qwen3-coder")) is None
+    assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="llama3")) is None
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +327,29 @@ def test_tool_calls_in_a_qwen3_chat(qwen3: SpeculativeLlama) -> None:
     ]
     prompt, _ = qwen3._format_chat(turn, {"tools": TOOLS})
     assert "<tool_response>\n18 C\n</tool_response>" in prompt and call["function"]["arguments"] in prompt
+
+
+def test_a_mistral_call_goes_back_into_its_template() -> None:
+    """Mistral Nemo's template takes back only calls with ids of nine letters and digits: a call the reply
+    gave no id gets one such, and the next turn renders with it."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    grammar = 'root ::= "[TOOL_CALLS][{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Paris\\"}}]"'
+    with SpeculativeLlama(
+        str(chat_target_gguf("mistralai-Mistral-Nemo-Instruct-2407")),
+        str(drafter_gguf("f32")),
+        n_ctx=1024,
+        n_threads=THREADS,
+        n_max=3,
+    ) as llm:
+        out = llm.create_chat_completion(msgs, tools=TOOLS, grammar=grammar, max_tokens=80, **GREEDY)
+        (call,) = out["choices"][0]["message"]["tool_calls"]
+        assert re.fullmatch(r"[A-Za-z0-9]{9}", call["id"]) and call["function"]["arguments"] == '{"city": "Paris"}'
+        turn = msgs + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "18 C"},
+        ]
+        prompt, _ = llm._format_chat(turn, {"tools": TOOLS})
+    assert f'"id": "{call["id"]}"' in prompt and "18 C" in prompt
 
 
 def test_server_requests_tell_the_template_what_llama_server_tells_it() -> None:

@@ -576,14 +576,21 @@ def test_chat_replies_are_llama_server_s(
     assert streams[0]["reasoning_content"] == mine.get("reasoning_content", "")
 
 
-def sse_deltas(url: str, payload: dict[str, Any]) -> dict[str, str]:
-    """The joined content and reasoning_content deltas of a streamed chat."""
+def sse_deltas(url: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """The joined content and reasoning_content deltas of a streamed chat, and its tool calls' (name,
+    arguments) each joined from its deltas."""
     joined = {"content": "", "reasoning_content": ""}
+    calls: dict[int, list[str]] = {}
     for _, chunk in sse_events(url, payload, REQUEST_TIMEOUT_S):
         for choice in chunk.get("choices", []):
+            delta = choice.get("delta", {})
             for key in joined:
-                joined[key] += choice.get("delta", {}).get(key) or ""
-    return joined
+                joined[key] += delta.get(key) or ""
+            for call in delta.get("tool_calls") or []:
+                name_args = calls.setdefault(call["index"], ["", ""])
+                name_args[0] += call.get("function", {}).get("name") or ""
+                name_args[1] += call.get("function", {}).get("arguments") or ""
+    return {**joined, "tool_calls": [tuple(calls[i]) for i in sorted(calls)]}
 
 
 def test_openai_usage_is_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
@@ -743,6 +750,73 @@ FORCED_REPLIES = [
 ]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 NOT_READ = {"reasoning_format": "none"}  # the thinking stays in the text
+
+
+# a tool whose call a grammar fixes up to its whitespace: llama-server's grammar for tool_choice "required"
+# then writes the call once a logit bias has it begin
+FIXED_CALL_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "enum": ["Paris"]}, "days": {"type": "integer", "enum": [3]}},
+                "required": ["city", "days"],
+                "additionalProperties": False,
+            },
+        },
+    }
+]
+
+
+@pytest.mark.parametrize(
+    ("template", "opener", "biases"),
+    [
+        ("meta-llama-Llama-3.1-8B-Instruct", "{", (8, 15)),  # "\n{...}" and "{...}"
+        ("mistralai-Mistral-Nemo-Instruct-2407", "[TOOL_CALLS]", (50,)),
+    ],
+)
+def test_tool_calls_are_read_as_llama_server_reads_them(
+    llama_server: Path, tmp_path: Path, template: str, opener: str, biases: tuple[int, ...]
+) -> None:
+    """Calls in Llama 3.x's and Mistral Nemo's syntax come apart as llama-server's reader takes them apart
+    (name, arguments as written, content), whole and streamed: llama-server writes a call under its grammar
+    for tool_choice "required" (the call's opener favoured by a logit bias, the end of text once it may
+    come), ours is made to write the same text by a grammar. Mistral's marker is a special token, as in
+    its own vocabulary."""
+    import gguf
+    from tinycode import chat_target_gguf, drafter_gguf, special_tokens_target
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = special_tokens_target(template, (opener,)) if opener.startswith("[") else chat_target_gguf(template)
+    vocab = gguf.GGUFReader(target, "r").fields["tokenizer.ggml.tokens"].contents()
+    chat = {"messages": [{"role": "user", "content": "weather in Paris?"}], "max_tokens": 300, "temperature": 0.0}
+    with (
+        running_server(llama_server, target, tmp_path / "calls.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
+        for bias in biases:
+            forcing = {"tool_choice": "required", "logit_bias": [[vocab.index(opener), bias], [0, 100]]}
+            req = {**chat, "tools": FIXED_CALL_TOOLS, **forcing, "verbose": True}
+            _, theirs = http_json(base + "/v1/chat/completions", req)
+            written = theirs["__verbose"]["content"]
+            ours_req = {**chat, "tools": FIXED_CALL_TOOLS, "grammar": "root ::= " + json.dumps(written)}
+            _, ours = http_json(f"http://127.0.0.1:{port}/v1/chat/completions", ours_req)
+            mine, upstream = ours["choices"][0], theirs["choices"][0]
+            assert mine["finish_reason"] == upstream["finish_reason"] == "tool_calls", written
+            assert mine["message"]["content"] == upstream["message"]["content"], written
+            assert [c["function"] for c in mine["message"]["tool_calls"]] == [
+                c["function"] for c in upstream["message"]["tool_calls"]
+            ], written
+            streams = (
+                sse_deltas(f"http://127.0.0.1:{port}/v1/chat/completions", {**ours_req, "stream": True}),
+                sse_deltas(base + "/v1/chat/completions", {**req, "stream": True}),
+            )
+            assert streams[0] == streams[1], written
 
 
 @pytest.mark.parametrize(

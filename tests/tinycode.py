@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,19 +144,20 @@ def _template_text(template: str) -> str:
     return path.read_text()
 
 
-def special_tokens_target(template: str, tokens: tuple[str, ...]) -> Path:
-    """The tinycode target under one of llama.cpp's templates (chat_target_gguf), with `tokens` as special
-    (control) tokens of its vocabulary in the places of <|mask|> and its last tokens: as the markers of
-    gpt-oss's or Muse Glimmer's replies are in their own vocabularies."""
+def special_tokens_target(template: str, tokens: tuple[str, ...], kind: str = "CONTROL") -> Path:
+    """The tinycode target under one of llama.cpp's templates (chat_target_gguf), with `tokens` as tokens of
+    its vocabulary in the places of <|mask|> and its last tokens, of the gguf.TokenType `kind`: as the
+    markers of gpt-oss's or Muse Glimmer's replies (CONTROL) or Qwen's <tool_call> (USER_DEFINED) are in
+    their own vocabularies."""
     import gguf
 
     fields = gguf.GGUFReader(TARGET, "r").fields
     vocab, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
     for i, token in zip((1, *range(len(vocab) - len(tokens) + 1, len(vocab))), tokens):
-        vocab[i], types[i] = token, gguf.TokenType.CONTROL
+        vocab[i], types[i] = token, gguf.TokenType[kind]
     array = gguf.GGUFValueType.ARRAY
     return _target_copy(
-        f"{template}-special",
+        f"{template}-{kind.lower()}-{zlib.crc32(repr(tokens).encode()):08x}",
         {
             "tokenizer.chat_template": (gguf.GGUFValueType.STRING, _template_text(template)),
             "tokenizer.ggml.tokens": (array, vocab),

@@ -6,11 +6,10 @@ open with `<|start|>assistant`. Text that does not follow the format stays the r
 
 from __future__ import annotations
 
-import json
 import re
-import uuid
 from typing import Any
 
+from .chat_calls import json_object, tagged_arguments, tool_call
 from .text import partial_tag
 
 START, MESSAGE = "<|start|>assistant", "<|message|>"
@@ -71,8 +70,8 @@ class MessageRunParser(DeltaParser):
         """`text` may still become a header."""
         raise NotImplementedError
 
-    def _call(self, body: str) -> tuple[str, Any] | None:
-        """(tool name, arguments) of a call's body; None: it is no call."""
+    def _call(self, body: str) -> tuple[str, str] | None:
+        """(tool name, arguments as JSON text) of a call's body; None: it is no call."""
         raise NotImplementedError
 
     def _opened(self) -> list[dict[str, Any]]:
@@ -133,15 +132,8 @@ class MessageRunParser(DeltaParser):
         read = self._call(text)
         if read is None:  # no call after all: the message stays text, as written
             return content_delta(self.header + text + end)
-        name, arguments = read
-        call = {
-            "index": len(self.calls),
-            "id": f"call_{uuid.uuid4().hex}",
-            "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-        }
-        self.calls.append(call)
-        return [{"tool_calls": [call]}]
+        self.calls.append(tool_call(len(self.calls), *read))
+        return [{"tool_calls": [self.calls[-1]]}]
 
 
 class HarmonyParser(MessageRunParser):
@@ -171,12 +163,11 @@ class HarmonyParser(MessageRunParser):
     def _may_open(self, text: str) -> bool:
         return any(text.startswith(p) or p.startswith(text) for p in (CHANNEL, " to=functions."))
 
-    def _call(self, body: str) -> tuple[str, Any] | None:
-        try:
-            arguments = json.loads(body)
-        except ValueError:
+    def _call(self, body: str) -> tuple[str, str] | None:
+        read = json_object(body)
+        if read is None or body[read[1] :].strip():
             return None
-        return (self.to, arguments) if isinstance(arguments, dict) else None
+        return self.to, body.strip()  # the arguments as written
 
     def _opened(self) -> list[dict[str, Any]]:
         return [] if self.thinking or self.kind != "reasoning" else content_delta(self.header)
@@ -216,21 +207,13 @@ class GlimmerParser(MessageRunParser):
     def _may_open(self, text: str) -> bool:
         return any(text.startswith(p) or p.startswith(text) for p in (" to=", MESSAGE))
 
-    def _call(self, body: str) -> tuple[str, Any] | None:
+    def _call(self, body: str) -> tuple[str, str] | None:
         m = self._INVOKE.fullmatch(body)
         if m is None:
             return None
         name = m.group("name")
-        properties = self.tools.get(name, {}).get("parameters", {}).get("properties", {})
-        arguments: dict[str, Any] = {}
-        for key, value in self._PARAMETER.findall(m.group("args")):
-            arguments[key] = value
-            if properties.get(key, {}).get("type", "string") != "string":
-                try:
-                    arguments[key] = json.loads(value)
-                except ValueError:
-                    pass
-        return name, arguments
+        schema = self.tools.get(name, {}).get("parameters", {})
+        return name, tagged_arguments(self._PARAMETER.findall(m.group("args")), schema)
 
     def _reasoning(self, text: str) -> list[dict[str, Any]]:
         return super()._reasoning(text) if self.thinking else content_delta(text)

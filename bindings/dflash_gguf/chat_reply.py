@@ -1,18 +1,19 @@
 """A chat reply as llama-server (--jinja, its default) hands it out: a reasoning model's thinking
 apart in `reasoning_content`, and tool calls parsed out of the text in the syntax the model's chat
 template teaches (Qwen2.5/Qwen3/Hermes: <tool_call>{json}</tool_call>; Qwen3-Coder: <tool_call>
-<function=name><parameter=p>value</parameter></function></tool_call>), streamed as deltas."""
+<function=name><parameter=p>value</parameter></function></tool_call>; Llama 3.x: a closing
+{"name": ..., "parameters": {...}}; Mistral Nemo: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]),
+streamed as deltas."""
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .chat_calls import TAIL_OPENERS, json_call, tagged_arguments, tail_calls, tool_call
 from .chat_messages import (
     CHANNEL,
     GLIMMER_MARKERS,
@@ -35,8 +36,9 @@ ALL = "all"  # ReplyParser.skip: every whitespace character
 class ReplySyntax:
     thinking: bool = False  # the reply may hold <think>...</think>: goes to reasoning_content
     starts_thinking: bool = False  # the prompt ends in an opened <think> (the template opened it)
-    # "hermes", "qwen3-coder", or a format of messages read whole (thinking too): "harmony" (gpt-oss),
-    # "glimmer" (Muse Glimmer); None: no calls read
+    # "hermes", "qwen3-coder", calls that end the reply ("llama3", "mistral": chat_calls.TAIL_OPENERS), or
+    # a format of messages read whole (thinking too): "harmony" (gpt-oss), "glimmer" (Muse Glimmer); None:
+    # no calls read
     tool_format: str | None = None
     # what the prompt holds after the <think> it opened (its newline): llama-server counts it as thinking;
     # where thinking is not read, the prompt's whole think block, which it counts as text
@@ -98,8 +100,14 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str | None
 
 def _call_format(template: str, tools: bool) -> str | None:
     """The syntax of the tool calls `template` teaches, where a reply's calls are read (`tools`)."""
-    if tools and CALL_OPEN in template:
+    if not tools:
+        return None
+    if CALL_OPEN in template:
         return "qwen3-coder" if "<function=" in template else "hermes"
+    if TAIL_OPENERS["mistral"] + "[" in template:
+        return "mistral"
+    if '{"name": function name, "parameters": dictionary of argument name and its value}' in template:
+        return "llama3"
     return None
 
 
@@ -130,19 +138,25 @@ def reply_parser(
 def reply_markers(syntax: ReplySyntax) -> tuple[str, ...]:
     """The tags replies in `syntax` are read by whose text is the reply's even where they are special
     tokens (llama-server's preserved tokens: libllama shows no special token's text otherwise)."""
-    return {"harmony": HARMONY_MARKERS, "glimmer": GLIMMER_MARKERS}.get(syntax.tool_format or "", ())
+    markers = {"harmony": HARMONY_MARKERS, "glimmer": GLIMMER_MARKERS, "mistral": (TAIL_OPENERS["mistral"],)}
+    return markers.get(syntax.tool_format or "", ())
 
 
 def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
     """(GBNF, trigger words) of a lazy grammar that keeps a tool call the model starts to the tools' names
-    and parameter schemas, as llama-server does; None where the syntax has none (Qwen3-Coder's XML)."""
+    and parameter schemas, as llama-server does; None where the syntax has none here (Qwen3-Coder's XML;
+    Llama 3.x's, whose calls begin with no word of their own)."""
     from .llama_compat import any_tool_grammar
 
-    if syntax.tool_format != "hermes" or not tools:
+    if syntax.tool_format not in ("hermes", "mistral") or not tools:
         return None
     call = any_tool_grammar(tools)
     rules = re.sub(r"^root\s*::=", "tool-call-json ::=", call._grammar, count=1, flags=re.MULTILINE)
     # the whitespace around a call is bounded: a small model may otherwise emit newlines for ever
+    if syntax.tool_format == "mistral":  # [TOOL_CALLS][{call}, ...]
+        opener = TAIL_OPENERS["mistral"]
+        calls = 'tool-call-json ([ \\n]{0,2} "," [ \\n]{0,2} tool-call-json)*'
+        return f'root ::= "{opener}" [ \\n]{{0,2}} "[" {calls} "]"\n{rules}', (opener,)
     block = f'"{CALL_OPEN}" [ \\n]{{0,2}} tool-call-json [ \\n]{{0,2}} "{CALL_CLOSE}"'
     return f"root ::= {block} ([ \\n]{{0,2}} {block})*\n{rules}", (CALL_OPEN,)
 
@@ -195,17 +209,28 @@ class ReplyParser(DeltaParser):
             if self.syntax.tool_format is None:
                 self.pending = ""
                 return content_delta(text)
-            start = text.find(CALL_OPEN)
+            opener = TAIL_OPENERS.get(self.syntax.tool_format, CALL_OPEN)
+            start = text.find(opener)
             if start >= 0:  # the whitespace before a call belongs to no part of the message
                 before = text[:start].rstrip()
-                self.pending, self.mode, self.gap = text[start:], "call", text[len(before) : start]
+                self.pending, self.gap = text[start:], text[len(before) : start]
+                self.mode = "call" if opener == CALL_OPEN else "tail"
                 return content_delta(before)
             if final:  # the reply's own end is left as it is, unless calls came before it
                 self.pending = ""
                 return content_delta(text.rstrip() if self.calls else text)
-            settled = text[: len(text) - partial_tag(text, CALL_OPEN)].rstrip()
+            settled = text[: len(text) - partial_tag(text, opener)].rstrip()
             self.pending = text[len(settled) :]
             return content_delta(settled)
+        if self.mode == "tail":  # calls that run to the reply's end: read once it has come
+            if not final:
+                return []
+            self.pending, self.mode = "", "content"
+            calls = tail_calls(self.syntax.tool_format or "", text, self.tools)
+            if calls is None:
+                return content_delta(self.gap + text)
+            self.calls += [tool_call(len(self.calls) + i, *call) for i, call in enumerate(calls)]
+            return [{"tool_calls": self.calls[len(self.calls) - len(calls) :]}]
         # mode "call": a tool call's block, whole before it is parsed
         end = text.find(CALL_CLOSE)
         if end < 0 and not final:
@@ -218,9 +243,8 @@ class ReplyParser(DeltaParser):
             self.pending = text[whole:]
             return content_delta(self.gap + text[:whole])
         self.pending = text[whole:].lstrip()
-        call = {"index": len(self.calls), "id": f"call_{uuid.uuid4().hex}", "type": "function", "function": call}
-        self.calls.append(call)
-        return [{"tool_calls": [call]}]
+        self.calls.append(tool_call(len(self.calls), *call))
+        return [{"tool_calls": [self.calls[-1]]}]
 
     def _skip_space(self, text: str, final: bool) -> str:
         """`text` without the whitespace self.skip says to drop; self.skip None once that is settled."""
@@ -245,37 +269,17 @@ class ReplyParser(DeltaParser):
             self.thought = True
         return [{"reasoning_content": text}] if text else []
 
-    def _parse_call(self, block: str) -> dict[str, str] | None:
-        if self.syntax.tool_format == "qwen3-coder":
-            return self._parse_xml_call(block)
-        try:
-            call = json.loads(block)
-        except ValueError:
-            return None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-            return None
-        args = call.get("arguments", call.get("parameters", {}))
-        return {
-            "name": call["name"],
-            "arguments": args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
-        }
-
-    def _parse_xml_call(self, block: str) -> dict[str, str] | None:
+    def _parse_call(self, block: str) -> tuple[str, str] | None:
+        """(name, arguments) of a <tool_call> block's call."""
+        if self.syntax.tool_format != "qwen3-coder":
+            return json_call(block, ("arguments", "parameters"), None)
         m = re.fullmatch(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", block, flags=re.DOTALL)
         if m is None:
             return None
-        name, body = m.group(1).strip(), m.group(2)
-        props = self.tools.get(name, {}).get("parameters", {}).get("properties", {})
-        args: dict[str, Any] = {}
-        for p in re.finditer(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", body, flags=re.DOTALL):
-            key, value = p.group(1).strip(), p.group(2)
-            if props.get(key, {}).get("type", "string") != "string":
-                try:
-                    value = json.loads(value)
-                except ValueError:
-                    pass
-            args[key] = value
-        return {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}
+        name = m.group(1).strip()
+        parameters = re.findall(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", m.group(2), flags=re.DOTALL)
+        schema = self.tools.get(name, {}).get("parameters", {})
+        return name, tagged_arguments([(k.strip(), v) for k, v in parameters], schema)
 
 
 def reply_message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
