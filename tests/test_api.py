@@ -1380,11 +1380,11 @@ def test_forced_tool_arguments_are_strict_json(spec: SpeculativeLlama) -> None:
 
     from llama_cpp import llama_grammar
 
-    from dflash_gguf.llama_compat import _LOOSE_CHAR, schema_grammar
+    from dflash_gguf.llama_compat import LOOSE_CHAR, schema_grammar
 
     schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
-    assert _LOOSE_CHAR in llama_grammar.json_schema_to_gbnf(json.dumps(schema))  # what the fix replaces
-    assert _LOOSE_CHAR not in schema_grammar(schema, "test")._grammar
+    assert LOOSE_CHAR in llama_grammar.json_schema_to_gbnf(json.dumps(schema))  # what the fix replaces
+    assert LOOSE_CHAR not in schema_grammar(schema, "test")._grammar
     tools = [{"type": "function", "function": {"name": "where", "parameters": schema}}]
     choice = {"type": "function", "function": {"name": "where"}}
     finished = 0

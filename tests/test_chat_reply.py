@@ -17,7 +17,8 @@ import pytest
 from tinycode import THREADS, chat_target_gguf, drafter_gguf, prompts
 
 from dflash_gguf import SpeculativeLlama
-from dflash_gguf.chat_reply import ReplySyntax, reply_message, reply_parser, reply_syntax, tool_call_grammar
+from dflash_gguf.call_grammars import tool_call_grammar
+from dflash_gguf.chat_reply import ReplySyntax, reply_message, reply_parser, reply_syntax
 
 WEATHER = {
     "name": "get_weather",
@@ -31,8 +32,8 @@ TOOLS = [{"type": "function", "function": WEATHER}]
 GREEDY = {"temperature": 0.0, "seed": 0}
 
 
-def parse(syntax: ReplySyntax, text: str, step: int) -> dict[str, Any]:
-    parser = reply_parser(syntax, {"get_weather": WEATHER})
+def parse(syntax: ReplySyntax, text: str, step: int, tools: dict[str, Any] | None = None) -> dict[str, Any]:
+    parser = reply_parser(syntax, tools or {"get_weather": WEATHER})
     deltas = [d for i in range(0, len(text), step) for d in parser.feed(text[i : i + step])] + parser.finish()
     return reply_message(deltas)
 
@@ -257,28 +258,48 @@ def test_a_lazy_grammar_is_free_until_its_word_then_binds(tiny: SpeculativeLlama
         list(tiny.generate_tokens(prompt, max_tokens=4, grammar=grammar, grammar_triggers=word))  # not a list
 
 
+# a tool without string parameters: a string of Qwen3-Coder's XML ends only where the model ends it
+CLOCK = {
+    "name": "get_time",
+    "parameters": {
+        "type": "object",
+        "properties": {"zone": {"type": "integer"}, "exact": {"type": "boolean"}},
+        "required": ["zone", "exact"],
+    },
+}
+TYPES = {"string": str, "integer": int, "boolean": bool}
+
+
 @pytest.mark.parametrize(
-    ("tool_format", "opener", "end"), [("hermes", "<tool_call>", "</tool_call>"), ("mistral", "[TOOL_CALLS]", "}]")]
+    ("tool_format", "tool", "opener", "end"),
+    [
+        ("hermes", WEATHER, "<tool_call>", "</tool_call>"),
+        ("mistral", WEATHER, "[TOOL_CALLS]", "}]"),
+        ("qwen3-coder", CLOCK, "<tool_call>", "</tool_call>"),
+    ],
 )
 def test_the_tools_grammar_keeps_a_call_to_the_tools(
-    tiny: SpeculativeLlama, tool_format: str, opener: str, end: str
+    tiny: SpeculativeLlama, tool_format: str, tool: dict[str, Any], opener: str, end: str
 ) -> None:
     """The grammar a started call is held to: bound from the start here, the reply is one call (or
-    several) to a named tool with arguments that follow its schema, which the parser takes apart."""
+    several) to a named tool with its required arguments, each of the type its schema says, which the
+    parser takes apart."""
     syntax = ReplySyntax(tool_format=tool_format)
-    gbnf, triggers = tool_call_grammar({"get_weather": WEATHER}, syntax)
+    gbnf, triggers = tool_call_grammar({tool["name"]: tool}, syntax)
     assert triggers == (opener,)
     text = tiny.create_completion(prompts()[1]["text"], max_tokens=160, grammar=gbnf, **GREEDY)["choices"][0]["text"]
     assert text.startswith(opener), text
     # the calls complete within max_tokens (Mistral's list closed after the last whole call)
     whole = text[: text.rindex(end) + len(end)] if end in text else text[: text.rindex("}}") + 2] + "]"
-    message = parse(syntax, whole, 7)
-    assert message["content"] == "" and len(message["tool_calls"]) == whole.count('"name"'), text
+    message = parse(syntax, whole, 7, {tool["name"]: tool})
+    calls = whole.count("<function=") if tool_format == "qwen3-coder" else whole.count('"name"')
+    assert message["content"] == "" and len(message["tool_calls"]) == calls > 0, text
+    properties = tool["parameters"]["properties"]
     for c in message["tool_calls"]:
-        assert c["function"]["name"] == "get_weather"
+        assert c["function"]["name"] == tool["name"]
         args = json.loads(c["function"]["arguments"])
-        assert isinstance(args["city"], str) and set(args) <= {"city", "days"}
-    assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="qwen3-coder")) is None
+        assert set(tool["parameters"]["required"]) <= set(args) <= set(properties), args
+        assert all(isinstance(v, TYPES[properties[k]["type"]]) for k, v in args.items()), args
     assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="llama3")) is None
 
 

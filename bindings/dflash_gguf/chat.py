@@ -9,7 +9,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .chat_reply import reply_markers, reply_message, reply_parser, reply_syntax, tool_call_grammar
+from .call_grammars import tool_call_grammar
+from .chat_reply import reply_markers, reply_message, reply_parser, reply_syntax
 from .chat_template import formatter, takes_system, without_system
 from .generation import zero_is_no_limit
 from .llama_compat import (

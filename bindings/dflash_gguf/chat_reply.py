@@ -142,25 +142,6 @@ def reply_markers(syntax: ReplySyntax) -> tuple[str, ...]:
     return markers.get(syntax.tool_format or "", ())
 
 
-def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
-    """(GBNF, trigger words) of a lazy grammar that keeps a tool call the model starts to the tools' names
-    and parameter schemas, as llama-server does; None where the syntax has none here (Qwen3-Coder's XML;
-    Llama 3.x's, whose calls begin with no word of their own)."""
-    from .llama_compat import any_tool_grammar
-
-    if syntax.tool_format not in ("hermes", "mistral") or not tools:
-        return None
-    call = any_tool_grammar(tools)
-    rules = re.sub(r"^root\s*::=", "tool-call-json ::=", call._grammar, count=1, flags=re.MULTILINE)
-    # the whitespace around a call is bounded: a small model may otherwise emit newlines for ever
-    if syntax.tool_format == "mistral":  # [TOOL_CALLS][{call}, ...]
-        opener = TAIL_OPENERS["mistral"]
-        calls = 'tool-call-json ([ \\n]{0,2} "," [ \\n]{0,2} tool-call-json)*'
-        return f'root ::= "{opener}" [ \\n]{{0,2}} "[" {calls} "]"\n{rules}', (opener,)
-    block = f'"{CALL_OPEN}" [ \\n]{{0,2}} tool-call-json [ \\n]{{0,2}} "{CALL_CLOSE}"'
-    return f"root ::= {block} ([ \\n]{{0,2}} {block})*\n{rules}", (CALL_OPEN,)
-
-
 class ReplyParser(DeltaParser):
     """A reply of <think> and <tool_call> tags; text that may still become a tag is held back."""
 

@@ -219,8 +219,8 @@ def response_format_grammar(response_format: Any) -> Any:
 
 # llama-cpp-python's converter lets raw control characters into JSON strings, which strict JSON parsers
 # refuse; llama.cpp's own converter (json-schema-to-grammar.cpp) keeps them out, as this rule does
-_LOOSE_CHAR = r'char ::= [^"\\] |'
-_JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+LOOSE_CHAR = r'char ::= [^"\\] |'
+JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
 
 
 def schema_grammar(schema: Any, what: str) -> Any:
@@ -228,7 +228,7 @@ def schema_grammar(schema: Any, what: str) -> Any:
 
     try:
         gbnf = llama_grammar.json_schema_to_gbnf(json.dumps(schema))
-        return llama_grammar.LlamaGrammar.from_string(gbnf.replace(_LOOSE_CHAR, _JSON_CHAR), verbose=False)
+        return llama_grammar.LlamaGrammar.from_string(gbnf.replace(LOOSE_CHAR, JSON_CHAR), verbose=False)
     except Exception as e:  # the converter raises whatever it meets first
         raise ValueError(f"{what}: the JSON schema cannot be turned into a grammar: {e}") from e
 

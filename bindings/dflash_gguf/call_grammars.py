@@ -1,0 +1,105 @@
+"""The lazy grammars that hold a tool call the model starts, in its template's syntax, to the tools' names
+and parameter schemas, as llama-server's do: free text until the call's opening word, constrained from
+it on."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .chat_calls import TAIL_OPENERS
+from .chat_reply import CALL_CLOSE, CALL_OPEN, ReplySyntax
+
+# the whitespace between calls is bounded: a small model may otherwise emit newlines for ever
+_GAP = "[ \\n]{0,2}"
+NL = "\n"
+_MAX_ANY_ORDER = 6
+
+
+def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
+    """(GBNF, trigger words) of the lazy grammar for calls in `syntax`; None where it has none here
+    (Llama 3.x's calls begin with no word of their own)."""
+    if not tools or syntax.tool_format not in ("hermes", "mistral", "qwen3-coder"):
+        return None
+    if syntax.tool_format == "qwen3-coder":
+        return _xml_calls(tools), (CALL_OPEN,)
+    from .llama_compat import any_tool_grammar
+
+    call = any_tool_grammar(tools)
+    rules = re.sub(r"^root\s*::=", "tool-call-json ::=", call._grammar, count=1, flags=re.MULTILINE)
+    if syntax.tool_format == "mistral":  # [TOOL_CALLS][{call}, ...]
+        opener = TAIL_OPENERS["mistral"]
+        calls = f'tool-call-json ({_GAP} "," {_GAP} tool-call-json)*'
+        return f'root ::= "{opener}" {_GAP} "[" {calls} "]"\n{rules}', (opener,)
+    block = f'"{CALL_OPEN}" {_GAP} tool-call-json {_GAP} "{CALL_CLOSE}"'
+    return f"root ::= {block} ({_GAP} {block})*\n{rules}", (CALL_OPEN,)
+
+
+def _xml_calls(tools: dict[str, dict[str, Any]]) -> str:
+    """Qwen3-Coder's (and Qwen3.5's) calls, as their templates write them: <tool_call>\\n<function=NAME>\\n,
+    then <parameter=P>\\nVALUE\\n</parameter>\\n for any of the tool's parameters, </function>\\n</tool_call>;
+    a string parameter's value any text without "\\n</parameter>", any other's JSON of its schema."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    from .llama_compat import JSON_CHAR, LOOSE_CHAR
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    close = "\n</parameter>\n"
+    rules = _without("xml-string", close.rstrip())
+    functions = []
+    for i, (name, function) in enumerate(tools.items()):
+        schema = converter.resolve_refs(function.get("parameters") or {}, name)
+        required, optional = {}, []
+        for j, (key, prop) in enumerate((schema.get("properties") or {}).items()):
+            typed = prop.get("type", "string") != "string"
+            value = converter.visit(prop, f"tool-{i}-arg-{j}") if typed else "xml-string"
+            argument = f"{_literal(f'<parameter={key}>' + NL)} {value} {_literal(close)}"
+            if key in (schema.get("required") or ()):
+                required[key] = argument
+            else:
+                optional.append(argument)
+        rest = f"({' | '.join(optional)})*" if optional else ""
+        rules += _in_any_order(f"tool-{i}-args", list(required.values()), rest)
+        opening, closing = _literal(f"<function={name}>" + NL), _literal("</function>" + NL)
+        rules.append(f"tool-{i} ::= {opening} tool-{i}-args {closing}")
+        functions.append(f"tool-{i}")
+    block = f'{_literal(CALL_OPEN + NL)} ({" | ".join(functions)}) "{CALL_CLOSE}"'
+    rules.insert(0, f"root ::= {block} ({_GAP} {block})*")
+    return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
+
+
+def _in_any_order(name: str, parts: list[str], rest: str) -> list[str]:
+    """GBNF rules: `name` is every one of `parts` once, in any order (Qwen does not always keep its
+    parameters' order, llama-server's grammar allows for it), then `rest`. A rule per set of parts still to
+    come (2^n of them: beyond _MAX_ANY_ORDER parts, in the given order)."""
+    if len(parts) > _MAX_ANY_ORDER:
+        return [f"{name} ::= {' '.join(parts)} {rest}"]
+    rules = []
+    for left in range(1 << len(parts)):
+        options = [f"{p} {name}-{left & ~(1 << i)}" for i, p in enumerate(parts) if left & (1 << i)]
+        body = " | ".join(options) if options else rest or '""'
+        rules.append(f"{name}-{left} ::= {body}")
+    return [f"{name} ::= {name}-{(1 << len(parts)) - 1}", *rules]
+
+
+def _literal(text: str) -> str:
+    return json.dumps(text)  # a GBNF string literal is a JSON one
+
+
+def _without(name: str, word: str) -> list[str]:
+    """GBNF rules: `name` is any text in which `word` does not occur (`word`'s first character occurs in
+    it only there first). A rule per state of matching `word`: name-K after its first K characters; a
+    character that breaks the match starts again from nothing, or from one if it is the first."""
+    first = word[0]
+    rules = [f"{name} ::= ([^{_class(first)}] {name} | {_literal(first)} {name}-1)?"]
+    for k in range(1, len(word)):
+        ahead = f"{_literal(word[k])} {name}-{k + 1} | " if k + 1 < len(word) else ""
+        others = f"[^{_class(first + word[k])}] {name}"
+        rules.append(f"{name}-{k} ::= ({ahead}{_literal(first)} {name}-1 | {others})?")
+    return rules
+
+
+def _class(chars: str) -> str:
+    """`chars` inside a GBNF character class."""
+    return "".join("\\n" if c == "\n" else ("\\" + c if c in "]\\^-" else c) for c in chars)
