@@ -303,6 +303,22 @@ def test_the_tools_grammar_keeps_a_call_to_the_tools(
     assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="llama3")) is None
 
 
+def test_an_xml_parameter_that_may_be_a_string_is_any_text() -> None:
+    """In Qwen3-Coder's XML a value that may be a string is written bare: the grammar takes any text for
+    it (as llama-server's), JSON only where no string is allowed."""
+    props = {
+        "a": {"type": "integer"},
+        "b": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+        "c": {"type": ["string", "null"]},
+        "d": {"enum": [1, 2]},
+        "e": {},
+    }
+    tool = {"name": "f", "parameters": {"type": "object", "properties": props}}
+    gbnf, _ = tool_call_grammar({"f": tool}, ReplySyntax(tool_format="qwen3-coder"))
+    text = {k: f'"<parameter={k}>\\n" xml-string' in gbnf for k in props}
+    assert text == {"a": False, "b": True, "c": True, "d": False, "e": True}, gbnf
+
+
 @pytest.fixture(scope="module")
 def qwen3() -> Iterator[SpeculativeLlama]:
     with SpeculativeLlama(

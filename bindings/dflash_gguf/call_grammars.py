@@ -52,8 +52,7 @@ def _xml_calls(tools: dict[str, dict[str, Any]]) -> str:
         schema = converter.resolve_refs(function.get("parameters") or {}, name)
         required, optional = {}, []
         for j, (key, prop) in enumerate((schema.get("properties") or {}).items()):
-            typed = prop.get("type", "string") != "string"
-            value = converter.visit(prop, f"tool-{i}-arg-{j}") if typed else "xml-string"
+            value = "xml-string" if _takes_text(prop) else converter.visit(prop, f"tool-{i}-arg-{j}")
             argument = f"{_literal(f'<parameter={key}>' + NL)} {value} {_literal(close)}"
             if key in (schema.get("required") or ()):
                 required[key] = argument
@@ -67,6 +66,21 @@ def _xml_calls(tools: dict[str, dict[str, Any]]) -> str:
     block = f'{_literal(CALL_OPEN + NL)} ({" | ".join(functions)}) "{CALL_CLOSE}"'
     rules.insert(0, f"root ::= {block} ({_GAP} {block})*")
     return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
+
+
+def _takes_text(schema: dict[str, Any]) -> bool:
+    """A parameter of this schema may be a string: its value is then any text (llama-server's grammar keeps
+    only the text rule where a string is one of the types)."""
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return kind == "string"
+    if isinstance(kind, list):
+        return "string" in kind
+    choices = schema.get("anyOf", schema.get("oneOf"))
+    if choices is not None:
+        return any(_takes_text(c) for c in choices if isinstance(c, dict))
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    return values is None or any(isinstance(v, str) for v in values)
 
 
 def _in_any_order(name: str, parts: list[str], rest: str) -> list[str]:
