@@ -103,6 +103,39 @@ def test_qwen3_coder_calls_take_their_types_from_the_schema() -> None:
         assert [c["function"]["arguments"] for c in message["tool_calls"]] == ['{"city":"New \\"York\\"","days":3.0}']
 
 
+@pytest.mark.parametrize(
+    ("tool_format", "call", "arguments"),
+    [
+        (
+            "hermes",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a\\"}b{", "days": 2}}\n</tool_call>',
+            '{"city": "a\\"}b{", "days": 2}',
+        ),
+        ("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo"}}', '{"city": "Oslo"}'),
+        (
+            "qwen3-coder",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nline 1\n</param\nx\n</parameter>\n"
+            "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+            '{"city":"line 1\\n</param\\nx","days":3}',
+        ),
+        # cut short: closed as llama-server closes it
+        ("qwen3-coder", "<tool_call>\n<function=get_weather>\n<parameter=city>\nOs", '{"city":"Os"}'),
+        ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', '{"city": "Os"}'),
+    ],
+)
+def test_calls_stream_as_they_are_read(tool_format: str, call: str, arguments: str) -> None:
+    """A call is named as soon as its name is read and its arguments follow piece by piece (fed a character
+    at a time: a delta per character or so), a string value's end held back until it is known; joined,
+    the pieces are the arguments whole."""
+    parser = reply_parser(ReplySyntax(tool_format=tool_format), {"get_weather": WEATHER})
+    deltas = [d for c in call for d in parser.feed(c)] + parser.finish()
+    pieces = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert pieces[0]["function"]["name"] == "get_weather" and pieces[0]["id"].startswith("call_")
+    assert "".join(c["function"]["arguments"] for c in pieces) == arguments
+    assert len(pieces) >= len(arguments) // 3 and all("id" not in c for c in pieces[1:])
+    assert reply_message(deltas)["tool_calls"][0]["function"]["arguments"] == arguments
+
+
 @pytest.mark.parametrize("step", [1, 4, 10_000])
 def test_llama3_calls_end_the_reply(step: int) -> None:
     """Llama 3.x's call is a JSON object that ends the reply (its "type" optional), its arguments as
@@ -120,11 +153,16 @@ def test_llama3_calls_end_the_reply(step: int) -> None:
     for text in (
         "def f():\n    return {1: 2}\n",  # code
         '{"name": "get_time", "parameters": {}}',  # no such tool
-        '{"name": "get_weather", "parameters": {"city": "Rome"}} and more',  # text after it
         '{"type": "object", "name": "get_weather", "parameters": {}}',
-        '{"name": "get_weather", "parameters": {}',  # cut short
     ):
         assert parse(llama3, text, step) == {"role": "assistant", "content": text}, text
+    # the call is streamed once named: text after it is the reply's, a call cut short is closed
+    for text, content, arguments in [
+        ('{"name": "get_weather", "parameters": {"city": "Rome"}} and more', "and more", '{"city": "Rome"}'),
+        ('{"name": "get_weather", "parameters": {"city": "Ro', "", '{"city": "Ro"}'),
+    ]:
+        message = parse(llama3, text, step)
+        assert message["content"] == content and message["tool_calls"][0]["function"]["arguments"] == arguments
 
 
 @pytest.mark.parametrize("step", [1, 4, 10_000])
@@ -350,8 +388,11 @@ def test_tool_calls_in_a_qwen3_chat(qwen3: SpeculativeLlama) -> None:
     ]
     deltas = [c["delta"] for c in chunks]
     assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+    # streamed as llama-server streams it: named first, then its arguments piece by piece
     streamed = [c for d in deltas for c in d.get("tool_calls", [])]
-    assert [c["function"] for c in streamed] == [call["function"]] and streamed[0]["index"] == 0
+    assert streamed[0]["function"]["name"] == "get_weather" and "id" not in streamed[1] and len(streamed) > 2
+    assert "".join(c["function"]["arguments"] for c in streamed) == call["function"]["arguments"]
+    assert {c["index"] for c in streamed} == {0}
     assert chunks[-1]["finish_reason"] == "tool_calls"
     # tool_choice "none": the same reply is text
     assert qwen3.create_chat_completion(

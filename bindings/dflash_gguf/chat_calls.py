@@ -11,6 +11,8 @@ import string
 import uuid
 from typing import Any
 
+from .text import partial_tag
+
 # the calls that run to the reply's end, after the marker that opens them: Llama 3.x writes one JSON
 # object {"name": ..., "parameters": {...}} (its marker is the object's own brace), Mistral Nemo a JSON list
 # of {"name": ..., "arguments": {...}, "id": ...} after [TOOL_CALLS]
@@ -126,15 +128,178 @@ def tagged_arguments(parameters: list[tuple[str, str]], schema: dict[str, Any]) 
     """The compact JSON object of a call's (name, value as written) parameters: a value the tool's
     parameter `schema` types as string (or does not type) is the string, any other its JSON as written (a
     string where it is no JSON)."""
-    properties = schema.get("properties", {})
-    members = []
-    for key, value in parameters:
-        text = json.dumps(value, ensure_ascii=False)
-        if properties.get(key, {}).get("type", "string") != "string":
-            try:
-                json.loads(value)
-                text = value.strip()
-            except ValueError:
-                pass
-        members.append(f"{json.dumps(key, ensure_ascii=False)}:{text}")
+    properties = schema.get("properties") or {}
+    members = (
+        json.dumps(key, ensure_ascii=False) + ":" + json_value(value, is_typed(properties, key))
+        for key, value in parameters
+    )
     return "{" + ",".join(members) + "}"
+
+
+def is_typed(properties: dict[str, Any], key: str) -> bool:
+    """A tagged parameter's value is JSON: its schema types it, not as a string."""
+    return properties.get(key, {}).get("type", "string") != "string"
+
+
+class CallReader:
+    """One call's deltas as its text comes, as llama-server streams them: the call named (with an id) once
+    its name is read, then its arguments piece by piece. `read` takes the call's text so far (from after
+    its opening tag) each time; once `started`, the text is that call whatever follows, and `call` holds it
+    whole so far."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.call: dict[str, Any] | None = None
+        self.at = 0  # how much of the text is read
+        self.done = False  # its arguments are whole: what follows in the block is not read
+
+    @property
+    def started(self) -> bool:
+        return self.call is not None
+
+    def read(self, text: str, final: bool) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _name(self, name: str) -> None:
+        self.call = tool_call(self.index, name, "")
+
+    def _deltas(self, arguments: str, named: bool) -> list[dict[str, Any]]:
+        """The deltas of `arguments` added to the call (`named`: it was named just now)."""
+        assert self.call is not None
+        self.call["function"]["arguments"] += arguments
+        if named:
+            return [{"tool_calls": [{**self.call, "function": {**self.call["function"], "arguments": arguments}}]}]
+        return [{"tool_calls": [{"index": self.index, "function": {"arguments": arguments}}]}] if arguments else []
+
+
+# a JSON call's opening up to its arguments object: {"name": ..., "arguments" (or "parameters"): {
+_JSON_HEAD = re.compile(
+    r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(arguments|parameters)"\s*:\s*\{'
+)
+
+
+class JsonCallReader(CallReader):
+    """A call written as {"name": ..., ARGS_KEY: {...}}: streamed from its arguments' opening brace to their
+    closing one (as written); `tools`: the names it may call (None: any)."""
+
+    def __init__(self, index: int, args_keys: tuple[str, ...], tools: dict[str, Any] | None) -> None:
+        super().__init__(index)
+        self.args_keys, self.tools = args_keys, tools
+        self.depth, self.in_string, self.escaped = 0, False, False
+
+    def read(self, text: str, final: bool) -> list[dict[str, Any]]:
+        named = False
+        if self.call is None:
+            m = _JSON_HEAD.match(text)
+            if m is None or m.group(2) not in self.args_keys:
+                return []
+            name = json.loads(m.group(1))
+            if self.tools is not None and name not in self.tools:
+                return []
+            self._name(name)
+            self.at, named = m.end() - 1, True
+        start = self.at
+        while not self.done and self.at < len(text):
+            self._scan(text[self.at])
+            self.at += 1
+        piece = text[start : self.at]
+        if final and not self.done:  # cut short: closed, as llama-server closes it
+            piece += '"' * self.in_string + "}" * self.depth
+            self.done = True
+        return self._deltas(piece, named)
+
+    def _scan(self, c: str) -> None:
+        if self.in_string:
+            self.escaped, self.in_string = (False, True) if self.escaped else (c == "\\", c != '"')
+        elif c == '"':
+            self.in_string = True
+        elif c in "{[":
+            self.depth += 1
+        elif c in "}]":
+            self.depth -= 1
+            self.done = self.depth == 0
+
+
+_FUNCTION_OPEN = re.compile(r"\s*<function=([^>\n]+)>")
+_PARAMETER_OPEN = re.compile(r"<parameter=([^>\n]+)>\n?")
+_XML_TAGS = ("</function>", "<parameter=")
+PARAMETER_CLOSE = "</parameter>"
+
+
+class XmlCallReader(CallReader):
+    """A call in Qwen3-Coder's XML, <function=NAME> then <parameter=P>\\nVALUE\\n</parameter> each: its
+    arguments as compact JSON (tagged_arguments), a string value streamed as it comes, a typed one whole."""
+
+    def __init__(self, index: int, tools: dict[str, Any]) -> None:
+        super().__init__(index)
+        self.tools = tools
+        self.properties: dict[str, Any] = {}  # the called tool's parameters
+        self.key: str | None = None  # the parameter whose value is being read
+        self.typed = False  # ... and whether it is JSON (its schema's type is not string)
+        self.count = 0  # the parameters read
+
+    def read(self, text: str, final: bool) -> list[dict[str, Any]]:
+        out, named = "", False
+        if self.call is None:
+            m = _FUNCTION_OPEN.match(text)
+            if m is None:
+                return []
+            name = m.group(1).strip()
+            self._name(name)
+            self.properties = (self.tools.get(name, {}).get("parameters") or {}).get("properties") or {}
+            self.at, named, out = m.end(), True, "{"
+        while not self.done and (piece := self._step(text, final)) is not None:
+            out += piece
+        if final and not self.done:  # cut short: closed, as llama-server closes it
+            if self.key is not None:
+                out += json_value(text[self.at :], True) if self.typed else _escaped(text[self.at :]) + '"'
+            out += "}"
+            self.done = True
+        return self._deltas(out, named)
+
+    def _step(self, text: str, final: bool) -> str | None:
+        """The arguments' text of what can be read from self.at on; None: nothing yet."""
+        if self.key is not None:  # a value, up to </parameter> (the newline before it is the tag's)
+            end = text.find(PARAMETER_CLOSE, self.at)
+            if end < 0:  # a string's text so far, short of what may become its end
+                if self.typed or final:
+                    return None
+                safe = len(text) - partial_tag(text, PARAMETER_CLOSE)
+                safe = max(self.at, safe - text[:safe].endswith("\n"))
+                piece, self.at = text[self.at : safe], safe
+                return _escaped(piece) or None
+            value = text[self.at : end - text[:end].endswith("\n")]
+            self.at, self.key = end + len(PARAMETER_CLOSE), None
+            return json_value(value, True) if self.typed else _escaped(value) + '"'
+        rest = text[self.at :].lstrip()
+        self.at = len(text) - len(rest)
+        if rest.startswith("</function>"):
+            self.done = True
+            return "}"
+        m = _PARAMETER_OPEN.match(rest)
+        if m is not None and (m.group(0).endswith("\n") or len(rest) > m.end() or final):
+            self.key, self.at = m.group(1).strip(), self.at + m.end()
+            self.typed = is_typed(self.properties, self.key)
+            self.count += 1
+            return "," * (self.count > 1) + json.dumps(self.key, ensure_ascii=False) + ":" + '"' * (not self.typed)
+        if not rest or (not final and any(tag.startswith(rest[: len(tag)]) for tag in _XML_TAGS)):
+            return None
+        skip = rest.find("<", 1)  # text that is neither tag: passed over
+        self.at = len(text) if skip < 0 else self.at + skip
+        return ""
+
+
+def json_value(value: str, typed: bool) -> str:
+    """A tagged parameter's value as JSON: a typed one as written where it is JSON, else the string."""
+    if typed:
+        try:
+            json.loads(value)
+            return value.strip()
+        except ValueError:
+            pass
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _escaped(text: str) -> str:
+    """`text` as the inside of a JSON string."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_calls import TAIL_OPENERS, json_call, tagged_arguments, tail_calls, tool_call
+from .chat_calls import TAIL_OPENERS, CallReader, JsonCallReader, XmlCallReader, json_call, tail_calls, tool_call
 from .chat_messages import (
     CHANNEL,
     GLIMMER_MARKERS,
@@ -157,6 +157,7 @@ class ReplyParser(DeltaParser):
         self.held = ""  # the thinking so far, while it is only whitespace: dropped if it stays so
         self.thought = False  # some thinking was given out
         self.gap = ""  # the whitespace before a tool call's block, the reply's again if it is no call
+        self.reader: CallReader | None = None  # the call being read
 
     def _step(self, final: bool) -> list[dict[str, Any]]:
         if self.skip is not None:
@@ -203,29 +204,77 @@ class ReplyParser(DeltaParser):
             settled = text[: len(text) - partial_tag(text, opener)].rstrip()
             self.pending = text[len(settled) :]
             return content_delta(settled)
-        if self.mode == "tail":  # calls that run to the reply's end: read once it has come
-            if not final:
-                return []
-            self.pending, self.mode = "", "content"
-            calls = tail_calls(self.syntax.tool_format or "", text, self.tools)
-            if calls is None:
-                return content_delta(self.gap + text)
-            self.calls += [tool_call(len(self.calls) + i, *call) for i, call in enumerate(calls)]
-            return [{"tool_calls": self.calls[len(self.calls) - len(calls) :]}]
-        # mode "call": a tool call's block, whole before it is parsed
+        if self.mode == "tail":  # calls that run to the reply's end
+            return self._tail(text, final)
+        return self._block(text, final)
+
+    def _block(self, text: str, final: bool) -> list[dict[str, Any]]:
+        """A <tool_call> block: its call streamed as it is read, or read whole once the block has ended."""
         end = text.find(CALL_CLOSE)
-        if end < 0 and not final:
-            return []
-        block = text[len(CALL_OPEN) : end] if end >= 0 else text[len(CALL_OPEN) :]
+        closed = end >= 0 or final
+        body = text[len(CALL_OPEN) : end if end >= 0 else len(text)]
+        if self.reader is None:
+            tools = self.tools if self.syntax.tool_format == "qwen3-coder" else None
+            self.reader = self._new_reader(tools)
+        out = self._read(body, closed)
+        if not closed:
+            return out
         whole = len(text) if end < 0 else end + len(CALL_CLOSE)
-        self.mode = "content"
-        call = self._parse_call(block)
-        if call is None:  # not a call after all: the text stays the reply's
+        started, self.reader, self.mode = self.reader.started, None, "content"
+        call = (
+            None
+            if started or self.syntax.tool_format != "hermes"
+            else json_call(body, ("arguments", "parameters"), None)
+        )
+        if not started and call is None:  # not a call after all: the text stays the reply's
             self.pending = text[whole:]
             return content_delta(self.gap + text[:whole])
         self.pending = text[whole:].lstrip()
-        self.calls.append(tool_call(len(self.calls), *call))
-        return [{"tool_calls": [self.calls[-1]]}]
+        if call is not None:  # a call read whole (its members in another order)
+            self.calls.append(tool_call(len(self.calls), *call))
+            out = [{"tool_calls": [self.calls[-1]]}]
+        return out
+
+    def _tail(self, text: str, final: bool) -> list[dict[str, Any]]:
+        """Calls that run to the reply's end: Llama 3.x's streamed as it is read, what follows its arguments
+        not read; Mistral's list read whole at the end (each call's id follows its arguments)."""
+        out: list[dict[str, Any]] = []
+        if self.syntax.tool_format == "llama3":
+            if self.reader is None:
+                self.reader = self._new_reader(self.tools)
+            out = self._read(text, final)
+            if self.reader.started:
+                if not final:
+                    return out
+                # after the arguments, the call's closing brace; any text after that is the reply's
+                # (llama-server refuses such a reply)
+                rest = text[self.reader.at :]
+                rest = rest[re.match(r"\s*\}?\s*", rest).end() :]  # type: ignore[union-attr]
+                self.pending, self.mode, self.reader = "", "content", None
+                return out + content_delta(rest)
+        if not final:
+            return out
+        self.pending, self.mode, self.reader = "", "content", None
+        calls = tail_calls(self.syntax.tool_format or "", text, self.tools)
+        if calls is None:
+            return content_delta(self.gap + text)
+        self.calls += [tool_call(len(self.calls) + i, *call) for i, call in enumerate(calls)]
+        return [{"tool_calls": self.calls[len(self.calls) - len(calls) :]}]
+
+    def _new_reader(self, tools: dict[str, Any] | None) -> CallReader:
+        """The reader of the next call; `tools`: the names it may call (None: any)."""
+        if self.syntax.tool_format == "qwen3-coder":
+            return XmlCallReader(len(self.calls), self.tools)
+        keys = ("parameters",) if self.syntax.tool_format == "llama3" else ("arguments", "parameters")
+        return JsonCallReader(len(self.calls), keys, tools)
+
+    def _read(self, text: str, final: bool) -> list[dict[str, Any]]:
+        """The deltas of the call being read, `text` its text so far; a call named now is one of the reply's."""
+        assert self.reader is not None
+        out = self.reader.read(text, final)
+        if self.reader.started and (not self.calls or self.calls[-1] is not self.reader.call):
+            self.calls.append(self.reader.call)
+        return out
 
     def _skip_space(self, text: str, final: bool) -> str:
         """`text` without the whitespace self.skip says to drop; self.skip None once that is settled."""
@@ -250,26 +299,20 @@ class ReplyParser(DeltaParser):
             self.thought = True
         return [{"reasoning_content": text}] if text else []
 
-    def _parse_call(self, block: str) -> tuple[str, str] | None:
-        """(name, arguments) of a <tool_call> block's call."""
-        if self.syntax.tool_format != "qwen3-coder":
-            return json_call(block, ("arguments", "parameters"), None)
-        m = re.fullmatch(r"\s*<function=([^>\n]+)>(.*?)</function>\s*", block, flags=re.DOTALL)
-        if m is None:
-            return None
-        name = m.group(1).strip()
-        parameters = re.findall(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", m.group(2), flags=re.DOTALL)
-        schema = self.tools.get(name, {}).get("parameters", {})
-        return name, tagged_arguments([(k.strip(), v) for k, v in parameters], schema)
-
 
 def reply_message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
-    """The non-streamed message of a reply's deltas, in llama-server's shape."""
+    """The non-streamed message of a reply's deltas, in llama-server's shape: a call's first delta names it
+    (its id), the later ones add to its arguments."""
     message: dict[str, Any] = {"role": "assistant", "content": "".join(d.get("content", "") for d in deltas)}
     reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
     if reasoning:
         message["reasoning_content"] = reasoning
-    calls = [{k: v for k, v in c.items() if k != "index"} for d in deltas for c in d.get("tool_calls", [])]
+    calls: dict[int, dict[str, Any]] = {}
+    for c in (c for d in deltas for c in d.get("tool_calls", [])):
+        if "id" in c:
+            calls[c["index"]] = {"id": c["id"], "type": c["type"], "function": dict(c["function"])}
+        else:
+            calls[c["index"]]["function"]["arguments"] += c["function"]["arguments"]
     if calls:
-        message["tool_calls"] = calls
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return message
