@@ -156,10 +156,16 @@ def test_llama3_calls_end_the_reply(step: int) -> None:
         '{"type": "object", "name": "get_weather", "parameters": {}}',
     ):
         assert parse(llama3, text, step) == {"role": "assistant", "content": text}, text
+    # a brace whose first key opens no call: the text goes on streaming (not held until the end)
+    parser = reply_parser(llama3, {"get_weather": WEATHER})
+    text = 'd = {"a": 1, "b": {}}\nprint(d)\n# more'
+    streamed = "".join(d.get("content", "") for i in range(0, len(text), step) for d in parser.feed(text[i : i + step]))
+    assert streamed == text and parser.finish() == []
     # the call is streamed once named: text after it is the reply's, a call cut short is closed
     for text, content, arguments in [
         ('{"name": "get_weather", "parameters": {"city": "Rome"}} and more', "and more", '{"city": "Rome"}'),
         ('{"name": "get_weather", "parameters": {"city": "Ro', "", '{"city": "Ro"}'),
+        ('{"a": {"b": 1}} {"name": "get_weather", "parameters": {}} x', '{"a": {"b": 1}}x', "{}"),
     ]:
         message = parse(llama3, text, step)
         assert message["content"] == content and message["tool_calls"][0]["function"]["arguments"] == arguments

@@ -59,7 +59,7 @@ def json_object(text: str, at: int = 0) -> tuple[dict[str, tuple[Any, str]], int
     return members, i + 1
 
 
-def json_call(text: str, args_keys: tuple[str, ...], others: tuple[str, ...] | None = ()) -> tuple[str, str] | None:
+def json_call(text: str, args_keys: tuple[str, ...], others: tuple[str, ...] | None = None) -> tuple[str, str] | None:
     """(name, arguments) of a call written as one JSON object, whitespace around it aside (call_members)."""
     read = json_object(text)
     if read is None or not _at_end(text, read[1]):
@@ -176,6 +176,14 @@ class CallReader:
 _JSON_HEAD = re.compile(
     r'\s*\{\s*(?:"type"\s*:\s*"function"\s*,\s*)?"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(arguments|parameters)"\s*:\s*\{'
 )
+
+
+def opens_no_call(text: str) -> bool:
+    """`text`, from a "{" on, is no call's opening (_JSON_HEAD) however it goes on: its first key is not
+    "name" or "type"."""
+    rest = text[1:].lstrip()
+    end = rest.find('"', 1)
+    return bool(rest) and (rest[0] != '"' or (end > 0 and rest[1:end] not in ("name", "type")))
 
 
 class JsonCallReader(CallReader):

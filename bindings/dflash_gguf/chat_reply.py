@@ -13,7 +13,16 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .chat_calls import TAIL_OPENERS, CallReader, JsonCallReader, XmlCallReader, json_call, tail_calls, tool_call
+from .chat_calls import (
+    TAIL_OPENERS,
+    CallReader,
+    JsonCallReader,
+    XmlCallReader,
+    json_call,
+    opens_no_call,
+    tail_calls,
+    tool_call,
+)
 from .chat_messages import (
     CHANNEL,
     GLIMMER_MARKERS,
@@ -213,19 +222,12 @@ class ReplyParser(DeltaParser):
         end = text.find(CALL_CLOSE)
         closed = end >= 0 or final
         body = text[len(CALL_OPEN) : end if end >= 0 else len(text)]
-        if self.reader is None:
-            tools = self.tools if self.syntax.tool_format == "qwen3-coder" else None
-            self.reader = self._new_reader(tools)
         out = self._read(body, closed)
         if not closed:
             return out
         whole = len(text) if end < 0 else end + len(CALL_CLOSE)
         started, self.reader, self.mode = self.reader.started, None, "content"
-        call = (
-            None
-            if started or self.syntax.tool_format != "hermes"
-            else json_call(body, ("arguments", "parameters"), None)
-        )
+        call = None if started or self.syntax.tool_format != "hermes" else json_call(body, ("arguments", "parameters"))
         if not started and call is None:  # not a call after all: the text stays the reply's
             self.pending = text[whole:]
             return content_delta(self.gap + text[:whole])
@@ -240,9 +242,11 @@ class ReplyParser(DeltaParser):
         not read; Mistral's list read whole at the end (each call's id follows its arguments)."""
         out: list[dict[str, Any]] = []
         if self.syntax.tool_format == "llama3":
-            if self.reader is None:
-                self.reader = self._new_reader(self.tools)
             out = self._read(text, final)
+            assert self.reader is not None
+            if not self.reader.started and not final and opens_no_call(text):  # a brace of the text's own
+                self.mode, self.pending, self.reader = "content", text[1:], None
+                return out + content_delta(self.gap + text[:1])
             if self.reader.started:
                 if not final:
                     return out
@@ -261,16 +265,16 @@ class ReplyParser(DeltaParser):
         self.calls += [tool_call(len(self.calls) + i, *call) for i, call in enumerate(calls)]
         return [{"tool_calls": self.calls[len(self.calls) - len(calls) :]}]
 
-    def _new_reader(self, tools: dict[str, Any] | None) -> CallReader:
-        """The reader of the next call; `tools`: the names it may call (None: any)."""
-        if self.syntax.tool_format == "qwen3-coder":
-            return XmlCallReader(len(self.calls), self.tools)
-        keys = ("parameters",) if self.syntax.tool_format == "llama3" else ("arguments", "parameters")
-        return JsonCallReader(len(self.calls), keys, tools)
-
     def _read(self, text: str, final: bool) -> list[dict[str, Any]]:
-        """The deltas of the call being read, `text` its text so far; a call named now is one of the reply's."""
-        assert self.reader is not None
+        """The deltas of the call being read, `text` its text so far; a call named now is one of the reply's.
+        A Hermes call may name any tool (as before llama-server's grammar), a Llama 3.x one only the tools."""
+        if self.reader is None:
+            if self.syntax.tool_format == "qwen3-coder":
+                self.reader = XmlCallReader(len(self.calls), self.tools)
+            elif self.syntax.tool_format == "llama3":
+                self.reader = JsonCallReader(len(self.calls), ("parameters",), self.tools)
+            else:
+                self.reader = JsonCallReader(len(self.calls), ("arguments", "parameters"), None)
         out = self.reader.read(text, final)
         if self.reader.started and (not self.calls or self.calls[-1] is not self.reader.call):
             self.calls.append(self.reader.call)
