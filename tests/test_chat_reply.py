@@ -547,6 +547,37 @@ def test_gpt_oss_calls_name_their_tool_in_either_header(step: int) -> None:
     assert bad == {"role": "assistant", "content": "<|channel|>commentary to=functions.get_weather<|message|>{oops"}
 
 
+def test_a_qwen3_coder_call_may_leave_out_its_tool_call_tag() -> None:
+    """Under Qwen3-Coder's template (llama-server's reader allows for its models leaving <tool_call> out of
+    the first call), a reply that opens a call with <function=NAME> triggers the tools' grammar there and
+    comes back as that call. The opening is forced; the grammar writes the rest."""
+    from tinycode import _template_text
+
+    assert reply_syntax(_template_text("Qwen3-Coder"), "x", "auto", True).bare_calls
+    assert not reply_syntax(_template_text("Qwen3.5-4B"), "x", "auto", True).bare_calls
+    opening = "Sure.\n<function=get_time>\n"
+    with SpeculativeLlama(
+        str(chat_target_gguf("Qwen3-Coder")), str(drafter_gguf("f32")), n_ctx=1024, n_threads=THREADS, n_max=3
+    ) as llm:
+        want = llm.tokenize(opening.encode(), add_bos=False, special=True)
+        start: list[int] = []
+
+        def force_opening(input_ids: Any, scores: Any) -> Any:
+            start[:] = start or [len(input_ids)]
+            if len(input_ids) - start[0] < len(want):
+                scores[:] = -1e9
+                scores[want[len(input_ids) - start[0]]] = 0.0
+            return scores
+
+        msgs = [{"role": "user", "content": "time?"}]
+        tools = [{"type": "function", "function": CLOCK}]
+        out = llm.create_chat_completion(msgs, tools=tools, max_tokens=200, logits_processor=force_opening, **GREEDY)
+    message = out["choices"][0]["message"]
+    assert message["content"] == "Sure." and message["tool_calls"][0]["function"]["name"] == "get_time", message
+    args = json.loads(message["tool_calls"][0]["function"]["arguments"])
+    assert isinstance(args["zone"], int) and isinstance(args["exact"], bool), args
+
+
 def forcing(llm: SpeculativeLlama, text: str) -> Any:
     """A logits processor that makes the reply `text`'s tokens (special ones included), then the end of text."""
     want = [*llm.tokenize(text.encode(), add_bos=False, special=True), llm.token_eos()]

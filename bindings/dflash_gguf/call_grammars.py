@@ -23,7 +23,8 @@ def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> 
     if not tools or syntax.tool_format not in ("hermes", "mistral", "qwen3-coder"):
         return None
     if syntax.tool_format == "qwen3-coder":
-        return _xml_calls(tools), (CALL_OPEN,)
+        bare = tuple(f"<function={name}>" for name in tools) if syntax.bare_calls else ()
+        return _xml_calls(tools, bool(bare)), (CALL_OPEN, *bare)
     from .llama_compat import any_tool_grammar
 
     call = any_tool_grammar(tools)
@@ -36,10 +37,11 @@ def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> 
     return f"root ::= {block} ({_GAP} {block})*\n{rules}", (CALL_OPEN,)
 
 
-def _xml_calls(tools: dict[str, dict[str, Any]]) -> str:
+def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool) -> str:
     """Qwen3-Coder's (and Qwen3.5's) calls, as their templates write them: <tool_call>\\n<function=NAME>\\n,
     then <parameter=P>\\nVALUE\\n</parameter>\\n for any of the tool's parameters, </function>\\n</tool_call>;
-    a string parameter's value any text without "\\n</parameter>", any other's JSON of its schema."""
+    a string parameter's value any text without "\\n</parameter>", any other's JSON of its schema; `bare`:
+    the first call may leave out its <tool_call> (ReplySyntax.bare_calls)."""
     from llama_cpp.llama_grammar import SchemaConverter
 
     from .llama_compat import JSON_CHAR, LOOSE_CHAR
@@ -64,7 +66,8 @@ def _xml_calls(tools: dict[str, dict[str, Any]]) -> str:
         rules.append(f"tool-{i} ::= {opening} tool-{i}-args {closing}")
         functions.append(f"tool-{i}")
     block = f'{_literal(CALL_OPEN + NL)} ({" | ".join(functions)}) "{CALL_CLOSE}"'
-    rules.insert(0, f"root ::= {block} ({_GAP} {block})*")
+    first = f'({block} | ({" | ".join(functions)}) "{CALL_CLOSE}")' if bare else block
+    rules.insert(0, f"root ::= {first} ({_GAP} {block})*")
     return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
 
 

@@ -7,6 +7,7 @@ streamed as deltas."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import re
@@ -63,6 +64,9 @@ class ReplySyntax:
     # the reply's leading whitespace is dropped (llama-server's reader does so under a template that can
     # think, for a chat with tools, and in Qwen3-Coder's family)
     lstrip: bool = False
+    # a reply's first call may open with <function=NAME> without its <tool_call> (Qwen3-Coder's template,
+    # which cannot think: llama-server's reader allows for its models leaving the tag out)
+    bare_calls: bool = False
 
     @property
     def parses(self) -> bool:
@@ -74,9 +78,15 @@ def reply_syntax(template: str | None, prompt: str, reasoning_format: str | None
     """How to read the reply to `prompt`, rendered by `template` (the target's chat template), as
     llama-server reads it; `reasoning_format` None: as llama_cpp.Llama gives it (as written, tool calls
     aside)."""
+    syntax = _reply_syntax(template or "", prompt, reasoning_format, tools)
+    if syntax.tool_format == "qwen3-coder" and THINK_OPEN not in (template or ""):
+        return dataclasses.replace(syntax, bare_calls=True)
+    return syntax
+
+
+def _reply_syntax(template: str, prompt: str, reasoning_format: str | None, tools: bool) -> ReplySyntax:
     if reasoning_format is not None and reasoning_format not in REASONING_FORMATS:
         raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, got {reasoning_format!r}")
-    template = template or ""
     reads_thinking = reasoning_format not in (None, "none")
     if CHANNEL in template:  # gpt-oss's harmony format (chat_messages), read for its calls at least
         return ReplySyntax(reads_thinking, tool_format="harmony")
@@ -167,6 +177,7 @@ class ReplyParser(DeltaParser):
         self.thought = False  # some thinking was given out
         self.gap = ""  # the whitespace before a tool call's block, the reply's again if it is no call
         self.reader: CallReader | None = None  # the call being read
+        self.opener = ""  # the tag that opened it
 
     def _step(self, final: bool) -> list[dict[str, Any]]:
         if self.skip is not None:
@@ -200,17 +211,20 @@ class ReplyParser(DeltaParser):
             if self.syntax.tool_format is None:
                 self.pending = ""
                 return content_delta(text)
-            opener = TAIL_OPENERS.get(self.syntax.tool_format, CALL_OPEN)
-            start = text.find(opener)
-            if start >= 0:  # the whitespace before a call belongs to no part of the message
+            openers = [TAIL_OPENERS.get(self.syntax.tool_format, CALL_OPEN)]
+            if self.syntax.bare_calls and not self.calls:
+                openers += [f"<function={name}>" for name in self.tools]
+            found = [(i, opener) for opener in openers if (i := text.find(opener)) >= 0]
+            if found:  # the whitespace before a call belongs to no part of the message
+                start, self.opener = min(found)
                 before = text[:start].rstrip()
                 self.pending, self.gap = text[start:], text[len(before) : start]
-                self.mode = "call" if opener == CALL_OPEN else "tail"
+                self.mode = "tail" if self.opener in TAIL_OPENERS.values() else "call"
                 return content_delta(before)
             if final:  # the reply's own end is left as it is, unless calls came before it
                 self.pending = ""
                 return content_delta(text.rstrip() if self.calls else text)
-            settled = text[: len(text) - partial_tag(text, opener)].rstrip()
+            settled = text[: len(text) - max(partial_tag(text, opener) for opener in openers)].rstrip()
             self.pending = text[len(settled) :]
             return content_delta(settled)
         if self.mode == "tail":  # calls that run to the reply's end
@@ -218,10 +232,11 @@ class ReplyParser(DeltaParser):
         return self._block(text, final)
 
     def _block(self, text: str, final: bool) -> list[dict[str, Any]]:
-        """A <tool_call> block: its call streamed as it is read, or read whole once the block has ended."""
+        """A <tool_call> block (or a bare <function=...> one, up to its </tool_call>): its call streamed as
+        it is read, or read whole once the block has ended."""
         end = text.find(CALL_CLOSE)
         closed = end >= 0 or final
-        body = text[len(CALL_OPEN) : end if end >= 0 else len(text)]
+        body = text[len(CALL_OPEN) if self.opener == CALL_OPEN else 0 : end if end >= 0 else len(text)]
         out = self._read(body, closed)
         if not closed:
             return out
