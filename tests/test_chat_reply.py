@@ -320,6 +320,7 @@ TYPES = {"string": str, "integer": int, "boolean": bool}
         ("hermes", WEATHER, "<tool_call>", "</tool_call>"),
         ("mistral", WEATHER, "[TOOL_CALLS]", "}]"),
         ("qwen3-coder", CLOCK, "<tool_call>", "</tool_call>"),
+        ("harmony", WEATHER, " to=functions.", "}"),
     ],
 )
 def test_the_tools_grammar_keeps_a_call_to_the_tools(
@@ -335,8 +336,11 @@ def test_the_tools_grammar_keeps_a_call_to_the_tools(
     assert text.startswith(opener), text
     # the calls complete within max_tokens (Mistral's list closed after the last whole call)
     whole = text[: text.rindex(end) + len(end)] if end in text else text[: text.rindex("}}") + 2] + "]"
+    if tool_format == "harmony":  # a call in a channel header: the header's start is before the word
+        whole = ("" if "<|channel|>" in whole.split("<|message|>")[0] else "<|channel|>commentary") + whole
     message = parse(syntax, whole, 7, {tool["name"]: tool})
-    calls = whole.count("<function=") if tool_format == "qwen3-coder" else whole.count('"name"')
+    counted = {"qwen3-coder": "<function=", "harmony": "<|message|>"}.get(tool_format, '"name"')
+    calls = whole.count(counted)
     assert message["content"] == "" and len(message["tool_calls"]) == calls > 0, text
     properties = tool["parameters"]["properties"]
     for c in message["tool_calls"]:

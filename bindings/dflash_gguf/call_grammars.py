@@ -14,14 +14,17 @@ from .chat_reply import CALL_CLOSE, CALL_OPEN, ReplySyntax
 # the whitespace between calls is bounded: a small model may otherwise emit newlines for ever
 _GAP = "[ \\n]{0,2}"
 NL = "\n"
+HARMONY_RECIPIENT = " to=functions."  # where a gpt-oss call names its tool
 _MAX_ANY_ORDER = 6
 
 
 def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
     """(GBNF, trigger words) of the lazy grammar for calls in `syntax`; None where it has none here
     (Llama 3.x's calls begin with no word of their own)."""
-    if not tools or syntax.tool_format not in ("hermes", "mistral", "qwen3-coder"):
+    if not tools or syntax.tool_format not in ("hermes", "mistral", "qwen3-coder", "harmony"):
         return None
+    if syntax.tool_format == "harmony":
+        return _harmony_call(tools), (HARMONY_RECIPIENT,)
     if syntax.tool_format == "qwen3-coder":
         bare = tuple(f"<function={name}>" for name in tools) if syntax.bare_calls else ()
         return _xml_calls(tools, bool(bare)), (CALL_OPEN, *bare)
@@ -35,6 +38,29 @@ def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> 
         return f'root ::= "{opener}" {_GAP} "[" {calls} "]"\n{rules}', (opener,)
     block = f'"{CALL_OPEN}" {_GAP} tool-call-json {_GAP} "{CALL_CLOSE}"'
     return f"root ::= {block} ({_GAP} {block})*\n{rules}", (CALL_OPEN,)
+
+
+def _harmony_call(tools: dict[str, dict[str, Any]]) -> str:
+    """gpt-oss's call from its recipient on, in either header: ` to=functions.NAME`, the rest of the role
+    header's channel (`<|channel|>commentary`) where it is there, the body's type (` <|constrain|>json`),
+    `<|message|>` and the arguments, JSON of the tool's schema (the end of the call, <|call|>, is an end of
+    generation: the grammar lets it come once the arguments are whole)."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    from .llama_compat import JSON_CHAR, LOOSE_CHAR
+
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    calls = []
+    for i, (name, function) in enumerate(tools.items()):
+        schema = converter.resolve_refs(function.get("parameters") or {"type": "object"}, name)
+        args = converter.visit(schema, f"tool-{i}-args")
+        calls.append(f'{_literal(name)} ("<|channel|>" ("commentary" | "analysis"))? body-type? "<|message|>" {args}')
+    rules = [
+        f"root ::= {_literal(HARMONY_RECIPIENT)} ({' | '.join(calls)})",
+        # the type after a space or <|constrain|> (never run on from the name), short: "json" in practice
+        'body-type ::= (" "? "<|constrain|>" | " ") [A-Za-z0-9_-]{1,16}',
+    ]
+    return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
 
 
 def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool) -> str:

@@ -91,7 +91,7 @@ class ChatMixin:
             messages, template_arguments(tools, tool_choice, functions, function_call, chat_template_kwargs)
         )
         syntax = reply_syntax(self._spec.chat_template, prompt, reasoning_format, may_call)
-        lazy = tool_call_grammar(named, syntax)
+        lazy = tool_call_grammar(named, syntax) if may_call else None
         grammars = {
             "grammar": grammar,
             "response_format": response_format_grammar(response_format),
