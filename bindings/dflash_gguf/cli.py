@@ -1,4 +1,4 @@
-"""The `dflash` command line: info, generate, serve, bench and draft-vocab."""
+"""The `dflash` command line: info, generate, chat, serve, bench and draft-vocab."""
 
 from __future__ import annotations
 
@@ -165,6 +165,71 @@ def _options(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 
 _model_options = _options(_MODEL_OPTIONS)
 
+_SAMPLING_OPTIONS = [
+    click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy, lossless)."),
+    click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off)."),
+    click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off)."),
+    click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off)."),
+    click.option(
+        "--typical", "typical_p", default=1.0, show_default=True, help="Locally typical sampling, p (1 = off)."
+    ),
+    click.option(
+        "--mirostat",
+        "mirostat_mode",
+        type=click.IntRange(0, 2),
+        default=0,
+        show_default=True,
+        help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.",
+    ),
+    click.option("--mirostat-lr", "mirostat_eta", default=0.1, show_default=True, help="Mirostat learning rate, eta."),
+    click.option(
+        "--mirostat-ent", "mirostat_tau", default=5.0, show_default=True, help="Mirostat target entropy, tau."
+    ),
+    click.option(
+        "--repeat-penalty",
+        default=1.0,
+        show_default=True,
+        help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).",
+    ),
+    click.option("--repeat-last-n", default=64, show_default=True, help="Generated tokens the penalties look at."),
+    click.option("--presence-penalty", default=0.0, show_default=True, help="Presence penalty (0 = off)."),
+    click.option("--frequency-penalty", default=0.0, show_default=True, help="Frequency penalty (0 = off)."),
+    click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random)."),
+]
+_sampling_options = _options(_SAMPLING_OPTIONS)
+
+
+def _sampling(
+    temp: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    typical_p: float,
+    mirostat_mode: int,
+    mirostat_eta: float,
+    mirostat_tau: float,
+    repeat_penalty: float,
+    presence_penalty: float,
+    frequency_penalty: float,
+    seed: int,
+    **_: Any,
+) -> dict[str, Any]:
+    """The create_completion / create_chat_completion arguments of the _SAMPLING_OPTIONS."""
+    return dict(
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        typical_p=typical_p,
+        mirostat_mode=mirostat_mode,
+        mirostat_eta=mirostat_eta,
+        mirostat_tau=mirostat_tau,
+        repeat_penalty=repeat_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        seed=None if seed < 0 else seed,
+    )
+
 
 def _open_model(
     target: str,
@@ -221,31 +286,7 @@ def _open_model(
     help="Read the prompt from this UTF-8 file, byte for byte (a shell's $(...) drops trailing newlines).",
 )
 @click.option("-n", "--n-predict", default=128, show_default=True, help="Tokens to generate.")
-@click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy, lossless).")
-@click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off).")
-@click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off).")
-@click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off).")
-@click.option("--typical", "typical_p", default=1.0, show_default=True, help="Locally typical sampling, p (1 = off).")
-@click.option(
-    "--mirostat",
-    "mirostat_mode",
-    type=click.IntRange(0, 2),
-    default=0,
-    show_default=True,
-    help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.",
-)
-@click.option("--mirostat-lr", "mirostat_eta", default=0.1, show_default=True, help="Mirostat learning rate, eta.")
-@click.option("--mirostat-ent", "mirostat_tau", default=5.0, show_default=True, help="Mirostat target entropy, tau.")
-@click.option(
-    "--repeat-penalty",
-    default=1.0,
-    show_default=True,
-    help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).",
-)
-@click.option("--repeat-last-n", default=64, show_default=True, help="Generated tokens the penalties look at.")
-@click.option("--presence-penalty", default=0.0, show_default=True, help="Presence penalty (0 = off).")
-@click.option("--frequency-penalty", default=0.0, show_default=True, help="Frequency penalty (0 = off).")
-@click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random).")
+@_sampling_options
 @click.option("--grammar", help="GBNF grammar the output must follow (llama.cpp's --grammar).")
 @click.option("--grammar-file", type=click.Path(dir_okay=False), help="Read the GBNF grammar from this file.")
 @click.option(
@@ -349,19 +390,21 @@ def generate(
         )
         kw = dict(
             max_tokens=n_predict,
-            temperature=temp,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            typical_p=typical_p,
-            mirostat_mode=mirostat_mode,
-            mirostat_eta=mirostat_eta,
-            mirostat_tau=mirostat_tau,
-            repeat_penalty=repeat_penalty,
-            presence_penalty=presence_penalty,
-            frequency_penalty=frequency_penalty,
-            seed=None if seed < 0 else seed,
             grammar=grammar,
+            **_sampling(
+                temp,
+                top_k,
+                top_p,
+                min_p,
+                typical_p,
+                mirostat_mode,
+                mirostat_eta,
+                mirostat_tau,
+                repeat_penalty,
+                presence_penalty,
+                frequency_penalty,
+                seed,
+            ),
         )
         if no_stream:
             click.echo(prompt + llm.create_completion(prompt, **kw)["choices"][0]["text"])
@@ -375,6 +418,56 @@ def generate(
     except (ValueError, RuntimeError) as e:
         _fail(e)
     click.echo(f"[dflash] {llm.stats.line()}", err=True)
+
+
+@main.command()
+@_model_options
+@_sampling_options
+@click.option("--system-prompt", "-sys", help="The conversation's system message.")
+@click.option("--prompt", "-p", help="The first message; the conversation goes on from the standard input.")
+@click.option(
+    "--single-turn", "-st", is_flag=True, help="Answer one message (--prompt, else the first read), then exit."
+)
+@click.option(
+    "-n", "--n-predict", default=-1, show_default=True, help="Tokens per reply at most (-1 = to the end of the turn)."
+)
+@click.option(
+    "--reasoning-format",
+    type=click.Choice(["deepseek", "none"]),
+    default="deepseek",
+    show_default=True,
+    help="deepseek: a reasoning model's thinking shown dimmed, kept out of the conversation; none: as text.",
+)
+@click.option("--no-thinking", is_flag=True, help="Ask the template not to think (enable_thinking false: Qwen3's).")
+def chat(
+    system_prompt: str | None,
+    prompt: str | None,
+    single_turn: bool,
+    n_predict: int,
+    reasoning_format: str,
+    no_thinking: bool,
+    **options: Any,
+) -> None:
+    """Chat with the target in its chat template (llama-cli's conversation mode): a message per line read
+    (a line ending in \\ goes on), the replies streamed, the statistics after each."""
+    import inspect
+
+    from .chat_cli import converse
+
+    opening = [p for p in inspect.signature(_open_model).parameters if p != "kw"]
+    try:
+        llm = _open_model(
+            **{k: options[k] for k in opening if k in options}, last_n_tokens_size=options["repeat_last_n"]
+        )
+    except (ValueError, RuntimeError) as e:
+        _fail(e)
+    reply_options = dict(
+        max_tokens=None if n_predict < 0 else n_predict,
+        reasoning_format=reasoning_format,
+        chat_template_kwargs={"enable_thinking": False} if no_thinking else None,
+        **_sampling(**options),
+    )
+    converse(llm, prompt, system_prompt, single_turn, reply_options)
 
 
 @main.command()
