@@ -22,11 +22,24 @@ def converse(
     """Hold the conversation: `first` the first message (else the first read), `options` the
     create_chat_completion arguments of every reply."""
     opening = [{"role": "system", "content": system}] if system else []
-    messages = list(opening)
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo(f"[dflash] {COMMANDS}", err=True)
-    for text in _messages(first, interactive):
+    try:
+        _converse(llm, opening, _messages(first, interactive), single_turn, options)
+    except KeyboardInterrupt:  # Ctrl-C while a message is typed: the end
+        click.echo()
+
+
+def _converse(
+    llm: SpeculativeLlama,
+    opening: list[dict[str, Any]],
+    texts: Iterator[str],
+    single_turn: bool,
+    options: dict[str, Any],
+) -> None:
+    messages = list(opening)
+    for text in texts:
         command = text.strip()
         if command in ("/exit", "/quit"):
             return
