@@ -351,6 +351,24 @@ def test_the_tools_grammar_keeps_a_call_to_the_tools(
     assert tool_call_grammar({"get_weather": WEATHER}, ReplySyntax(tool_format="llama3")) is None
 
 
+@pytest.mark.parametrize(
+    ("tool_format", "tool", "opener"),
+    [("hermes", WEATHER, "<tool_call>"), ("mistral", WEATHER, '"name"'), ("qwen3-coder", CLOCK, "<function=")],
+)
+def test_one_call_where_calls_may_not_be_parallel(
+    tiny: SpeculativeLlama, tool_format: str, tool: dict[str, Any], opener: str
+) -> None:
+    """parallel_tool_calls false: the grammar ends the reply after one call (the same model writes
+    several under the parallel grammar)."""
+    texts = []
+    for parallel in (True, False):
+        gbnf, _ = tool_call_grammar({tool["name"]: tool}, ReplySyntax(tool_format=tool_format), parallel)
+        out = tiny.create_completion(prompts()[1]["text"], max_tokens=300, grammar=gbnf, **GREEDY)["choices"][0]
+        texts.append((out["text"], out["finish_reason"]))
+    (several, _), (one, reason) = texts
+    assert several.count(opener) > 1 and one.count(opener) == 1 and reason == "stop", texts
+
+
 def test_an_xml_parameter_that_may_be_a_string_is_any_text() -> None:
     """In Qwen3-Coder's XML a value that may be a string is written bare: the grammar takes any text for
     it (as llama-server's), JSON only where no string is allowed."""
@@ -447,6 +465,9 @@ def test_server_requests_tell_the_template_what_llama_server_tells_it() -> None:
     kw = request_kwargs("/v1/chat/completions", chat)
     assert kw["reasoning_format"] == "deepseek" and kw["chat_template_kwargs"] == {"enable_thinking": True}
     assert request_kwargs("/v1/chat/completions", chat, "none")["reasoning_format"] == "none"
+    assert (
+        request_kwargs("/v1/chat/completions", {**chat, "parallel_tool_calls": False})["parallel_tool_calls"] is False
+    )
     assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_format": "none"})["reasoning_format"] == "none"
     assert request_kwargs("/v1/chat/completions", {**chat, "reasoning_effort": "none"})["chat_template_kwargs"] == {
         "enable_thinking": False

@@ -18,26 +18,30 @@ HARMONY_RECIPIENT = " to=functions."  # where a gpt-oss call names its tool
 _MAX_ANY_ORDER = 6
 
 
-def tool_call_grammar(tools: dict[str, dict[str, Any]], syntax: ReplySyntax) -> tuple[str, tuple[str, ...]] | None:
+def tool_call_grammar(
+    tools: dict[str, dict[str, Any]], syntax: ReplySyntax, parallel: bool = True
+) -> tuple[str, tuple[str, ...]] | None:
     """(GBNF, trigger words) of the lazy grammar for calls in `syntax`; None where it has none here
-    (Llama 3.x's calls begin with no word of their own)."""
+    (Llama 3.x's calls begin with no word of their own). Not `parallel`: one call, then the end (OpenAI's
+    parallel_tool_calls false)."""
+    more = "*" if parallel else "{0}"  # the calls after the first
     if not tools or syntax.tool_format not in ("hermes", "mistral", "qwen3-coder", "harmony"):
         return None
     if syntax.tool_format == "harmony":
         return _harmony_call(tools), (HARMONY_RECIPIENT,)
     if syntax.tool_format == "qwen3-coder":
         bare = tuple(f"<function={name}>" for name in tools) if syntax.bare_calls else ()
-        return _xml_calls(tools, bool(bare)), (CALL_OPEN, *bare)
+        return _xml_calls(tools, bool(bare), more), (CALL_OPEN, *bare)
     from .llama_compat import any_tool_grammar
 
     call = any_tool_grammar(tools)
     rules = re.sub(r"^root\s*::=", "tool-call-json ::=", call._grammar, count=1, flags=re.MULTILINE)
     if syntax.tool_format == "mistral":  # [TOOL_CALLS][{call}, ...]
         opener = TAIL_OPENERS["mistral"]
-        calls = f'tool-call-json ({_GAP} "," {_GAP} tool-call-json)*'
+        calls = f'tool-call-json ({_GAP} "," {_GAP} tool-call-json){more}'
         return f'root ::= "{opener}" {_GAP} "[" {calls} "]"\n{rules}', (opener,)
     block = f'"{CALL_OPEN}" {_GAP} tool-call-json {_GAP} "{CALL_CLOSE}"'
-    return f"root ::= {block} ({_GAP} {block})*\n{rules}", (CALL_OPEN,)
+    return f"root ::= {block} ({_GAP} {block}){more}\n{rules}", (CALL_OPEN,)
 
 
 def _harmony_call(tools: dict[str, dict[str, Any]]) -> str:
@@ -63,11 +67,12 @@ def _harmony_call(tools: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
 
 
-def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool) -> str:
+def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool, more: str) -> str:
     """Qwen3-Coder's (and Qwen3.5's) calls, as their templates write them: <tool_call>\\n<function=NAME>\\n,
     then <parameter=P>\\nVALUE\\n</parameter>\\n for any of the tool's parameters, </function>\\n</tool_call>;
     a string parameter's value any text without "\\n</parameter>", any other's JSON of its schema; `bare`:
-    the first call may leave out its <tool_call> (ReplySyntax.bare_calls)."""
+    the first call may leave out its <tool_call> (ReplySyntax.bare_calls); `more`: how many calls may follow
+    it (a GBNF repetition)."""
     from llama_cpp.llama_grammar import SchemaConverter
 
     from .llama_compat import JSON_CHAR, LOOSE_CHAR
@@ -93,7 +98,7 @@ def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool) -> str:
         functions.append(f"tool-{i}")
     block = f'{_literal(CALL_OPEN + NL)} ({" | ".join(functions)}) "{CALL_CLOSE}"'
     first = f'({block} | ({" | ".join(functions)}) "{CALL_CLOSE}")' if bare else block
-    rules.insert(0, f"root ::= {first} ({_GAP} {block})*")
+    rules.insert(0, f"root ::= {first} ({_GAP} {block}){more}")
     return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
 
 

@@ -58,6 +58,7 @@ class ChatMixin:
         tfs_z: float = 1.0,  # ignored, as in create_completion
         reasoning_format: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        parallel_tool_calls: bool = True,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
         template-based chat handlers do. `grammar` and `logits_processor` as in create_completion.
@@ -72,7 +73,7 @@ class ChatMixin:
         Mistral Nemo's `[TOOL_CALLS]` list, kept to the tools' schemas by a grammar that starts at that
         word; Qwen3-Coder's and Qwen3.5's XML; Llama 3.x's closing JSON object; gpt-oss's and Muse
         Glimmer's messages to a tool): the calls come back as `tool_calls` (finish_reason "tool_calls"),
-        the text around them as content.
+        the text around them as content; `parallel_tool_calls=False` (OpenAI's) holds the reply to one call.
         `reasoning_format="deepseek"` (llama-server's default): a reasoning model's `<think>...</think>`
         comes back as `reasoning_content`, apart from the content, and the reply is read as llama-server
         reads it ("none": the same, its thinking left in the content); None (the default, as
@@ -91,7 +92,7 @@ class ChatMixin:
             messages, template_arguments(tools, tool_choice, functions, function_call, chat_template_kwargs)
         )
         syntax = reply_syntax(self._spec.chat_template, prompt, reasoning_format, may_call)
-        lazy = tool_call_grammar(named, syntax) if may_call else None
+        lazy = tool_call_grammar(named, syntax, parallel_tool_calls) if may_call else None
         grammars = {
             "grammar": grammar,
             "response_format": response_format_grammar(response_format),

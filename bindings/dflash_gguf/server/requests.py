@@ -42,6 +42,7 @@ FIELDS = {
             "response_format",
             "tools",
             "tool_choice",
+            "parallel_tool_calls",
             "functions",
             "function_call",
             "reasoning_format",
