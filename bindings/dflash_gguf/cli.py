@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import json
 import sys
@@ -165,6 +166,14 @@ def _options(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 
 _model_options = _options(_MODEL_OPTIONS)
 
+
+def _model_from_options(options: dict[str, Any]) -> SpeculativeLlama:
+    """The model the _MODEL_OPTIONS among a command's `options` describe (with the _SAMPLING_OPTIONS'
+    penalty window)."""
+    names = set(inspect.signature(_open_model).parameters) - {"kw"}
+    return _open_model(**{k: v for k, v in options.items() if k in names}, last_n_tokens_size=options["repeat_last_n"])
+
+
 _SAMPLING_OPTIONS = [
     click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy, lossless)."),
     click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off)."),
@@ -295,44 +304,15 @@ def _open_model(
 @click.option("--json-schema-file", type=click.Path(dir_okay=False), help="Read the JSON schema from this file.")
 @click.option("--no-stream", is_flag=True, help="Print the text at the end instead of streaming it.")
 def generate(
-    target: str,
-    draft: str,
     prompt: str | None,
     prompt_file: str | None,
     n_predict: int,
-    temp: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    typical_p: float,
-    mirostat_mode: int,
-    mirostat_eta: float,
-    mirostat_tau: float,
-    repeat_penalty: float,
-    repeat_last_n: int,
-    presence_penalty: float,
-    frequency_penalty: float,
-    seed: int,
-    n_max: str,
-    draft_q: str,
-    sampler: str,
-    ctx_size: int,
-    batch_size: int,
-    n_gpu_layers: int,
-    threads: int,
-    device: str,
-    no_repack: bool,
-    swa_full: bool,
-    override_tensor: tuple[str, ...],
-    cpu_moe: bool,
-    n_cpu_moe: int,
-    draft_vocab: str | None,
     grammar: str | None,
     grammar_file: str | None,
     json_schema: str | None,
     json_schema_file: str | None,
     no_stream: bool,
-    verbose: bool,
+    **options: Any,
 ) -> None:
     """Generate text with speculative decoding, then print the statistics."""
     if (prompt is None) == (prompt_file is None):
@@ -368,44 +348,8 @@ def generate(
             _fail(e)
 
     try:
-        llm = _open_model(
-            target,
-            draft,
-            n_max,
-            draft_q,
-            sampler,
-            ctx_size,
-            batch_size,
-            n_gpu_layers,
-            threads,
-            device,
-            no_repack,
-            verbose,
-            override_tensor,
-            cpu_moe,
-            n_cpu_moe,
-            draft_vocab,
-            swa_full,
-            last_n_tokens_size=repeat_last_n,
-        )
-        kw = dict(
-            max_tokens=n_predict,
-            grammar=grammar,
-            **_sampling(
-                temp,
-                top_k,
-                top_p,
-                min_p,
-                typical_p,
-                mirostat_mode,
-                mirostat_eta,
-                mirostat_tau,
-                repeat_penalty,
-                presence_penalty,
-                frequency_penalty,
-                seed,
-            ),
-        )
+        llm = _model_from_options(options)
+        kw = dict(max_tokens=n_predict, grammar=grammar, **_sampling(**options))
         if no_stream:
             click.echo(prompt + llm.create_completion(prompt, **kw)["choices"][0]["text"])
         else:
@@ -450,15 +394,10 @@ def chat(
 ) -> None:
     """Chat with the target in its chat template (llama-cli's conversation mode): a message per line read
     (a line ending in \\ goes on), the replies streamed, the statistics after each."""
-    import inspect
-
     from .chat_cli import converse
 
-    opening = [p for p in inspect.signature(_open_model).parameters if p != "kw"]
     try:
-        llm = _open_model(
-            **{k: options[k] for k in opening if k in options}, last_n_tokens_size=options["repeat_last_n"]
-        )
+        llm = _model_from_options(options)
     except (ValueError, RuntimeError) as e:
         _fail(e)
     reply_options = dict(
