@@ -13,7 +13,7 @@ from .chat_reply import CALL_CLOSE, CALL_OPEN, ReplySyntax
 
 # the whitespace between calls is bounded: a small model may otherwise emit newlines for ever
 _GAP = "[ \\n]{0,2}"
-NL = "\n"
+_NL = "\n"
 HARMONY_RECIPIENT = " to=functions."  # where a gpt-oss call names its tool
 _MAX_ANY_ORDER = 6
 
@@ -49,11 +49,7 @@ def _harmony_call(tools: dict[str, dict[str, Any]]) -> str:
     header's channel (`<|channel|>commentary`) where it is there, the body's type (` <|constrain|>json`),
     `<|message|>` and the arguments, JSON of the tool's schema (the end of the call, <|call|>, is an end of
     generation: the grammar lets it come once the arguments are whole)."""
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    from .llama_compat import JSON_CHAR, LOOSE_CHAR
-
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _schema_converter()
     calls = []
     for i, (name, function) in enumerate(tools.items()):
         schema = converter.resolve_refs(function.get("parameters") or {"type": "object"}, name)
@@ -64,7 +60,7 @@ def _harmony_call(tools: dict[str, dict[str, Any]]) -> str:
         # the type after a space or <|constrain|> (never run on from the name), short: "json" in practice
         'body-type ::= (" "? "<|constrain|>" | " ") [A-Za-z0-9_-]{1,16}',
     ]
-    return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
+    return "\n".join(rules) + "\n" + _schema_rules(converter)
 
 
 def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool, more: str) -> str:
@@ -73,11 +69,7 @@ def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool, more: str) -> str:
     a string parameter's value any text without "\\n</parameter>", any other's JSON of its schema; `bare`:
     the first call may leave out its <tool_call> (ReplySyntax.bare_calls); `more`: how many calls may follow
     it (a GBNF repetition)."""
-    from llama_cpp.llama_grammar import SchemaConverter
-
-    from .llama_compat import JSON_CHAR, LOOSE_CHAR
-
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter = _schema_converter()
     close = "\n</parameter>\n"
     rules = _without("xml-string", close.rstrip())
     functions = []
@@ -86,20 +78,20 @@ def _xml_calls(tools: dict[str, dict[str, Any]], bare: bool, more: str) -> str:
         required, optional = {}, []
         for j, (key, prop) in enumerate((schema.get("properties") or {}).items()):
             value = "xml-string" if _takes_text(prop) else converter.visit(prop, f"tool-{i}-arg-{j}")
-            argument = f"{_literal(f'<parameter={key}>' + NL)} {value} {_literal(close)}"
+            argument = f"{_literal(f'<parameter={key}>' + _NL)} {value} {_literal(close)}"
             if key in (schema.get("required") or ()):
                 required[key] = argument
             else:
                 optional.append(argument)
         rest = f"({' | '.join(optional)})*" if optional else ""
         rules += _in_any_order(f"tool-{i}-args", list(required.values()), rest)
-        opening, closing = _literal(f"<function={name}>" + NL), _literal("</function>" + NL)
+        opening, closing = _literal(f"<function={name}>" + _NL), _literal("</function>" + _NL)
         rules.append(f"tool-{i} ::= {opening} tool-{i}-args {closing}")
         functions.append(f"tool-{i}")
-    block = f'{_literal(CALL_OPEN + NL)} ({" | ".join(functions)}) "{CALL_CLOSE}"'
+    block = f'{_literal(CALL_OPEN + _NL)} ({" | ".join(functions)}) "{CALL_CLOSE}"'
     first = f'({block} | ({" | ".join(functions)}) "{CALL_CLOSE}")' if bare else block
     rules.insert(0, f"root ::= {first} ({_GAP} {block}){more}")
-    return "\n".join(rules) + "\n" + converter.format_grammar().replace(LOOSE_CHAR, JSON_CHAR)
+    return "\n".join(rules) + "\n" + _schema_rules(converter)
 
 
 def _takes_text(schema: dict[str, Any]) -> bool:
@@ -129,6 +121,20 @@ def _in_any_order(name: str, parts: list[str], rest: str) -> list[str]:
         body = " | ".join(options) if options else rest or '""'
         rules.append(f"{name}-{left} ::= {body}")
     return [f"{name} ::= {name}-{(1 << len(parts)) - 1}", *rules]
+
+
+def _schema_converter() -> Any:
+    """llama_cpp's JSON-schema-to-GBNF converter, for rules named by the caller."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    return SchemaConverter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+
+
+def _schema_rules(converter: Any) -> str:
+    """The rules `converter` made, strings without raw control characters (llama_compat.schema_grammar)."""
+    from .llama_compat import JSON_CHAR, LOOSE_CHAR
+
+    return str(converter.format_grammar()).replace(LOOSE_CHAR, JSON_CHAR)
 
 
 def _literal(text: str) -> str:

@@ -162,7 +162,7 @@ def reply_markers(syntax: ReplySyntax) -> tuple[str, ...]:
 
 
 class ReplyParser(DeltaParser):
-    """A reply of <think> and <tool_call> tags; text that may still become a tag is held back."""
+    """A reply of <think> tags and tool calls (chat_calls); text that may still become a tag is held back."""
 
     def __init__(self, syntax: ReplySyntax, tools: dict[str, dict[str, Any]] | None = None) -> None:
         self.syntax = syntax
@@ -267,8 +267,7 @@ class ReplyParser(DeltaParser):
                     return out
                 # after the arguments, the call's closing brace; any text after that is the reply's
                 # (llama-server refuses such a reply)
-                rest = text[self.reader.at :]
-                rest = rest[re.match(r"\s*\}?\s*", rest).end() :]  # type: ignore[union-attr]
+                rest = re.sub(r"^\s*\}?\s*", "", text[self.reader.at :])
                 self.pending, self.mode, self.reader = "", "content", None
                 return out + content_delta(rest)
         if not final:
