@@ -69,11 +69,12 @@ class ChatMixin:
         the function's parameter schema and come back as `tool_calls` with finish_reason "tool_calls";
         `tool_choice="required"` forces a call to one of them (named by the model; streamed as one
         delta at the end). With tools and tool_choice "auto" (or none given) the model may call them in
-        its template's own syntax, as llama-server reads it (Qwen2.5/Qwen3/Hermes `<tool_call>` JSON and
-        Mistral Nemo's `[TOOL_CALLS]` list, kept to the tools' schemas by a grammar that starts at that
-        word; Qwen3-Coder's and Qwen3.5's XML; Llama 3.x's closing JSON object; gpt-oss's and Muse
-        Glimmer's messages to a tool): the calls come back as `tool_calls` (finish_reason "tool_calls"),
-        the text around them as content; `parallel_tool_calls=False` (OpenAI's) holds the reply to one call.
+        its template's own syntax, as llama-server reads it (Qwen2.5/Qwen3/Hermes `<tool_call>` JSON,
+        Mistral Nemo's `[TOOL_CALLS]` list, Qwen3-Coder's and Qwen3.5's XML and gpt-oss's messages to a
+        tool, each kept to the tools' schemas by a grammar that starts at the call's opening word; Llama
+        3.x's closing JSON object; Muse Glimmer's messages to a tool): the calls come back as `tool_calls`
+        (finish_reason "tool_calls"; streamed as they are written), the text around them as content;
+        `parallel_tool_calls=False` (OpenAI's) holds the reply to one call.
         `reasoning_format="deepseek"` (llama-server's default): a reasoning model's `<think>...</think>`
         comes back as `reasoning_content`, apart from the content, and the reply is read as llama-server
         reads it ("none": the same, its thinking left in the content); None (the default, as
