@@ -806,6 +806,24 @@ def test_grammar_shortcuts_change_nothing(spec: SpeculativeLlama) -> None:
             assert run(prompt, gbnf, False, **kw) == run(prompt, gbnf, True, **kw), (gbnf[:20], kw)
 
 
+TAGGED = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+
+
+def test_a_chat_template_of_the_caller_s_replaces_the_target_s() -> None:
+    """chat_template= (llama-server's --chat-template-file): chats are rendered in it, by the decoders that
+    share the weights too; one that does not compile is refused before anything loads, naming its line."""
+    with SpeculativeLlama(
+        str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, chat_template=TAGGED
+    ) as llm:
+        msgs = [{"role": "user", "content": "import os"}]
+        for m in (llm, llm.share_weights()):
+            assert m.apply_chat_template(msgs) == "[user] import os\n[assistant] "
+        out = llm.create_chat_completion(msgs, max_tokens=8, **GREEDY)
+        assert out["usage"]["prompt_tokens"] == len(llm.tokenize(b"[user] import os\n[assistant] ", add_bos=False))
+    with pytest.raises(ValueError, match="chat template: line 2"):
+        SpeculativeLlama("/nonexistent.gguf", "/nonexistent.gguf", chat_template="ok\n{% for m in %}")
+
+
 def test_chat_completion_uses_chatml_without_a_template(spec: SpeculativeLlama) -> None:
     assert not spec._spec.chat_template  # the tinycode GGUF has none
     msgs = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "import os\n"}]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -61,3 +62,20 @@ def test_a_message_that_does_not_fit_is_refused_and_the_chat_goes_on(llm: Specul
     assert out.stdout == reply(llm, [{"role": "user", "content": "def main"}]) + "\n"
     single = run_chat("", "-p", "word " * 400, "-st", ctx=256)
     assert single.returncode == 2 and single.stdout == "", single.stderr
+
+
+def test_a_chat_template_file(tmp_path: Path) -> None:
+    """--chat-template-file: the conversation in that template (the reply the API gives with it); a file
+    that cannot be read or compiled is a one-line error naming it."""
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] "
+    f = tmp_path / "tagged.jinja"
+    f.write_text(template)
+    out = run_chat("import os\n", "--chat-template-file", str(f))
+    assert out.returncode == 0, out.stderr
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, chat_template=template) as tagged:
+        assert out.stdout == reply(tagged, [{"role": "user", "content": "import os"}]) + "\n"
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% if %}")
+    for bad, why in ((tmp_path / "missing.jinja", f"{tmp_path / 'missing.jinja'}: cannot read"), (broken, "line 1")):
+        r = run_chat("x\n", "--chat-template-file", str(bad))
+        assert r.returncode == 2 and r.stderr.startswith("dflash: error:") and why in r.stderr, r.stderr

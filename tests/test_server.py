@@ -318,6 +318,8 @@ def test_an_api_key_guards_every_route_but_health(llm: SpeculativeLlama) -> None
 def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
     vocab = tmp_path / "vocab.json"  # drafts from the first 1024 ids, in every slot
     vocab.write_text(json.dumps({"format": "dflash-draft-vocab", "n_vocab": 2048, "tokens": list(range(1024))}))
+    template = tmp_path / "tagged.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] ")
     args = [
         sys.executable,
         "-m",
@@ -339,6 +341,8 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         "2",
         "--draft-vocab",
         str(vocab),
+        "--chat-template-file",
+        str(template),
         "--port",
     ]
     # SIGINT at its default: a suite started in the background (CI) passes it on ignored
@@ -352,6 +356,10 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         port = int(found.group(1))
         status, models = request(port, "GET", "/v1/models")
         assert status == 200 and models["data"][0]["id"] == "tiny-cli"
+        # chats in the given template
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        assert request(port, "POST", "/apply-template", chat)[1]["prompt"] == "[user] hi\n[assistant] "
+        assert request(port, "GET", "/props")[1]["chat_template"] == template.read_text()
 
         # with --cache-ram a conversation that comes back starts from its saved context: same answer
         def ask(prompt: str) -> str:

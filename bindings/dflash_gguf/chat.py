@@ -92,7 +92,7 @@ class ChatMixin:
         prompt, template_stops = self._format_chat(
             messages, template_arguments(tools, tool_choice, functions, function_call, chat_template_kwargs)
         )
-        syntax = reply_syntax(self._spec.chat_template, prompt, reasoning_format, may_call)
+        syntax = reply_syntax(self.chat_template, prompt, reasoning_format, may_call)
         lazy = tool_call_grammar(named, syntax, parallel_tool_calls) if may_call else None
         grammars = {
             "grammar": grammar,
@@ -198,7 +198,7 @@ class ChatMixin:
 
         if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
             raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
-        template = self._spec.chat_template
+        template = self.chat_template
         messages = [replayed_call(as_template_message(m), "arguments|items" in (template or "")) for m in messages]
         try:
             if template:

@@ -26,6 +26,16 @@ def takes_system(template: str) -> bool:
         return False
 
 
+def check_template(template: str) -> None:
+    """A ValueError naming what is wrong where `template` is no Jinja template."""
+    import jinja2
+
+    try:
+        formatter(template, "", "")
+    except jinja2.TemplateError as e:
+        raise ValueError(f"chat template: line {getattr(e, 'lineno', '?')}: {e}") from e
+
+
 def without_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages for a template that takes no system message, as llama-server hands them to it: the
     system text joins the next message's, or goes where none follows."""

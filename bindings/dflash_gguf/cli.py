@@ -83,6 +83,13 @@ _DRAFT_VOCAB_OPTION = click.option(
     "the drafter's LM head then costs that share of the vocabulary. The output is unchanged.",
 )
 
+# for the commands that chat (chat, serve)
+_CHAT_TEMPLATE_OPTION = click.option(
+    "--chat-template-file",
+    type=click.Path(dir_okay=False),
+    help="Chat in this Jinja template instead of the target GGUF's (llama-server's --chat-template-file).",
+)
+
 # the options that open a target + drafter pair (generate, serve)
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
@@ -258,9 +265,13 @@ def _open_model(
     n_cpu_moe: int = 0,
     draft_vocab: str | None = None,
     swa_full: bool = False,
+    chat_template_file: str | None = None,
     **kw: Any,
 ) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
+
+    if chat_template_file is not None:
+        kw["chat_template"] = _read_text(chat_template_file, "the chat template")
 
     return SpeculativeLlama(
         target,
@@ -367,6 +378,7 @@ def generate(
 @main.command()
 @_model_options
 @_sampling_options
+@_CHAT_TEMPLATE_OPTION
 @click.option("--system-prompt", "-sys", help="The conversation's system message.")
 @click.option("--prompt", "-p", help="The first message; the conversation goes on from the standard input.")
 @click.option(
@@ -411,6 +423,7 @@ def chat(
 
 @main.command()
 @_model_options
+@_CHAT_TEMPLATE_OPTION
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, help="Port (0 = any free one; the address is printed).")
 @click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ._core import DFlashError, Speculator
 from .chat import ChatMixin
+from .chat_template import check_template
 from .completion import CompletionMixin
 from .draft_vocab import check_made_for, draft_vocab_ids, target_vocab_size
 from .generation import GenerationMixin
@@ -140,6 +141,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         last_n_tokens_size: int = 64,
         verbose: bool = False,
         sampler: str = "gumbel",
+        chat_template: str | None = None,
         _core: Speculator | None = None,
     ) -> None:
         # libllama logs through llama-cpp-python's logger; like llama_cpp.Llama, quiet unless verbose
@@ -147,6 +149,8 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
 
         _logger.set_verbose(verbose)
         Sampling(penalty_last_n=last_n_tokens_size)  # raises for a bad window before anything loads
+        if chat_template is not None:
+            check_template(chat_template)  # ... as does a template that does not compile
         if _core is None:
             for what, path in (("target", target), ("draft", draft)):
                 if not isinstance(path, str) or not path:
@@ -173,6 +177,8 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                 target,
             )
         self._spec = _core
+        # the chats' Jinja template: the given one (llama-server's --chat-template-file), else the target's
+        self.chat_template: str | None = self._spec.chat_template if chat_template is None else chat_template
         self.sampler = sampler
         self._fingerprint: str | None = None
         self._metadata: dict[str, str] | None = None
@@ -269,6 +275,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
             n_max=n_max,
             last_n_tokens_size=self.last_n_tokens_size,
             sampler=sampler,
+            chat_template=self.chat_template,
             _core=core,
         )
         obj.n_batch = self.n_batch

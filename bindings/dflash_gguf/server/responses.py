@@ -112,7 +112,7 @@ def props_response(
         "endpoint_slots": slots_route,
         "endpoint_props": False,
         "endpoint_metrics": metrics,
-        "chat_template": llm._spec.chat_template or CHATML_TEMPLATE,
+        "chat_template": llm.chat_template or CHATML_TEMPLATE,
         "bos_token": piece(llm.token_bos()),
         "eos_token": piece(llm.token_eos()),
         "build_info": f"dflash-gguf {__version__}, llama-cpp-python {llama_cpp_version}",
