@@ -475,6 +475,20 @@ def test_server_requests_tell_the_template_what_llama_server_tells_it() -> None:
     assert request_kwargs("/v1/chat/completions", {**chat, "chat_template_kwargs": {"enable_thinking": False, "x": 1}})[
         "chat_template_kwargs"
     ] == {"enable_thinking": False, "x": 1}
+    # the server's kwargs (--chat-template-kwargs) under the request's, reasoning_effort "none" over both
+    server = {"enable_thinking": False, "x": 1, "y": 2}
+    for body, want in (
+        (chat, {"enable_thinking": False, "x": 1, "y": 2}),
+        (
+            {**chat, "chat_template_kwargs": {"enable_thinking": True, "x": 3}},
+            {"enable_thinking": True, "x": 3, "y": 2},
+        ),
+        (
+            {**chat, "chat_template_kwargs": {"enable_thinking": True}, "reasoning_effort": "none"},
+            {**server, "enable_thinking": False},
+        ),
+    ):
+        assert request_kwargs("/v1/chat/completions", body, "deepseek", server)["chat_template_kwargs"] == want, body
     tools = request_kwargs(
         "/v1/chat/completions", {**chat, "tools": [{"type": "function", "function": {"parameters": {}, "name": "f"}}]}
     )["tools"]

@@ -319,7 +319,7 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
     vocab = tmp_path / "vocab.json"  # drafts from the first 1024 ids, in every slot
     vocab.write_text(json.dumps({"format": "dflash-draft-vocab", "n_vocab": 2048, "tokens": list(range(1024))}))
     template = tmp_path / "tagged.jinja"
-    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant] ")
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant{{ mark }}] ")
     args = [
         sys.executable,
         "-m",
@@ -343,6 +343,8 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         str(vocab),
         "--chat-template-file",
         str(template),
+        "--chat-template-kwargs",
+        '{"mark": "!"}',
         "--port",
     ]
     # SIGINT at its default: a suite started in the background (CI) passes it on ignored
@@ -356,9 +358,11 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         port = int(found.group(1))
         status, models = request(port, "GET", "/v1/models")
         assert status == 200 and models["data"][0]["id"] == "tiny-cli"
-        # chats in the given template
+        # chats in the given template, with the given kwargs under a request's own
         chat = {"messages": [{"role": "user", "content": "hi"}]}
-        assert request(port, "POST", "/apply-template", chat)[1]["prompt"] == "[user] hi\n[assistant] "
+        assert request(port, "POST", "/apply-template", chat)[1]["prompt"] == "[user] hi\n[assistant!] "
+        mine = {**chat, "chat_template_kwargs": {"mark": "?"}}
+        assert request(port, "POST", "/apply-template", mine)[1]["prompt"] == "[user] hi\n[assistant?] "
         assert request(port, "GET", "/props")[1]["chat_template"] == template.read_text()
 
         # with --cache-ram a conversation that comes back starts from its saved context: same answer

@@ -450,6 +450,11 @@ def chat(
     "<think> text in message.reasoning_content; none = left in the content.",
 )
 @click.option(
+    "--chat-template-kwargs",
+    help="A JSON object every chat's template gets, under a request's own (llama-server's; e.g. "
+    "'{\"enable_thinking\": false}').",
+)
+@click.option(
     "-np",
     "--parallel",
     type=click.IntRange(min=1),
@@ -478,6 +483,7 @@ def serve(
     api_key: str | None,
     cache_ram: int,
     reasoning_format: str,
+    chat_template_kwargs: str | None,
     parallel: int,
     metrics: bool,
     slots: bool,
@@ -487,6 +493,14 @@ def serve(
     /v1/models; Anthropic's /v1/messages; llama-server's native routes."""
     from .server import make_server
 
+    template_kwargs = None
+    if chat_template_kwargs is not None:
+        try:
+            template_kwargs = json.loads(chat_template_kwargs)
+        except json.JSONDecodeError as e:
+            _fail(ValueError(f"--chat-template-kwargs: not JSON: {e}"))
+        if not isinstance(template_kwargs, dict):
+            _fail(ValueError(f"--chat-template-kwargs must be a JSON object, got {chat_template_kwargs}"))
     try:
         llm = _open_model(**model)
         if cache_ram:
@@ -494,7 +508,9 @@ def serve(
 
             llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
         name = alias or Path(model["target"]).stem
-        server = make_server(llm, host, port, name, api_key, reasoning_format, parallel, metrics, slots)
+        server = make_server(
+            llm, host, port, name, api_key, reasoning_format, parallel, metrics, slots, template_kwargs
+        )
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)
     h, p = server.server_address[:2]

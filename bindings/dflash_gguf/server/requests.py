@@ -56,9 +56,12 @@ class BadRequest(ValueError):
     pass
 
 
-def request_kwargs(path: str, body: Any, reasoning_format: str = "deepseek") -> dict[str, Any]:
+def request_kwargs(
+    path: str, body: Any, reasoning_format: str = "deepseek", template_kwargs: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The create_* keyword arguments of a request body; BadRequest names what is wrong. A chat's
-    reasoning_format is the server's unless the request names one (llama-server's rule)."""
+    reasoning_format is the server's unless the request names one, its chat_template_kwargs the server's
+    `template_kwargs` with the request's over them (llama-server's rules)."""
     _, required, fields = FIELDS[path]
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -77,8 +80,9 @@ def request_kwargs(path: str, body: Any, reasoning_format: str = "deepseek") -> 
         kwargs = kw.get("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be a JSON object")
-        thinking = body.get("reasoning_effort") != "none"  # OpenAI's "no thinking"
-        kw["chat_template_kwargs"] = {"enable_thinking": thinking, **kwargs}
+        kwargs = kw["chat_template_kwargs"] = {"enable_thinking": True, **(template_kwargs or {}), **kwargs}
+        if body.get("reasoning_effort") == "none":  # OpenAI's "no thinking", over the rest
+            kwargs["enable_thinking"] = False
         if isinstance(kw.get("tools"), list):  # the template sees each tool as llama-server rebuilds it
             kw["tools"] = [template_tool(t) for t in kw["tools"]]
     bias = kw.get("logit_bias")

@@ -186,7 +186,12 @@ class Handler(JSONEventHandler):
                 body = dialect.chat_body(body)
             elif count:
                 body = anthropic_messages.chat_body(body, need_max_tokens=False)
-            kw = request_kwargs(route, body, self.server.reasoning_format) if route in FIELDS else {}
+            server = self.server
+            kw = (
+                request_kwargs(route, body, server.reasoning_format, server.chat_template_kwargs)
+                if route in FIELDS
+                else {}
+            )
             # no generation: no slot to wait for
             if tokens is not None:
                 self._send_json(HTTPStatus.OK, tokens(llm, body))

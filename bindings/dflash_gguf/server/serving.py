@@ -33,6 +33,7 @@ class DFlashServer(ThreadingHTTPServer):
         parallel: int = 1,
         metrics: bool = False,
         slots_route: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
@@ -40,6 +41,7 @@ class DFlashServer(ThreadingHTTPServer):
         self.model_name = model_name
         self.api_key = api_key
         self.reasoning_format = reasoning_format
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})  # under each request's
         self.created = int(time.time())
         self.slots = [llm]
         self._callers_hook = llm.on_generation  # server_close gives it back, from a failed bind too
@@ -152,6 +154,7 @@ def make_server(
     parallel: int = 1,
     metrics: bool = False,
     slots: bool = True,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
@@ -160,8 +163,11 @@ def make_server(
     each in a slot of its own: a decoder on llm's weights (`share_weights`) with its own context; llm's
     cache, if set, is shared by them all. `metrics`: serve GET /metrics (llama-server's --metrics), the
     generations' counters in Prometheus' text format. `slots`: serve GET /slots (llama-server's default; its
-    --no-slots turns it off)."""
-    return DFlashServer((host, port), llm, model_name, api_key, reasoning_format, parallel, metrics, slots)
+    --no-slots turns it off). `chat_template_kwargs`: every chat's, under a request's own (llama-server's
+    --chat-template-kwargs)."""
+    return DFlashServer(
+        (host, port), llm, model_name, api_key, reasoning_format, parallel, metrics, slots, chat_template_kwargs
+    )
 
 
 @contextlib.contextmanager
@@ -175,10 +181,13 @@ def serving(
     parallel: int = 1,
     metrics: bool = False,
     slots: bool = True,
+    chat_template_kwargs: dict[str, Any] | None = None,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
-    server = make_server(llm, host, port, model_name, api_key, reasoning_format, parallel, metrics, slots)
+    server = make_server(
+        llm, host, port, model_name, api_key, reasoning_format, parallel, metrics, slots, chat_template_kwargs
+    )
     with running(server) as bound:
         yield bound
 
