@@ -345,6 +345,10 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         str(template),
         "--chat-template-kwargs",
         '{"mark": "!"}',
+        "--temp",
+        "0",
+        "-n",
+        "6",
         "--port",
     ]
     # SIGINT at its default: a suite started in the background (CI) passes it on ignored
@@ -363,6 +367,18 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         assert request(port, "POST", "/apply-template", chat)[1]["prompt"] == "[user] hi\n[assistant!] "
         mine = {**chat, "chat_template_kwargs": {"mark": "?"}}
         assert request(port, "POST", "/apply-template", mine)[1]["prompt"] == "[user] hi\n[assistant?] "
+        # --temp 0 -n 6: what a request does not say (greedy: the same text twice; 6 tokens), its own over them
+        text = prompts()[1]["text"]
+        bare = [request(port, "POST", "/v1/completions", {"prompt": text})[1] for _ in range(2)]
+        assert (
+            bare[0]["choices"][0]["text"] == bare[1]["choices"][0]["text"]
+            and bare[0]["usage"]["completion_tokens"] == 6
+        )
+        assert (
+            request(port, "POST", "/v1/completions", {"prompt": text, "max_tokens": 3})[1]["usage"]["completion_tokens"]
+            == 3
+        )
+        assert request(port, "POST", "/completion", {"prompt": text})[1]["tokens_predicted"] == 6
         assert request(port, "GET", "/props")[1]["chat_template"] == template.read_text()
 
         # with --cache-ram a conversation that comes back starts from its saved context: same answer

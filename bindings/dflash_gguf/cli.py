@@ -181,70 +181,60 @@ def _model_from_options(options: dict[str, Any]) -> SpeculativeLlama:
     return _open_model(**{k: v for k, v in options.items() if k in names}, last_n_tokens_size=options["repeat_last_n"])
 
 
-_SAMPLING_OPTIONS = [
-    click.option("--temp", default=0.0, show_default=True, help="Temperature (0 = greedy, lossless)."),
-    click.option("--top-k", default=0, show_default=True, help="Top-k (0 = off)."),
-    click.option("--top-p", default=1.0, show_default=True, help="Top-p (1 = off)."),
-    click.option("--min-p", default=0.0, show_default=True, help="Min-p (0 = off)."),
-    click.option(
-        "--typical", "typical_p", default=1.0, show_default=True, help="Locally typical sampling, p (1 = off)."
-    ),
-    click.option(
-        "--mirostat",
+# the sampling options (generate, chat; serve: as defaults for requests), with the create_* argument each sets
+_SAMPLING_SPECS: list[tuple[tuple[str, ...], dict[str, Any], str]] = [
+    (("--temp",), dict(default=0.0, help="Temperature (0 = greedy, lossless)."), "temperature"),
+    (("--top-k",), dict(default=0, help="Top-k (0 = off)."), "top_k"),
+    (("--top-p",), dict(default=1.0, help="Top-p (1 = off)."), "top_p"),
+    (("--min-p",), dict(default=0.0, help="Min-p (0 = off)."), "min_p"),
+    (("--typical", "typical_p"), dict(default=1.0, help="Locally typical sampling, p (1 = off)."), "typical_p"),
+    (
+        ("--mirostat", "mirostat_mode"),
+        dict(
+            type=click.IntRange(0, 2),
+            default=0,
+            help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.",
+        ),
         "mirostat_mode",
-        type=click.IntRange(0, 2),
-        default=0,
-        show_default=True,
-        help="Mirostat sampling (1 = v1, 2 = v2; 0 = off), instead of top-k .. min-p.",
     ),
-    click.option("--mirostat-lr", "mirostat_eta", default=0.1, show_default=True, help="Mirostat learning rate, eta."),
-    click.option(
-        "--mirostat-ent", "mirostat_tau", default=5.0, show_default=True, help="Mirostat target entropy, tau."
+    (("--mirostat-lr", "mirostat_eta"), dict(default=0.1, help="Mirostat learning rate, eta."), "mirostat_eta"),
+    (("--mirostat-ent", "mirostat_tau"), dict(default=5.0, help="Mirostat target entropy, tau."), "mirostat_tau"),
+    (
+        ("--repeat-penalty",),
+        dict(
+            default=1.0,
+            help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).",
+        ),
+        "repeat_penalty",
     ),
-    click.option(
-        "--repeat-penalty",
-        default=1.0,
-        show_default=True,
-        help="Penalize tokens among the last --repeat-last-n generated (1 = off; applies when greedy too).",
-    ),
+    (("--presence-penalty",), dict(default=0.0, help="Presence penalty (0 = off)."), "presence_penalty"),
+    (("--frequency-penalty",), dict(default=0.0, help="Frequency penalty (0 = off)."), "frequency_penalty"),
+    (("--seed",), dict(default=-1, help="RNG seed (-1 = random)."), "seed"),
+]
+# the option's parameter name -> the create_* argument
+_SAMPLING_ARGS = {(a[1] if len(a) > 1 else a[0][2:].replace("-", "_")): arg for a, _, arg in _SAMPLING_SPECS}
+_SAMPLING_OPTIONS = [
+    *(click.option(*a, **{"type": type(k["default"]), "show_default": True, **k}) for a, k, _ in _SAMPLING_SPECS),
     click.option("--repeat-last-n", default=64, show_default=True, help="Generated tokens the penalties look at."),
-    click.option("--presence-penalty", default=0.0, show_default=True, help="Presence penalty (0 = off)."),
-    click.option("--frequency-penalty", default=0.0, show_default=True, help="Frequency penalty (0 = off)."),
-    click.option("--seed", default=-1, show_default=True, help="RNG seed (-1 = random)."),
 ]
 _sampling_options = _options(_SAMPLING_OPTIONS)
+# serve's: defaults for the requests that give none (the create_* defaults where not given)
+_server_sampling_options = _options(
+    [
+        click.option(
+            *a, **{"type": type(k["default"]), **k, "default": None, "help": k["help"] + " Requests' default."}
+        )
+        for a, k, _ in _SAMPLING_SPECS
+    ]
+)
 
 
-def _sampling(
-    temp: float,
-    top_k: int,
-    top_p: float,
-    min_p: float,
-    typical_p: float,
-    mirostat_mode: int,
-    mirostat_eta: float,
-    mirostat_tau: float,
-    repeat_penalty: float,
-    presence_penalty: float,
-    frequency_penalty: float,
-    seed: int,
-    **_: Any,
-) -> dict[str, Any]:
-    """The create_completion / create_chat_completion arguments of the _SAMPLING_OPTIONS."""
-    return dict(
-        temperature=temp,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        typical_p=typical_p,
-        mirostat_mode=mirostat_mode,
-        mirostat_eta=mirostat_eta,
-        mirostat_tau=mirostat_tau,
-        repeat_penalty=repeat_penalty,
-        presence_penalty=presence_penalty,
-        frequency_penalty=frequency_penalty,
-        seed=None if seed < 0 else seed,
-    )
+def _sampling(**options: Any) -> dict[str, Any]:
+    """The create_completion / create_chat_completion arguments of the sampling options given (not None)."""
+    kw = {_SAMPLING_ARGS[k]: v for k, v in options.items() if k in _SAMPLING_ARGS and v is not None}
+    if kw.get("seed", 0) < 0:
+        kw["seed"] = None
+    return kw
 
 
 def _open_model(
@@ -424,6 +414,10 @@ def chat(
 @main.command()
 @_model_options
 @_CHAT_TEMPLATE_OPTION
+@_server_sampling_options
+@click.option(
+    "-n", "--n-predict", type=int, help="Tokens per answer at most, requests' default (-1 = to the end of the text)."
+)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8080, show_default=True, help="Port (0 = any free one; the address is printed).")
 @click.option("--alias", help="Model name in responses and /v1/models [default: the target file's name].")
@@ -487,12 +481,17 @@ def serve(
     parallel: int,
     metrics: bool,
     slots: bool,
+    n_predict: int | None,
     **model: Any,
 ) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/responses (streaming too),
     /v1/models; Anthropic's /v1/messages; llama-server's native routes."""
     from .server import make_server
 
+    defaults = _sampling(**model)  # the sampling options given: every request's unless it names its own
+    if n_predict is not None:
+        defaults["max_tokens"] = None if n_predict < 0 else n_predict
+    model = {k: v for k, v in model.items() if k not in _SAMPLING_ARGS}
     template_kwargs = None
     if chat_template_kwargs is not None:
         try:
@@ -509,7 +508,7 @@ def serve(
             llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
         name = alias or Path(model["target"]).stem
         server = make_server(
-            llm, host, port, name, api_key, reasoning_format, parallel, metrics, slots, template_kwargs
+            llm, host, port, name, api_key, reasoning_format, parallel, metrics, slots, template_kwargs, defaults
         )
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)

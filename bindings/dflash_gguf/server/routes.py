@@ -205,6 +205,7 @@ class Handler(JSONEventHandler):
         except (ValueError, json.JSONDecodeError) as e:  # BadRequest is a ValueError
             self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
             return
+        kw = {**self.server.sampling, **kw}  # the server's sampling defaults under the request's
         with self.server.slot(self._prompt_tokens(llm, route, kw)) as (llm, release):
             if self.path in NATIVE:
                 self._native(llm, release, body, NATIVE[self.path])
@@ -283,6 +284,9 @@ class Handler(JSONEventHandler):
 
         def start() -> Any:
             tokens, kw = make_request(llm, body)
+            if "n_predict" not in body:  # the server's -n, else no limit
+                kw["max_tokens"] = self.server.sampling.get("max_tokens")
+            kw = {**self.server.sampling, **kw}
             prompt.append(llm.detokenize(tokens, special=True).decode("utf-8", "replace"))
             out = llm.create_completion(tokens, **kw, model=model_name)
             return native(out) if stream else out

@@ -34,6 +34,7 @@ class DFlashServer(ThreadingHTTPServer):
         metrics: bool = False,
         slots_route: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
+        sampling: dict[str, Any] | None = None,
     ) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
@@ -42,6 +43,7 @@ class DFlashServer(ThreadingHTTPServer):
         self.api_key = api_key
         self.reasoning_format = reasoning_format
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # under each request's
+        self.sampling = dict(sampling or {})  # create_* arguments under each request's
         self.created = int(time.time())
         self.slots = [llm]
         self._callers_hook = llm.on_generation  # server_close gives it back, from a failed bind too
@@ -155,6 +157,7 @@ def make_server(
     metrics: bool = False,
     slots: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
@@ -164,9 +167,19 @@ def make_server(
     cache, if set, is shared by them all. `metrics`: serve GET /metrics (llama-server's --metrics), the
     generations' counters in Prometheus' text format. `slots`: serve GET /slots (llama-server's default; its
     --no-slots turns it off). `chat_template_kwargs`: every chat's, under a request's own (llama-server's
-    --chat-template-kwargs)."""
+    --chat-template-kwargs). `sampling`: create_* arguments (temperature, top_k, ..., max_tokens) every
+    generation takes unless its request names them (llama-server's --temp, ..., -n)."""
     return DFlashServer(
-        (host, port), llm, model_name, api_key, reasoning_format, parallel, metrics, slots, chat_template_kwargs
+        (host, port),
+        llm,
+        model_name,
+        api_key,
+        reasoning_format,
+        parallel,
+        metrics,
+        slots,
+        chat_template_kwargs,
+        sampling,
     )
 
 
@@ -182,11 +195,12 @@ def serving(
     metrics: bool = False,
     slots: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
+    sampling: dict[str, Any] | None = None,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
     server = make_server(
-        llm, host, port, model_name, api_key, reasoning_format, parallel, metrics, slots, chat_template_kwargs
+        llm, host, port, model_name, api_key, reasoning_format, parallel, metrics, slots, chat_template_kwargs, sampling
     )
     with running(server) as bound:
         yield bound
