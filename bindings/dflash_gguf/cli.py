@@ -90,7 +90,7 @@ _CHAT_TEMPLATE_OPTION = click.option(
     help="Chat in this Jinja template instead of the target GGUF's (llama-server's --chat-template-file).",
 )
 
-# the options that open a target + drafter pair (generate, serve)
+# the options that open a target + drafter pair (generate, chat, serve)
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
     click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF."),
