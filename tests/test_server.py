@@ -379,6 +379,8 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
             == 3
         )
         assert request(port, "POST", "/completion", {"prompt": text})[1]["tokens_predicted"] == 6
+        params = request(port, "GET", "/props")[1]["default_generation_settings"]["params"]
+        assert (params["temperature"], params["n_predict"], params["top_k"]) == (0.0, 6, 40)  # top_k: not given
         assert request(port, "GET", "/props")[1]["chat_template"] == template.read_text()
 
         # with --cache-ram a conversation that comes back starts from its saved context: same answer

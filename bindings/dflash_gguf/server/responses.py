@@ -74,25 +74,36 @@ CHATML_TEMPLATE = (
 
 
 def props_response(
-    llm: SpeculativeLlama, model_name: str, slots: int, reasoning_format: str, metrics: bool, slots_route: bool
+    llm: SpeculativeLlama,
+    model_name: str,
+    slots: int,
+    reasoning_format: str,
+    metrics: bool,
+    slots_route: bool,
+    sampling: dict[str, Any],
 ) -> dict[str, Any]:
     """llama-server's GET /props, the fields that describe this server: a slot's context size and the native
-    routes' sampling defaults (create_completion's, under llama-server's names), the slots, the model, its
-    chat template and BOS / EOS text. Clients read n_ctx and the template from it."""
+    routes' sampling defaults (the server's `sampling`, else create_completion's, under llama-server's
+    names), the slots, the model, its chat template and BOS / EOS text. Clients read n_ctx and the template
+    from it."""
     from llama_cpp import __version__ as llama_cpp_version
 
     from .. import __version__
 
     defaults = {k: v.default for k, v in inspect.signature(llm.create_completion).parameters.items()}
+    defaults.update(sampling)
+    limit = sampling.get("max_tokens")  # the native routes' default: the server's -n, else no limit
+    limit = -1 if limit is None else limit
     params = {
-        "seed": 4294967295,  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
+        # llama.cpp's LLAMA_DEFAULT_SEED: a random seed per request
+        "seed": 4294967295 if defaults["seed"] is None else defaults["seed"],
         **{k: defaults[k] for k in ("temperature", "top_k", "top_p", "min_p", "typical_p")},
         "repeat_last_n": llm.last_n_tokens_size,
         **{k: defaults[k] for k in ("repeat_penalty", "presence_penalty", "frequency_penalty")},
         "mirostat": defaults["mirostat_mode"],
         **{k: defaults[k] for k in ("mirostat_tau", "mirostat_eta")},
-        "max_tokens": -1,
-        "n_predict": -1,
+        "max_tokens": limit,
+        "n_predict": limit,
         "ignore_eos": False,
         "stream": False,
         "n_probs": 0,

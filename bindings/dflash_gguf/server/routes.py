@@ -113,6 +113,7 @@ class Handler(JSONEventHandler):
                 server.reasoning_format,
                 server.metrics_route,
                 server.slots_route,
+                server.sampling,
             )
             self._send_json(HTTPStatus.OK, props)
         elif self.path == "/metrics":
