@@ -143,14 +143,14 @@ def is_typed(properties: dict[str, Any], key: str) -> bool:
 
 class CallReader:
     """One call's deltas as its text comes, as llama-server streams them: the call named (with an id) once
-    its name is read, then its arguments piece by piece. `read` takes the call's text so far (from after
-    its opening tag) each time; once `started`, the text is that call whatever follows, and `call` holds it
-    whole so far."""
+    its name is read, then its arguments piece by piece. `read` takes the text so far each time, the call's
+    own from `at` on (after its opening tag); once `started`, the text is that call whatever follows, and
+    `call` holds it whole so far. Each read scans only what came since the last."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, at: int = 0) -> None:
         self.index = index
         self.call: dict[str, Any] | None = None
-        self.at = 0  # how much of the text is read
+        self.at = at  # how much of the text is read
         self.done = False  # its arguments are whole: what follows in the block is not read
 
     @property
@@ -190,15 +190,15 @@ class JsonCallReader(CallReader):
     """A call written as {"name": ..., ARGS_KEY: {...}}: streamed from its arguments' opening brace to their
     closing one (as written); `tools`: the names it may call (None: any)."""
 
-    def __init__(self, index: int, args_keys: tuple[str, ...], tools: dict[str, Any] | None) -> None:
-        super().__init__(index)
+    def __init__(self, index: int, args_keys: tuple[str, ...], tools: dict[str, Any] | None, at: int = 0) -> None:
+        super().__init__(index, at)
         self.args_keys, self.tools = args_keys, tools
         self.depth, self.in_string, self.escaped = 0, False, False
 
     def read(self, text: str, final: bool) -> list[dict[str, Any]]:
         named = False
         if self.call is None:
-            m = _JSON_HEAD.match(text)
+            m = _JSON_HEAD.match(text, self.at)
             if m is None or m.group(2) not in self.args_keys:
                 return []
             name = json.loads(m.group(1))
@@ -238,8 +238,8 @@ class XmlCallReader(CallReader):
     """A call in Qwen3-Coder's XML, <function=NAME> then <parameter=P>\\nVALUE\\n</parameter> each: its
     arguments as compact JSON (tagged_arguments), a string value streamed as it comes, a typed one whole."""
 
-    def __init__(self, index: int, tools: dict[str, Any]) -> None:
-        super().__init__(index)
+    def __init__(self, index: int, tools: dict[str, Any], at: int = 0) -> None:
+        super().__init__(index, at)
         self.tools = tools
         self.properties: dict[str, Any] = {}  # the called tool's parameters
         self.key: str | None = None  # the parameter whose value is being read
@@ -249,7 +249,7 @@ class XmlCallReader(CallReader):
     def read(self, text: str, final: bool) -> list[dict[str, Any]]:
         out, named = "", False
         if self.call is None:
-            m = _FUNCTION_OPEN.match(text)
+            m = _FUNCTION_OPEN.match(text, self.at)
             if m is None:
                 return []
             name = m.group(1).strip()
@@ -273,10 +273,10 @@ class XmlCallReader(CallReader):
                 if self.typed or final:
                     return None
                 safe = len(text) - partial_tag(text, PARAMETER_CLOSE)
-                safe = max(self.at, safe - text[:safe].endswith("\n"))
+                safe = max(self.at, safe - text.endswith("\n", 0, safe))
                 piece, self.at = text[self.at : safe], safe
                 return _escaped(piece) or None
-            value = text[self.at : end - text[:end].endswith("\n")]
+            value = text[self.at : end - text.endswith("\n", 0, end)]
             self.at, self.key = end + len(PARAMETER_CLOSE), None
             return json_value(value, True) if self.typed else _escaped(value) + '"'
         rest = text[self.at :].lstrip()

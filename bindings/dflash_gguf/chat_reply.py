@@ -178,6 +178,7 @@ class ReplyParser(DeltaParser):
         self.gap = ""  # the whitespace before a tool call's block, the reply's again if it is no call
         self.reader: CallReader | None = None  # the call being read
         self.opener = ""  # the tag that opened it
+        self.searched = 0  # where the call's block may still hold its closing tag
 
     def _step(self, final: bool) -> list[dict[str, Any]]:
         if self.skip is not None:
@@ -234,14 +235,16 @@ class ReplyParser(DeltaParser):
     def _block(self, text: str, final: bool) -> list[dict[str, Any]]:
         """A <tool_call> block (or a bare <function=...> one, up to its </tool_call>): its call streamed as
         it is read, or read whole once the block has ended."""
-        end = text.find(CALL_CLOSE)
+        start = len(CALL_OPEN) if self.opener == CALL_OPEN else 0
+        end = text.find(CALL_CLOSE, max(start, self.searched))
         closed = end >= 0 or final
-        body = text[len(CALL_OPEN) if self.opener == CALL_OPEN else 0 : end if end >= 0 else len(text)]
-        out = self._read(body, closed)
+        out = self._read(text[:end] if end >= 0 else text, closed, start)
         if not closed:
+            self.searched = len(text) - len(CALL_CLOSE) + 1
             return out
+        body = text[start : end if end >= 0 else len(text)]
         whole = len(text) if end < 0 else end + len(CALL_CLOSE)
-        started, self.reader, self.mode = self.reader.started, None, "content"
+        started, self.reader, self.mode, self.searched = self.reader.started, None, "content", 0
         call = None if started or self.syntax.tool_format != "hermes" else json_call(body, ("arguments", "parameters"))
         if not started and call is None:  # not a call after all: the text stays the reply's
             self.pending = text[whole:]
@@ -279,16 +282,17 @@ class ReplyParser(DeltaParser):
         self.calls += [tool_call(len(self.calls) + i, *call) for i, call in enumerate(calls)]
         return [{"tool_calls": self.calls[len(self.calls) - len(calls) :]}]
 
-    def _read(self, text: str, final: bool) -> list[dict[str, Any]]:
-        """The deltas of the call being read, `text` its text so far; a call named now is one of the reply's.
-        A Hermes call may name any tool (as before llama-server's grammar), a Llama 3.x one only the tools."""
+    def _read(self, text: str, final: bool, at: int = 0) -> list[dict[str, Any]]:
+        """The deltas of the call being read, `text` its text so far from `at` on; a call named now is one of
+        the reply's. A Hermes call may name any tool (as before llama-server's grammar), a Llama 3.x one only
+        the tools."""
         if self.reader is None:
             if self.syntax.tool_format == "qwen3-coder":
-                self.reader = XmlCallReader(len(self.calls), self.tools)
+                self.reader = XmlCallReader(len(self.calls), self.tools, at)
             elif self.syntax.tool_format == "llama3":
-                self.reader = JsonCallReader(len(self.calls), ("parameters",), self.tools)
+                self.reader = JsonCallReader(len(self.calls), ("parameters",), self.tools, at)
             else:
-                self.reader = JsonCallReader(len(self.calls), ("arguments", "parameters"), None)
+                self.reader = JsonCallReader(len(self.calls), ("arguments", "parameters"), None, at)
         out = self.reader.read(text, final)
         if self.reader.started and (not self.calls or self.calls[-1] is not self.reader.call):
             self.calls.append(self.reader.call)
