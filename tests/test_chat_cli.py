@@ -79,3 +79,27 @@ def test_a_chat_template_file(tmp_path: Path) -> None:
     for bad, why in ((tmp_path / "missing.jinja", f"{tmp_path / 'missing.jinja'}: cannot read"), (broken, "line 1")):
         r = run_chat("x\n", "--chat-template-file", str(bad))
         assert r.returncode == 2 and r.stderr.startswith("dflash: error:") and why in r.stderr, r.stderr
+
+
+def test_a_reasoning_budget(tmp_path: Path) -> None:
+    """--reasoning-budget / --reasoning-budget-message: the thinking the template opens ends where the API's
+    budget ends it (the reply as the API gives it, its thinking left in the text)."""
+    template = (
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}[assistant]\n<think>\n{% endif %}"
+    )
+    f = tmp_path / "thinking.jinja"
+    f.write_text(template)
+    budget = ("--reasoning-budget", "3", "--reasoning-budget-message", " ok")
+    out = run_chat("import os\n", "--chat-template-file", str(f), "--reasoning-format", "none", *budget)
+    assert out.returncode == 0, out.stderr
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, chat_template=template) as thinking:
+        message = thinking.create_chat_completion(
+            [{"role": "user", "content": "import os"}],
+            reasoning_format="none",
+            reasoning_budget_tokens=3,
+            reasoning_budget_message=" ok",
+            **GREEDY,
+        )["choices"][0]["message"]
+    assert " ok</think>" in message["content"]
+    assert out.stdout == message["content"] + "\n"

@@ -576,6 +576,55 @@ def test_chat_replies_are_llama_server_s(
     assert streams[0]["reasoning_content"] == mine.get("reasoning_content", "")
 
 
+# a request's budget over the server's (--reasoning-budget 6 --reasoning-budget-message " Enough."): llama-server's
+# field, its other name, -1 (the server's), a message of the request's or none
+BUDGET_REQUESTS = [
+    {},
+    {"reasoning_budget_tokens": 0},
+    {"thinking_budget_tokens": 3, "reasoning_budget_message": ""},
+    {"reasoning_budget_tokens": -1},
+    {"reasoning_budget_tokens": 12, "reasoning_budget_message": " Stop."},
+    {"reasoning_budget_tokens": 5, "tools": WEATHER_TOOLS},  # the tools' lazy grammar waits while it thinks
+]
+
+
+@pytest.mark.parametrize("template", ["deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Qwen3.5-4B"])
+def test_reasoning_budgets_are_llama_server_s(llama_server: Path, template: str, tmp_path: Path) -> None:
+    """A reasoning budget ends the thinking where llama-server's ends it (the template's <think> tags, its
+    opening of the reply counted as llama-server counts it; the server's budget and message unless a request
+    gives its own; Anthropic's thinking.budget_tokens): the same reasoning_content, content and token counts,
+    whole and streamed. The tinycode model never ends a thinking itself: each budget is what ends it."""
+    from tinycode import chat_target_gguf, drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = chat_target_gguf(template)
+    budget = {"reasoning_budget": 6, "reasoning_budget_message": " Enough."}
+    server_args = ["--reasoning-budget", "6", "--reasoning-budget-message", " Enough."]
+    chat = {"messages": [{"role": "user", "content": "def parse_args(argv):"}], "max_tokens": 40, "temperature": 0.0}
+    with (
+        running_server(llama_server, target, tmp_path / "budget.log", extra_args=server_args) as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours", **budget) as port,
+    ):
+        ours_base = f"http://127.0.0.1:{port}"
+        for extra in BUDGET_REQUESTS:
+            req = {**chat, **extra}
+            (_, ours), (_, theirs) = (http_json(b + "/v1/chat/completions", req) for b in (ours_base, base))
+            mine, upstream = ours["choices"][0]["message"], theirs["choices"][0]["message"]
+            for key in ("content", "reasoning_content"):
+                assert mine.get(key) == upstream.get(key), (extra, key, mine, upstream)
+            assert ours["usage"]["completion_tokens"] == theirs["usage"]["completion_tokens"], extra
+            assert mine["content"], (extra, mine)  # the budget ended the thinking: the answer follows
+            streams = [sse_deltas(b + "/v1/chat/completions", {**req, "stream": True}) for b in (ours_base, base)]
+            assert streams[0] == streams[1], extra
+        messages = {**chat, "thinking": {"type": "enabled", "budget_tokens": 4}}
+        answers = [http_json(b + "/v1/messages", messages)[1]["content"] for b in (ours_base, base)]
+        blocks = [[(b["type"], b.get("text", b.get("thinking"))) for b in a] for a in answers]
+        assert blocks[0] == blocks[1] and [kind for kind, _ in blocks[0]] == ["thinking", "text"], blocks
+
+
 def sse_deltas(url: str, payload: dict[str, Any]) -> dict[str, Any]:
     """The joined content and reasoning_content deltas of a streamed chat, and its tool calls' (name,
     arguments) each joined from its deltas."""

@@ -256,7 +256,10 @@ void register_speculator(py::module_ & m) {
                int32_t penalty_last_n, const std::map<int32_t, float> & logit_bias, int32_t logprobs,
                const std::string & grammar, const std::string & grammar_root, py::object logits_processor,
                bool keep_logits, bool prompt_logprobs, bool grammar_full_pass, float typical_p, int32_t mirostat_mode,
-               float mirostat_tau, float mirostat_eta, const std::vector<std::string> & grammar_triggers) {
+               float mirostat_tau, float mirostat_eta, const std::vector<std::string> & grammar_triggers,
+               int32_t reasoning_budget, const dflash::TokenSeq & reasoning_start,
+               const std::vector<dflash::TokenSeq> & reasoning_ends, const dflash::TokenSeq & reasoning_forced,
+               const dflash::TokenSeq & reasoning_prompt) {
                 Busy busy(p.mu, "this SpeculativeLlama");
                 dflash::SamplingParams sp;
                 sp.temperature = temperature;
@@ -280,6 +283,7 @@ void register_speculator(py::module_ & m) {
                 sp.keep_logits = keep_logits;
                 sp.prompt_logprobs = prompt_logprobs;
                 sp.grammar_full_pass = grammar_full_pass;
+                sp.reasoning = {reasoning_start, reasoning_ends, reasoning_forced, reasoning_budget, reasoning_prompt};
                 dflash::StepOutput first;
                 {
                     py::gil_scoped_release nogil;
@@ -296,7 +300,9 @@ void register_speculator(py::module_ & m) {
             py::arg("grammar_root") = "root", py::arg("logits_processor") = py::none(), py::arg("keep_logits") = false,
             py::arg("prompt_logprobs") = false, py::arg("grammar_full_pass") = false, py::arg("typical_p") = 1.0f,
             py::arg("mirostat_mode") = 0, py::arg("mirostat_tau") = 5.0f, py::arg("mirostat_eta") = 0.1f,
-            py::arg("grammar_triggers") = std::vector<std::string>{})
+            py::arg("grammar_triggers") = std::vector<std::string>{}, py::arg("reasoning_budget") = -1,
+            py::arg("reasoning_start") = dflash::TokenSeq{}, py::arg("reasoning_ends") = std::vector<dflash::TokenSeq>{},
+            py::arg("reasoning_forced") = dflash::TokenSeq{}, py::arg("reasoning_prompt") = dflash::TokenSeq{})
         .def_property_readonly("last_logprobs",
                                [](PySpeculator & p) {
                                    Busy busy(p.mu, "this SpeculativeLlama");

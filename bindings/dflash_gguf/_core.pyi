@@ -200,6 +200,11 @@ class Speculator:
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
         grammar_triggers: list[str] = ...,
+        reasoning_budget: int = -1,
+        reasoning_start: list[int] = ...,
+        reasoning_ends: list[list[int]] = ...,
+        reasoning_forced: list[int] = ...,
+        reasoning_prompt: list[int] = ...,
     ) -> int: ...
     @property
     def last_logprobs(self) -> list[tuple[float, list[tuple[int, float]]]]: ...

@@ -4,13 +4,14 @@ llama-server's and OpenAI's shapes."""
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from .call_grammars import tool_call_grammar
-from .chat_reply import reply_markers, reply_message, reply_parser, reply_syntax
+from .chat_reply import reply_markers, reply_message, reply_parser, reply_syntax, thinking_tags
 from .chat_template import formatter, takes_system, without_system
 from .generation import zero_is_no_limit
 from .llama_compat import (
@@ -21,6 +22,7 @@ from .llama_compat import (
     response_format_grammar,
     tool_functions,
 )
+from .sampling import ReasoningBudget
 
 
 class ChatMixin:
@@ -59,6 +61,8 @@ class ChatMixin:
         reasoning_format: str | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
         parallel_tool_calls: bool = True,
+        reasoning_budget_tokens: int | None = None,
+        reasoning_budget_message: str | None = None,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
         template-based chat handlers do. `grammar` and `logits_processor` as in create_completion.
@@ -81,6 +85,9 @@ class ChatMixin:
         llama_cpp.Llama): the reply as written, its tool calls aside (gpt-oss's and Muse Glimmer's replies
         are read as under "none").
         `chat_template_kwargs` reach the template (e.g. {"enable_thinking": False} for Qwen3).
+        `reasoning_budget_tokens=N` (llama-server's --reasoning-budget): once a reasoning model has thought N
+        tokens, the end of its thinking is written for it (`reasoning_budget_message`, then the closing tag)
+        and it goes on to the answer; 0 ends the thinking at once; None or -1: no budget.
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
         Sampling options as in create_completion."""
         n_logprobs = (top_logprobs or 0) if logprobs else None
@@ -89,9 +96,8 @@ class ChatMixin:
         call = forced_tool(named, tool_choice, function_call)
         may_call = call is None and bool(named) and "none" not in (tool_choice, function_call)
         model_name = model if model is not None else self.model_path
-        prompt, template_stops = self._format_chat(
-            messages, template_arguments(tools, tool_choice, functions, function_call, chat_template_kwargs)
-        )
+        template_args = template_arguments(tools, tool_choice, functions, function_call, chat_template_kwargs)
+        prompt, template_stops = self._format_chat(messages, template_args)
         syntax = reply_syntax(self.chat_template, prompt, reasoning_format, may_call)
         lazy = tool_call_grammar(named, syntax, parallel_tool_calls) if may_call else None
         grammars = {
@@ -107,7 +113,10 @@ class ChatMixin:
             grammars["tools"], triggers = lazy
             given = ["tools"]
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
-        sampling = self._sampling(max_tokens, grammars[given[0]] if given else None, locals(), triggers)
+        reasoning = self._reasoning_budget(
+            messages, template_args, prompt, reasoning_budget_tokens, reasoning_budget_message, bool(triggers)
+        )
+        sampling = self._sampling(max_tokens, grammars[given[0]] if given else None, locals(), triggers, reasoning)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
         markers = (self.tokenize(m.encode(), add_bos=False, special=True) for m in reply_markers(syntax))
         shown = frozenset(ids[0] for ids in markers if len(ids) == 1)  # the markers that are a token each
@@ -191,8 +200,46 @@ class ChatMixin:
         """The prompt text create_chat_completion makes of these messages (llama-server's /apply-template)."""
         return self._format_chat(messages, template_arguments(tools, None, None, None, chat_template_kwargs))[0]
 
+    def _reasoning_budget(
+        self,
+        messages: list[dict[str, Any]],
+        template_args: dict[str, Any],
+        prompt: str,
+        tokens: int | None,
+        message: str | None,
+        lazy_grammar: bool,
+    ) -> ReasoningBudget | None:
+        """llama-server's reasoning budget for a chat whose prompt is `prompt`: where the template thinks and
+        there is a budget, or a lazy grammar to hold back while the model thinks."""
+        budget = -1 if tokens is None else tokens
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
+            raise ValueError(f"reasoning_budget_tokens must be an int >= 0 (-1 or None: no budget), got {tokens!r}")
+        if message is not None and not isinstance(message, str):
+            raise ValueError(f"reasoning_budget_message must be text, got {message!r:.80}")
+        tags = thinking_tags(self.chat_template or "")
+        if tags is None or (budget < 0 and not lazy_grammar):
+            return None
+        # the template's opening of the reply (llama-server's generation prompt): what rendering the
+        # conversation without it leaves out
+        bare = self._format_chat(messages, template_args, add_generation_prompt=False)[0]
+        opening = prompt[len(os.path.commonprefix([prompt, bare])) :]
+
+        def ids(text: str) -> tuple[int, ...]:
+            return tuple(self.tokenize(text.encode(), add_bos=False, special=True)) if text else ()
+
+        opened = ids(opening)
+        # as llama-server: a space some tokenizers put before a first special token is not the opening's
+        if opened and opening[:1].strip() and self._spec.token_to_piece(opened[0], True)[:1].isspace():
+            opened = opened[1:]
+        start, ends = tags
+        closing = tuple(ids(end) for end in ends)
+        return ReasoningBudget(budget, ids(start), closing, ids(message or "") + closing[0], opened)
+
     def _format_chat(
-        self, messages: list[dict[str, Any]], template_args: dict[str, Any] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        template_args: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
     ) -> tuple[str, list[str]]:
         import jinja2
 
@@ -208,7 +255,9 @@ class ChatMixin:
                 )
                 if messages and messages[0].get("role") == "system" and not takes_system(template):
                     messages = without_system(messages)
-                resp = formatter(template, eos, bos)(messages=messages, **(template_args or {}))
+                resp = formatter(template, eos, bos)(
+                    messages=messages, add_generation_prompt=add_generation_prompt, **(template_args or {})
+                )
                 if bos and self._spec.add_bos and resp.prompt.startswith(bos):  # tokenizing adds it back
                     resp.prompt = resp.prompt[len(bos) :]
             else:

@@ -28,6 +28,7 @@ from .chat_messages import (
     CHANNEL,
     GLIMMER_MARKERS,
     HARMONY_MARKERS,
+    MESSAGE,
     DeltaParser,
     GlimmerParser,
     HarmonyParser,
@@ -102,12 +103,7 @@ def _reply_syntax(template: str, prompt: str, reasoning_format: str | None, tool
     tail = prompt.rstrip()
     block = prompt[prompt.rindex(THINK_OPEN) :] if can_think and tail.endswith((THINK_OPEN, THINK_CLOSE)) else ""
     thinking = reads_thinking and can_think and not tail.endswith(THINK_CLOSE)
-    # llama-server's test for the templates its Qwen3-Coder parser reads (the ones that put no newline
-    # between <tool_call> and <function= are not of them)
-    xml_family = (
-        all(tag in template for tag in (CALL_OPEN, "<function=", "<parameter="))
-        and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in template
-    )
+    xml_family = _xml_family(template)
     if reasoning_format == "none" and block:  # the prompt's think block, then the reply, as written
         return ReplySyntax(tool_format=tool_format, opened=block)
     after_open, after_close = _think_spacing(template) if thinking else ("", "")
@@ -115,6 +111,15 @@ def _reply_syntax(template: str, prompt: str, reasoning_format: str | None, tool
     opened = block[len(THINK_OPEN) :] if starts_thinking and not xml_family else ""
     lstrip = xml_family or (can_think and not block) or (tools and "tools" in template)
     return ReplySyntax(thinking, starts_thinking, tool_format, opened, xml_family, after_open, after_close, lstrip)
+
+
+def _xml_family(template: str) -> bool:
+    """llama-server's test for the templates its Qwen3-Coder parser reads (Qwen3-Coder, Qwen3.5 / 3.6; the
+    ones that put no newline between <tool_call> and <function= are not of them)."""
+    return (
+        all(tag in template for tag in (CALL_OPEN, "<function=", "<parameter="))
+        and "'<tool_call><function=' ~ tool_call.name ~ '>'" not in template
+    )
 
 
 def _call_format(template: str, tools: bool) -> str | None:
@@ -141,6 +146,18 @@ def _think_spacing(template: str) -> tuple[str, str]:
         return "", ""
     found = re.search(r"<think>(\s*)R\s*</think>(\s*)C", rendered)
     return (found.group(1), found.group(2)) if found else ("", "")
+
+
+def thinking_tags(template: str) -> tuple[str, tuple[str, ...]] | None:
+    """The tag a reply's thinking opens with under `template` and those that close it, the first of them the
+    one a reasoning budget writes, as llama-server's reads them (gpt-oss's analysis channel; <think>, which
+    in Qwen3-Coder's family a call ends too, and whose closing tag there starts on a line of its own); None
+    where the template does not think."""
+    if CHANNEL in template:
+        return CHANNEL + "analysis" + MESSAGE, ("<|end|>",)
+    if THINK_OPEN not in template:
+        return None
+    return THINK_OPEN, ("\n" + THINK_CLOSE, THINK_CLOSE, CALL_OPEN) if _xml_family(template) else (THINK_CLOSE,)
 
 
 def reply_parser(

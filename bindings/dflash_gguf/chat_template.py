@@ -50,7 +50,7 @@ class TemplateFormatter(llama_chat_format.Jinja2ChatFormatter):
     `tools` (and the rest) when there are none, where llama_cpp's passes None, which templates that test
     `tools is defined` and then walk them (Hermes 3's) cannot iterate."""
 
-    def __call__(self, *, messages: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def __call__(self, *, messages: Any, add_generation_prompt: bool = True, **kwargs: Any) -> Any:  # type: ignore[override]
         def raise_exception(message: str) -> None:
             raise ValueError(message)
 
@@ -59,7 +59,7 @@ class TemplateFormatter(llama_chat_format.Jinja2ChatFormatter):
             eos_token=self.eos_token,
             bos_token=self.bos_token,
             raise_exception=raise_exception,
-            add_generation_prompt=self.add_generation_prompt,
+            add_generation_prompt=add_generation_prompt,
             strftime_now=self.strftime_now,
             **kwargs,
         )

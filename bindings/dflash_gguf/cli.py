@@ -172,6 +172,20 @@ def _options(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 
 
 _model_options = _options(_MODEL_OPTIONS)
+# chat's and serve's (llama-server's and llama-cli's)
+_reasoning_budget_options = _options(
+    [
+        click.option(
+            "--reasoning-budget",
+            type=click.IntRange(min=-1),
+            default=-1,
+            show_default=True,
+            help="Tokens a reply may think before the end of its thinking is written for it (0 = no thinking, "
+            "-1 = no limit).",
+        ),
+        click.option("--reasoning-budget-message", help="Written before that end of the thinking."),
+    ]
+)
 
 
 def _model_from_options(options: dict[str, Any]) -> SpeculativeLlama:
@@ -385,6 +399,7 @@ def generate(
     help="deepseek: a reasoning model's thinking shown dimmed, kept out of the conversation; none: as text.",
 )
 @click.option("--no-thinking", is_flag=True, help="Ask the template not to think (enable_thinking false: Qwen3's).")
+@_reasoning_budget_options
 def chat(
     system_prompt: str | None,
     prompt: str | None,
@@ -392,6 +407,8 @@ def chat(
     n_predict: int,
     reasoning_format: str,
     no_thinking: bool,
+    reasoning_budget: int,
+    reasoning_budget_message: str | None,
     **options: Any,
 ) -> None:
     """Chat with the target in its chat template (llama-cli's conversation mode): a message per line read
@@ -406,6 +423,8 @@ def chat(
         max_tokens=None if n_predict < 0 else n_predict,
         reasoning_format=reasoning_format,
         chat_template_kwargs={"enable_thinking": False} if no_thinking else None,
+        reasoning_budget_tokens=reasoning_budget,
+        reasoning_budget_message=reasoning_budget_message,
         **_sampling(**options),
     )
     converse(llm, prompt, system_prompt, single_turn, reply_options)
@@ -448,6 +467,7 @@ def chat(
     help="A JSON object every chat's template gets, under a request's own (llama-server's; e.g. "
     "'{\"enable_thinking\": false}').",
 )
+@_reasoning_budget_options
 @click.option(
     "-np",
     "--parallel",
@@ -478,6 +498,8 @@ def serve(
     cache_ram: int,
     reasoning_format: str,
     chat_template_kwargs: str | None,
+    reasoning_budget: int,
+    reasoning_budget_message: str | None,
     parallel: int,
     metrics: bool,
     slots: bool,
@@ -508,7 +530,19 @@ def serve(
             llm.set_cache(LlamaRAMCache(capacity_bytes=cache_ram << 20))
         name = alias or Path(model["target"]).stem
         server = make_server(
-            llm, host, port, name, api_key, reasoning_format, parallel, metrics, slots, template_kwargs, defaults
+            llm,
+            host,
+            port,
+            name,
+            api_key,
+            reasoning_format,
+            parallel,
+            metrics,
+            slots,
+            template_kwargs,
+            defaults,
+            reasoning_budget,
+            reasoning_budget_message,
         )
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ._core import release_openmp_threads
-from .sampling import Sampling
+from .sampling import ReasoningBudget, Sampling
 from .stats import GenerationStats
 
 # llama_cpp.Llama's stopping_criteria: (input_ids, logits of the token about to be emitted) -> stop before it
@@ -21,7 +21,9 @@ StoppingCriteria = Callable[[Any, Any], bool]
 # Sampling's fields that a generation's caller gives by the same name (the rest: the object's window and
 # the grammar, which the caller gives in another form)
 CALLER_OPTIONS = tuple(
-    f.name for f in fields(Sampling) if f.name not in ("penalty_last_n", "grammar", "grammar_root", "grammar_triggers")
+    f.name
+    for f in fields(Sampling)
+    if f.name not in ("penalty_last_n", "grammar", "grammar_root", "grammar_triggers", "reasoning")
 )
 
 
@@ -56,12 +58,15 @@ class GenerationMixin:
         mirostat_tau: float = 5.0,
         mirostat_eta: float = 0.1,
         grammar_triggers: Sequence[str] = (),
+        reasoning: ReasoningBudget | None = None,
     ) -> Iterator[int]:
         """Token ids as the loop emits them; stops at an end-of-generation token or when
         stopping_criteria says so (then `self.finish_reason` is "stop"), at max_tokens or a full
         context ("length"). With `grammar_triggers` the grammar is lazy (llama-server's grammar_lazy):
-        it waits for one of these words in the output and constrains the text from that word on."""
-        sampling = self._sampling(max_tokens, grammar, locals(), grammar_triggers)
+        it waits for one of these words in the output and constrains the text from that word on.
+        `reasoning`: a reasoning budget in token ids (sampling.ReasoningBudget; create_chat_completion's
+        reasoning_budget_tokens makes one from the chat template's thinking tags)."""
+        sampling = self._sampling(max_tokens, grammar, locals(), grammar_triggers, reasoning)
         return self._generate(
             list(prompt_tokens),
             zero_is_no_limit(max_tokens),
@@ -72,7 +77,12 @@ class GenerationMixin:
         )
 
     def _sampling(
-        self, max_tokens: int | None, grammar: Any, options: dict[str, Any], grammar_triggers: Sequence[str] = ()
+        self,
+        max_tokens: int | None,
+        grammar: Any,
+        options: dict[str, Any],
+        grammar_triggers: Sequence[str] = (),
+        reasoning: ReasoningBudget | None = None,
     ) -> Sampling:
         """`options`: a generation's arguments (its locals()), of which those named as Sampling's fields
         are taken; `grammar` a llama_cpp.LlamaGrammar or GBNF text."""
@@ -87,6 +97,7 @@ class GenerationMixin:
             grammar=text,
             grammar_root=root,
             grammar_triggers=grammar_triggers,
+            reasoning=reasoning,
         )
 
     def _generate(

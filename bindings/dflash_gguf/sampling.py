@@ -9,6 +9,29 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class ReasoningBudget:
+    """llama-server's reasoning budget, in token ids: a thinking block (opened by `start`) may run `tokens`
+    tokens, then `forced` is written (a message, then a closing tag); any of `ends` closes it before. `prompt`:
+    the template's opening of the reply, read first (it may open the thinking). `tokens` -1: no budget, the
+    thinking only holds a lazy grammar back (a call written while thinking is none)."""
+
+    tokens: int
+    start: tuple[int, ...]
+    ends: tuple[tuple[int, ...], ...]
+    forced: tuple[int, ...]
+    prompt: tuple[int, ...] = ()
+
+    def start_kwargs(self) -> dict[str, Any]:
+        return {
+            "reasoning_budget": self.tokens,
+            "reasoning_start": list(self.start),
+            "reasoning_ends": [list(e) for e in self.ends],
+            "reasoning_forced": list(self.forced),
+            "reasoning_prompt": list(self.prompt),
+        }
+
+
+@dataclass(frozen=True)
 class Sampling:
     """How the next token is chosen, with llama_cpp.Llama's meanings: logit_bias is added to the raw logits,
     then llama.cpp's repeat / frequency / presence penalties over the last penalty_last_n generated tokens
@@ -37,6 +60,7 @@ class Sampling:
     # non-empty: the grammar waits for one of these words in the output, then constrains the rest from it
     # on (llama.cpp's lazy grammars: a tool call may start anywhere in a free reply)
     grammar_triggers: tuple[str, ...] = ()
+    reasoning: ReasoningBudget | None = None
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -86,6 +110,6 @@ class Sampling:
     def start_kwargs(self) -> dict[str, Any]:
         """The sampling keywords of _core.Speculator.start."""
         # not asdict: it deep-copies, and a stateful logits processor must be the caller's own object
-        kw = {f.name: getattr(self, f.name) for f in fields(self)}
+        kw = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "reasoning"}
         kw["logit_bias"] = self.logit_bias or {}
-        return kw
+        return kw | (self.reasoning.start_kwargs() if self.reasoning is not None else {})

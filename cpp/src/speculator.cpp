@@ -145,6 +145,23 @@ int32_t Speculator::start(const std::vector<int32_t> & prompt, const SamplingPar
                         "' (libllama logs where: verbose=True, or dflash generate --verbose)");
         }
     }
+    budget_.reset();
+    if (params.reasoning.enabled()) {
+        const ReasoningBudgetParams & r = params.reasoning;
+        std::vector<std::pair<const char *, const TokenSeq *>> seqs = {
+            {"opening tag", &r.start}, {"forced end", &r.forced}, {"generation prompt", &r.prompt}};
+        for (const TokenSeq & end : r.ends) seqs.push_back({"closing tag", &end});
+        for (const auto & [what, seq] : seqs) {
+            for (int32_t t : *seq) {
+                if (t < 0 || (uint32_t)t >= target_->n_vocab()) {
+                    throw Error("reasoning budget: token " + std::to_string(t) + " of its " + what +
+                                " is outside the vocabulary (" + std::to_string(target_->n_vocab()) + ")");
+                }
+            }
+        }
+        budget_.emplace(r, [this](int32_t t) { return ends_character(t); });
+        for (int32_t t : r.prompt) budget_->accept(t);
+    }
     params_ = params;
     // a fresh window per generation, as llama-cpp-python makes a fresh sampler per call
     generated_ = TokenWindow(params.penalizes() ? params.penalty_last_n : 0);
@@ -348,7 +365,7 @@ const float * Speculator::processed(const float * logits) {
 const float * Speculator::shaped(const float * logits, const TokenWindow & window) {
     const uint32_t V = target_->n_vocab();
     const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);
-    if (!grammar_) return lg;
+    if (!grammar_applies()) return lg;
     // with top-k, the distribution is that of the k most likely tokens the grammar allows (Mirostat cuts
     // instead of top-k)
     const uint32_t k = params_.mirostat == 0 ? (uint32_t)std::max(params_.top_k, 0) : 0;
@@ -404,8 +421,9 @@ const float * Speculator::grammar_masked(const float * lg) {
 int32_t Speculator::greedy_token(const float * logits, const TokenWindow & window, int32_t guess) {
     const uint32_t V = target_->n_vocab();
     const float * lg = shape_logits(processed(logits), V, params_, window, shaped_);
+    if (const int32_t forced = forced_token(); forced >= 0) return forced;
     const int32_t best = is_argmax(lg, V, guess) ? guess : argmax(lg, V);  // (false for guess -1)
-    if (!grammar_) return best;
+    if (!grammar_applies()) return best;
     llama_token_data one{best, lg[best], 0.0f};
     llama_token_data_array just_best{&one, 1, -1, false};
     llama_sampler_apply(grammar_.get(), &just_best);
@@ -420,7 +438,51 @@ int32_t Speculator::greedy_token(const float * logits, const TokenWindow & windo
 void Speculator::commit_token(int32_t token) {
     generated_.push(token);
     history_.push_back(token);
-    if (grammar_) llama_sampler_accept(grammar_.get(), token);
+    const bool to_grammar = grammar_applies();  // as the budget stood before this token
+    if (budget_) {
+        budget_->accept(token);
+        // a lazy grammar held back while the model thought reads the tag that ended it (llama-server's)
+        const TokenSeq * tag = budget_->closed_by();
+        if (grammar_ && !to_grammar && tag != nullptr) {
+            for (int32_t t : *tag) llama_sampler_accept(grammar_.get(), t);
+        }
+    }
+    if (to_grammar) llama_sampler_accept(grammar_.get(), token);
+}
+
+bool Speculator::grammar_applies() const {
+    return grammar_ && !(budget_ && budget_->thinking() && !params_.grammar_triggers.empty());
+}
+
+int32_t Speculator::forced_token() {
+    const int32_t forced = budget_ ? budget_->forced_token() : -1;
+    if (forced >= 0 && grammar_applies()) {
+        llama_token_data one{forced, 0.0f, 0.0f};
+        llama_token_data_array just_one{&one, 1, -1, false};
+        llama_sampler_apply(grammar_.get(), &just_one);
+        // accepting a token the grammar rejects aborts libllama: better an error
+        if (one.logit == -INFINITY) {
+            throw Error("the reasoning budget forces the thinking's end (token " + std::to_string(forced) +
+                        ") where the grammar allows no such token");
+        }
+    }
+    return forced;
+}
+
+bool Speculator::ends_character(int32_t token) const {
+    std::string piece(64, '\0');
+    int32_t n = llama_token_to_piece(target_->vocab(), token, piece.data(), (int32_t)piece.size(), 0, false);
+    if (n < 0) {
+        piece.resize((size_t)-n);
+        n = llama_token_to_piece(target_->vocab(), token, piece.data(), (int32_t)piece.size(), 0, false);
+    }
+    piece.resize((size_t)std::max(n, 0));
+    // whole where the last lead byte has all its continuation bytes after it
+    for (size_t i = 1; i <= std::min<size_t>(4, piece.size()); ++i) {
+        const unsigned char c = (unsigned char)piece[piece.size() - i];
+        if ((c & 0xC0) != 0x80) return i >= (c >= 0xF0 ? 4u : c >= 0xE0 ? 3u : c >= 0xC0 ? 2u : 1u);
+    }
+    return piece.empty();
 }
 
 void Speculator::describe(StepOutput & out, uint32_t first_row) {
@@ -440,7 +502,7 @@ int32_t Speculator::draw(const SparseDist & d, int32_t pos) {
 
 int32_t Speculator::choose_token(const float * logits, const TokenWindow & window, int32_t pos) {
     if (params_.greedy()) return greedy_token(logits, window);
-    const SparseDist p = sampling_distribution(shaped(logits, window));
+    const SparseDist p = next_distribution(logits, window);
     const int32_t token = draw(p, pos);
     sampled(p, token);
     return token;
@@ -453,6 +515,12 @@ SparseDist Speculator::sampling_distribution(const float * lg) const {
 
 void Speculator::sampled(const SparseDist & p, int32_t token) {
     if (params_.mirostat != 0) mu_ = mirostat_update(p, token, params_, mu_);
+}
+
+SparseDist Speculator::next_distribution(const float * logits, const TokenWindow & window) {
+    const float * lg = shaped(logits, window);  // (the logits processor sees every emitted token's row)
+    if (const int32_t forced = forced_token(); forced >= 0) return SparseDist{{forced}, {1.0f}};
+    return sampling_distribution(lg);
 }
 
 SparseDist Speculator::draft_distribution(const DraftResult & r, uint32_t row, int32_t pred_index) const {
@@ -512,6 +580,17 @@ StepOutput Speculator::step(uint32_t max_tokens) {
             }
         }
     }
+    // the rows the reasoning budget forces once the drafts before them are accepted: drafted as forced
+    if (budget_ && budget_->thinking()) {
+        ReasoningBudget ahead = *budget_;
+        for (uint32_t t = 0; t < m; ++t) {
+            if (const int32_t forced = ahead.forced_token(); forced >= 0) {
+                seq[t + 1] = forced;
+                if (!greedy) q[t] = SparseDist{{forced}, {1.0f}};
+            }
+            ahead.accept(seq[t + 1]);
+        }
+    }
     const double draft_ms = ms_since(t0) - (stats_.inject_ms - inject_before);
     stats_.draft_ms += draft_ms;
     // the controller models a step's own cost: not the rows plain steps left to inject, nor a graph
@@ -541,7 +620,7 @@ StepOutput Speculator::step(uint32_t max_tokens) {
                 break;
             }
         } else {
-            const SparseDist p = sampling_distribution(shaped(target_->logits(j), generated_));
+            const SparseDist p = next_distribution(target_->logits(j), generated_);
             RejectionOutcome o;
             if (opts_.gumbel) {  // the target's own draw at this position, accepted when the draft is it
                 o.token = draw(p, (int32_t)(n + 1 + j));

@@ -20,7 +20,7 @@ def chat_body(body: Any, need_max_tokens: bool = True) -> dict[str, Any]:
     """The /v1/chat/completions body of a Messages request: `system` as a system message, each message's
     text, thinking, tool_use and tool_result blocks as the chat's content, reasoning, tool calls and tool
     messages, `tools` (input_schema) and `tool_choice` in the chat's shapes, stop_sequences as stop, thinking
-    disabled as no thinking; max_tokens, temperature, top_p, top_k and stream as they are. BadRequest names
+    disabled as no thinking, enabled with its budget_tokens as the reasoning budget; max_tokens, temperature, top_p, top_k and stream as they are. BadRequest names
     what is wrong."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -59,6 +59,8 @@ def chat_body(body: Any, need_max_tokens: bool = True) -> dict[str, Any]:
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") == "disabled":
         chat["reasoning_effort"] = "none"  # the chat's "no thinking"
+    elif isinstance(thinking, dict) and thinking.get("type") == "enabled":  # its budget (llama-server's default)
+        chat["reasoning_budget_tokens"] = thinking.get("budget_tokens", 10000)
     return chat
 
 

@@ -47,6 +47,8 @@ FIELDS = {
             "function_call",
             "reasoning_format",
             "chat_template_kwargs",
+            "reasoning_budget_tokens",
+            "reasoning_budget_message",
         },
     ),
 }
@@ -57,11 +59,17 @@ class BadRequest(ValueError):
 
 
 def request_kwargs(
-    path: str, body: Any, reasoning_format: str = "deepseek", template_kwargs: dict[str, Any] | None = None
+    path: str,
+    body: Any,
+    reasoning_format: str = "deepseek",
+    template_kwargs: dict[str, Any] | None = None,
+    reasoning_budget: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The create_* keyword arguments of a request body; BadRequest names what is wrong. A chat's
     reasoning_format is the server's unless the request names one, its chat_template_kwargs the server's
-    `template_kwargs` with the request's over them (llama-server's rules)."""
+    `template_kwargs` with the request's over them, its reasoning budget (reasoning_budget_tokens, or
+    thinking_budget_tokens; -1 or none given: the server's) and reasoning_budget_message the server's
+    `reasoning_budget` unless it names them (llama-server's rules)."""
     _, required, fields = FIELDS[path]
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
@@ -76,6 +84,12 @@ def request_kwargs(
             kw[ours] = body[theirs]
     if path == "/v1/chat/completions":
         kw.setdefault("reasoning_format", reasoning_format)
+        tokens = body.get("reasoning_budget_tokens", body.get("thinking_budget_tokens", -1))
+        kw.pop("reasoning_budget_tokens", None)
+        for key, value in (reasoning_budget or {}).items():
+            kw.setdefault(key, value)
+        if tokens != -1:
+            kw["reasoning_budget_tokens"] = tokens
     if path in ("/v1/chat/completions", "/apply-template"):  # llama-server's rules for the template's inputs
         kwargs = kw.get("chat_template_kwargs", {})
         if not isinstance(kwargs, dict):

@@ -189,7 +189,9 @@ class Handler(JSONEventHandler):
                 body = anthropic_messages.chat_body(body, need_max_tokens=False)
             server = self.server
             kw = (
-                request_kwargs(route, body, server.reasoning_format, server.chat_template_kwargs)
+                request_kwargs(
+                    route, body, server.reasoning_format, server.chat_template_kwargs, server.reasoning_budget
+                )
                 if route in FIELDS
                 else {}
             )

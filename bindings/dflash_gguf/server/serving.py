@@ -35,6 +35,8 @@ class DFlashServer(ThreadingHTTPServer):
         slots_route: bool = True,
         chat_template_kwargs: dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
+        reasoning_budget: int = -1,
+        reasoning_budget_message: str | None = None,
     ) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
@@ -44,6 +46,10 @@ class DFlashServer(ThreadingHTTPServer):
         self.reasoning_format = reasoning_format
         self.chat_template_kwargs = dict(chat_template_kwargs or {})  # under each request's
         self.sampling = dict(sampling or {})  # create_* arguments under each request's
+        # every chat's reasoning budget, unless its request gives one
+        self.reasoning_budget: dict[str, Any] = {"reasoning_budget_tokens": reasoning_budget}
+        if reasoning_budget_message:
+            self.reasoning_budget["reasoning_budget_message"] = reasoning_budget_message
         self.created = int(time.time())
         self.slots = [llm]
         self._callers_hook = llm.on_generation  # server_close gives it back, from a failed bind too
@@ -158,6 +164,8 @@ def make_server(
     slots: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None,
+    reasoning_budget: int = -1,
+    reasoning_budget_message: str | None = None,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
@@ -168,7 +176,9 @@ def make_server(
     generations' counters in Prometheus' text format. `slots`: serve GET /slots (llama-server's default; its
     --no-slots turns it off). `chat_template_kwargs`: every chat's, under a request's own (llama-server's
     --chat-template-kwargs). `sampling`: create_* arguments (temperature, top_k, ..., max_tokens) every
-    generation takes unless its request names them (llama-server's --temp, ..., -n)."""
+    generation takes unless its request names them (llama-server's --temp, ..., -n). `reasoning_budget`,
+    `reasoning_budget_message`: every chat's reasoning budget unless its request gives one (llama-server's
+    --reasoning-budget, --reasoning-budget-message; -1: none)."""
     return DFlashServer(
         (host, port),
         llm,
@@ -180,6 +190,8 @@ def make_server(
         slots,
         chat_template_kwargs,
         sampling,
+        reasoning_budget,
+        reasoning_budget_message,
     )
 
 
@@ -196,11 +208,25 @@ def serving(
     slots: bool = True,
     chat_template_kwargs: dict[str, Any] | None = None,
     sampling: dict[str, Any] | None = None,
+    reasoning_budget: int = -1,
+    reasoning_budget_message: str | None = None,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
     server = make_server(
-        llm, host, port, model_name, api_key, reasoning_format, parallel, metrics, slots, chat_template_kwargs, sampling
+        llm,
+        host,
+        port,
+        model_name,
+        api_key,
+        reasoning_format,
+        parallel,
+        metrics,
+        slots,
+        chat_template_kwargs,
+        sampling,
+        reasoning_budget,
+        reasoning_budget_message,
     )
     with running(server) as bound:
         yield bound

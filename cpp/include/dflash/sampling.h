@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "dflash/reasoning_budget.h"
+
 namespace dflash {
 
 struct SamplingParams {
@@ -42,6 +44,9 @@ struct SamplingParams {
     // tests: mask the whole vocabulary with the grammar for every row (otherwise the grammar is asked
     // about the most likely tokens first where that decides the row: greedy, and sampling with top-k)
     bool grammar_full_pass = false;
+    // llama-server's reasoning budget (see reasoning_budget.h); with a lazy grammar it also holds the grammar
+    // back while the model thinks
+    ReasoningBudgetParams reasoning;
     // not sampling, what each emitted token reports: -1 = nothing, n >= 0 = its log-probability and
     // the n most likely tokens' (see TokenLogprob)
     int32_t n_logprobs = -1;

@@ -5,6 +5,7 @@
 // decoding when drafting does not pay.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -143,6 +144,14 @@ private:
     int32_t draw(const SparseDist & d, int32_t pos);
     // what a sampled token is drawn from, given the shaped row and the output so far (Mirostat's mu)
     SparseDist sampling_distribution(const float * shaped_logits) const;
+    // p of the token after the output so far: the shaped row's, or the token the reasoning budget forces
+    SparseDist next_distribution(const float * logits, const TokenWindow & window);
+    // the token the reasoning budget forces next, or -1
+    int32_t forced_token();
+    // the grammar constrains the next token (a lazy one waits while the model thinks)
+    bool grammar_applies() const;
+    // ReasoningBudget's test of a token's text
+    bool ends_character(int32_t token) const;
     // a token drawn from p (directly or by the rejection step) is part of the output: Mirostat moves mu
     void sampled(const SparseDist & p, int32_t token);
     // the logprobs and logits rows of out.tokens that SamplingParams asks for, token i predicted by the
@@ -171,6 +180,7 @@ private:
         void operator()(llama_sampler * s) const { llama_sampler_free(s); }
     };
     std::unique_ptr<llama_sampler, SamplerFree> grammar_;  // params_.grammar's state after the output so far
+    std::optional<ReasoningBudget> budget_;                // params_.reasoning's state after the output so far
     std::vector<llama_token_data> grammar_rows_;           // scratch: one row's candidates for the grammar
     StepOutput start_output_;
     std::vector<TokenLogprob> prompt_logprobs_;
