@@ -927,3 +927,51 @@ def test_forced_replies_are_read_as_llama_server_reads_them(
                 assert mine.get(key) == upstream.get(key), (text, key, mine, upstream)
             streams = [sse_deltas(b + "/v1/chat/completions", {**req, "stream": True}) for b in (ours_base, base)]
             assert streams[0] == streams[1], text
+
+
+def test_lora_adapters_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """--lora / --lora-scaled: GET /lora-adapters lists the same adapters and scales, the greedy text is the
+    same at the server's scales, at a request's own `lora` scales (the adapters it leaves out at 0) and
+    after POST /lora-adapters set new ones."""
+    from tinycode import drafter_gguf, lora_gguf, prompts
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = tinycode / "target-f16.gguf"
+    first, second = str(lora_gguf()), str(lora_gguf(seed=1))
+    args = ["--lora", first, "--lora-scaled", f"{second}:0.5"]
+    # a prompt whose greedy text under each of the scales below is not near a tie (the random adapters leave
+    # many), so that the verify's batches and llama-server's single tokens choose alike
+    # (llama-server recomputed: after POST /lora-adapters it reuses a prompt its slot computed at the old
+    # scales, where ours computes it again)
+    prompt = {"prompt": prompts()[13]["text"], "max_tokens": 12, "temperature": 0.0, "cache_prompt": False}
+    with (
+        running_server(llama_server, target, tmp_path / "lora.log", extra_args=args) as base,
+        SpeculativeLlama(
+            str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, lora_adapters=[(first, 1.0), (second, 0.5)]
+        ) as llm,
+        serving(llm, "ours") as port,
+    ):
+        servers = (f"http://127.0.0.1:{port}", base)
+
+        def same(path: str, payload: Any = None) -> Any:
+            answers = [http_json(s + path, payload) for s in servers]
+            assert answers[0] == answers[1], (path, payload, answers)
+            return answers[0][1]
+
+        def text(extra: dict[str, Any]) -> str:
+            answers = [http_json(s + "/v1/completions", {**prompt, **extra})[1] for s in servers]
+            texts = [a["choices"][0]["text"] for a in answers]
+            assert texts[0] == texts[1], (extra, texts)
+            return texts[0]
+
+        listed = same("/lora-adapters")
+        assert [(a["path"], a["scale"]) for a in listed] == [(first, 1.0), (second, 0.5)]
+        both = text({})
+        alone = text({"lora": [{"id": 0, "scale": 1.0}]})
+        assert alone != both  # the second adapter, at 0 for that request, counted before
+        assert same("/lora-adapters", [{"id": 1, "scale": 1.0}]) == {"success": True}
+        assert [a["scale"] for a in same("/lora-adapters")] == [0.0, 1.0]
+        assert text({}) not in (both, alone)
+        assert text({"lora": [{"id": 0, "scale": 1.0}]}) == alone

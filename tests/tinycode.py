@@ -166,6 +166,32 @@ def special_tokens_target(template: str, tokens: tuple[str, ...], kind: str = "C
     )
 
 
+@functools.cache
+def lora_gguf(seed: int = 0, rank: int = 8, std: float = 0.1, arch: str = "qwen3") -> Path:
+    """A LoRA adapter of the tinycode target in llama.cpp's GGUF layout (general.type "adapter"): random A
+    and B of `rank` on every layer's attn_q, attn_v and ffn_up, alpha = rank (so a scale is the update's
+    factor). `arch` other than the target's makes one libllama refuses."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    out = _workdir() / f"lora-{arch}-{seed}-{rank}.gguf"
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_string("general.type", "adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank))
+    reader = gguf.GGUFReader(TARGET, "r")
+    for t in reader.tensors:
+        if t.name.split(".")[-2] in ("attn_q", "attn_v", "ffn_up"):
+            n_in, n_out = (int(d) for d in t.shape)  # ggml order: ne0 = the input's width
+            w.add_tensor(t.name + ".lora_a", (rng.standard_normal((rank, n_in)) * std).astype(np.float32))
+            w.add_tensor(t.name + ".lora_b", (rng.standard_normal((n_out, rank)) * std).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
 def _target_copy(tag: str, new: dict[str, tuple[Any, Any]]) -> Path:
     """The tinycode target with metadata keys added or replaced, written once per test process."""
     import gguf

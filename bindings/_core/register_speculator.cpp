@@ -181,7 +181,8 @@ void register_speculator(py::module_ & m) {
                          const std::string & draft_q, bool fallback, const py::object & repack,
                          const std::string & sampler,
                          const std::vector<std::pair<std::string, std::string>> & tensor_overrides,
-                         const std::vector<int32_t> & draft_vocab, bool swa_full) {
+                         const std::vector<int32_t> & draft_vocab, bool swa_full,
+                         const std::vector<std::pair<std::string, float>> & loras) {
                  const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
@@ -191,6 +192,7 @@ void register_speculator(py::module_ & m) {
                  topt.repack = to_repack(repack);
                  topt.tensor_overrides = tensor_overrides;
                  topt.swa_full = swa_full;
+                 topt.loras = loras;
                  py::gil_scoped_release nogil;
                  return make_speculator(
                      [&](uint32_t max_draft) {
@@ -205,7 +207,25 @@ void register_speculator(py::module_ & m) {
              py::arg("adaptive") = false, py::arg("draft_q") = "logits", py::arg("fallback") = true,
              py::arg("repack") = py::none(), py::arg("sampler") = "gumbel",
              py::arg("tensor_overrides") = std::vector<std::pair<std::string, std::string>>{},
-             py::arg("draft_vocab") = std::vector<int32_t>{}, py::arg("swa_full") = false)
+             py::arg("draft_vocab") = std::vector<int32_t>{}, py::arg("swa_full") = false,
+             py::arg("loras") = std::vector<std::pair<std::string, float>>{})
+        .def_property_readonly(
+            "loras",
+            [](PySpeculator & p) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                return live(p).target().loras();
+            },
+            "The target's LoRA adapters: [(file, scale in this context)]")
+        .def(
+            "set_lora_scales",
+            [](PySpeculator & p, const std::vector<float> & scales) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                py::gil_scoped_release nogil;
+                live(p).set_lora_scales(scales);
+            },
+            py::arg("scales"),
+            "The LoRA adapters' scales in this context (one per adapter, 0 leaves one out); a change empties "
+            "the context (the next prompt is prefilled whole)")
         .def_static(
             "adopt",
             [](uintptr_t model_ptr, uintptr_t ctx_ptr, const std::string & target_path, const std::string & draft,

@@ -144,7 +144,11 @@ class Speculator:
         tensor_overrides: list[tuple[str, str]] = ...,
         draft_vocab: list[int] = ...,
         swa_full: bool = False,
+        loras: list[tuple[str, float]] = ...,
     ) -> None: ...
+    @property
+    def loras(self) -> list[tuple[str, float]]: ...
+    def set_lora_scales(self, scales: list[float]) -> None: ...
     @staticmethod
     def adopt(
         model_ptr: int,

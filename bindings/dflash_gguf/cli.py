@@ -158,8 +158,32 @@ _MODEL_OPTIONS = [
     ),
     *_PLACEMENT_OPTIONS,
     _DRAFT_VOCAB_OPTION,
+    click.option(
+        "--lora",
+        multiple=True,
+        help="A LoRA adapter GGUF on the target's weights at scale 1 (llama-server's; repeatable, or comma-separated).",
+    ),
+    click.option(
+        "--lora-scaled",
+        multiple=True,
+        help="FNAME:SCALE: a LoRA adapter at that scale (llama-server's; repeatable, or comma-separated).",
+    ),
     click.option("--verbose", is_flag=True, help="Show libllama's log."),
 ]
+
+
+def _lora_adapters(lora: tuple[str, ...], lora_scaled: tuple[str, ...]) -> list[tuple[str, float]]:
+    """--lora's and --lora-scaled's adapters, (file, scale) each, in llama-server's order (--lora first)."""
+    out = [(f, 1.0) for item in lora for f in item.split(",") if f]
+    for item in (f for items in lora_scaled for f in items.split(",") if f):
+        file, _, scale = item.rpartition(":")
+        try:
+            out.append((file, float(scale)))
+        except ValueError:
+            raise click.BadParameter(f"expected FNAME:SCALE, got {item!r}", param_hint="--lora-scaled") from None
+        if not file:
+            raise click.BadParameter(f"expected FNAME:SCALE, got {item!r}", param_hint="--lora-scaled")
+    return out
 
 
 def _options(options: list[Callable[..., Any]]) -> Callable[..., Any]:
@@ -270,6 +294,8 @@ def _open_model(
     draft_vocab: str | None = None,
     swa_full: bool = False,
     chat_template_file: str | None = None,
+    lora: tuple[str, ...] = (),
+    lora_scaled: tuple[str, ...] = (),
     **kw: Any,
 ) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
@@ -295,6 +321,7 @@ def _open_model(
         n_cpu_moe=n_cpu_moe,
         draft_vocab=draft_vocab,
         verbose=verbose,
+        lora_adapters=_lora_adapters(lora, lora_scaled),
         **kw,
     )
 
@@ -484,6 +511,11 @@ def chat(
     "start, in Prometheus' text format under llama-server's names.",
 )
 @click.option(
+    "--lora-init-without-apply",
+    is_flag=True,
+    help="Load the LoRA adapters at scale 0 until POST /lora-adapters or a request's `lora` sets one (llama-server's).",
+)
+@click.option(
     "--slots/--no-slots",
     default=True,
     show_default=True,
@@ -504,6 +536,7 @@ def serve(
     metrics: bool,
     slots: bool,
     n_predict: int | None,
+    lora_init_without_apply: bool,
     **model: Any,
 ) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/responses (streaming too),
@@ -543,6 +576,7 @@ def serve(
             defaults,
             reasoning_budget,
             reasoning_budget_message,
+            lora_init_without_apply,
         )
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)

@@ -42,6 +42,19 @@ def draft_device_for(device: str, n_gpu_layers: int) -> str:
     return device
 
 
+def lora_list(adapters: Sequence[tuple[str, float]] | None, path: str | None, scale: float) -> list[tuple[str, float]]:
+    """The LoRA adapters to load, (file, scale) each: `adapters` (llama-server's --lora-scaled), then
+    llama_cpp.Llama's `lora_path` at `lora_scale`."""
+    out = []
+    for item in adapters or ():
+        try:
+            file, s = item
+            out.append((os.fspath(file), float(s)))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"lora_adapters must be (path, scale) pairs, got {item!r}") from e
+    return out + ([(os.fspath(path), float(scale))] if path else [])
+
+
 def _parse_n_max(n_max: int | str) -> tuple[int, bool]:
     """n_max as (cap, adaptive): "auto" lets the loop choose per step (cap block_size - 1)."""
     if n_max == "auto":
@@ -142,6 +155,9 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         verbose: bool = False,
         sampler: str = "gumbel",
         chat_template: str | None = None,
+        lora_path: str | None = None,
+        lora_scale: float = 1.0,
+        lora_adapters: Sequence[tuple[str, float]] | None = None,
         _core: Speculator | None = None,
     ) -> None:
         # libllama logs through llama-cpp-python's logger; like llama_cpp.Llama, quiet unless verbose
@@ -159,6 +175,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                 raise ValueError(f"n_ctx must be >= 16, got {n_ctx}")
             loop = _loop_options(n_max, draft_q, device, n_gpu_layers, fallback, sampler)
             overrides = tensor_overrides(override_tensor, cpu_moe, n_cpu_moe)
+            loras = lora_list(lora_adapters, lora_path, lora_scale)
             _core = _open_with_vocab(
                 draft_vocab,
                 lambda ids: Speculator(
@@ -172,6 +189,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                     tensor_overrides=overrides,
                     draft_vocab=ids or [],
                     swa_full=swa_full,
+                    loras=loras,
                     **loop,
                 ),
                 target,
@@ -280,6 +298,18 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         )
         obj.n_batch = self.n_batch
         return obj
+
+    @property
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The target's LoRA adapters as llama-server lists them (GET /lora-adapters): id, path, scale."""
+        return [{"id": i, "path": path, "scale": scale} for i, (path, scale) in enumerate(self._spec.loras)]
+
+    def set_lora_scales(self, scales: Sequence[float]) -> None:
+        """The LoRA adapters' scales, one per adapter (0 leaves one out), for the generations from now on; a
+        change empties the context (what it holds was computed with the old weights), so the next prompt
+        is prefilled whole."""
+        with self._idle():
+            self._spec.set_lora_scales([float(s) for s in scales])
 
     def close(self) -> None:
         """Free the target and the drafter now (an adopted Llama's context is handed back as it was

@@ -297,6 +297,19 @@ void Speculator::keep_cached_prefix(const std::vector<int32_t> & held) {
     anchor_ = -1;
 }
 
+void Speculator::set_lora_scales(const std::vector<float> & scales) {
+    std::vector<float> now;
+    for (const auto & lora : target_->loras()) now.push_back(lora.second);
+    if (scales == now) return;
+    target_->set_lora_scales(scales);
+    target_->clear();
+    drafter_->reset();
+    committed_.clear();
+    pending_.clear();
+    pending_rows_ = 0;
+    anchor_ = -1;
+}
+
 void Speculator::calibrate() {
     const auto t_start = std::chrono::steady_clock::now();
     const uint32_t cap = drafter_->hparams().block_size - 1;

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <regex>
 
@@ -175,6 +176,10 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
         throw Error(path + ": target model file not found");
     }
     check_arch(gguf_architecture(path), path);  // before a load that could take minutes
+    for (const auto & [lora, scale] : opts.loras) {
+        if (stat(lora.c_str(), &st) != 0) throw Error(lora + ": LoRA adapter file not found");
+        if (!std::isfinite(scale)) throw Error(lora + ": a LoRA adapter's scale must be finite");
+    }
     llama_backend_init();
     llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = opts.n_gpu_layers;
@@ -187,7 +192,36 @@ Target::Target(const std::string & path, const TargetOptions & opts) {
         throw Error(path + ": libllama could not load the target model (see its log above)");
     }
     shared_model_.reset(model_, llama_model_free);
+    for (const auto & [lora, scale] : opts.loras) {
+        llama_adapter_lora * a = llama_adapter_lora_init(model_, lora.c_str());
+        if (!a) {
+            throw Error(lora + ": libllama could not load this LoRA adapter for " + path +
+                        " (see its log above: not a LoRA GGUF, or one for another base model)");
+        }
+        adapters_.push_back(a);
+    }
     open_context(path, opts);
+}
+
+void Target::apply_loras() {
+    if (adapters_.empty()) return;
+    std::vector<float> scales;
+    for (const auto & lora : opts_.loras) scales.push_back(lora.second);
+    if (llama_set_adapters_lora(ctx_, adapters_.data(), adapters_.size(), scales.data()) != 0) {
+        throw Error("libllama could not apply the LoRA adapters to the target's context");
+    }
+}
+
+void Target::set_lora_scales(const std::vector<float> & scales) {
+    if (scales.size() != adapters_.size()) {
+        throw Error("set_lora_scales: " + std::to_string(scales.size()) + " scales for " +
+                    std::to_string(adapters_.size()) + " LoRA adapters");
+    }
+    for (float s : scales) {
+        if (!std::isfinite(s)) throw Error("set_lora_scales: a scale must be finite");
+    }
+    for (size_t i = 0; i < scales.size(); ++i) opts_.loras[i].second = scales[i];
+    apply_loras();
 }
 
 void Target::open_context(const std::string & path, const TargetOptions & opts) {
@@ -210,6 +244,7 @@ void Target::open_context(const std::string & path, const TargetOptions & opts) 
     path_ = path;
     opts_ = opts;
     init_common();
+    apply_loras();
 }
 
 std::unique_ptr<Target> Target::share(uint32_t n_rs_seq) const {
@@ -219,6 +254,7 @@ std::unique_ptr<Target> Target::share(uint32_t n_rs_seq) const {
     std::unique_ptr<Target> t(new Target());
     t->model_ = model_;
     t->shared_model_ = shared_model_;
+    t->adapters_ = adapters_;
     TargetOptions opts = opts_;
     opts.n_rs_seq = n_rs_seq;
     t->open_context(path_, opts);

@@ -11,6 +11,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from ..speculative import SpeculativeLlama
 from . import anthropic_messages, openai_responses
+from .lora import listed_scales
 from .requests import FIELDS, NATIVE, BadRequest, request_kwargs
 from .responses import (
     detokenize_response,
@@ -120,6 +121,8 @@ class Handler(JSONEventHandler):
             self._metrics()
         elif self.path == "/slots":
             self._slots()
+        elif self.path == "/lora-adapters":
+            self._send_json(HTTPStatus.OK, self.server.lora)
         elif self.path == "/v1/models":
             self._send_json(
                 HTTPStatus.OK,
@@ -174,14 +177,15 @@ class Handler(JSONEventHandler):
         tokens = {"/tokenize": tokenize_response, "/detokenize": detokenize_response}.get(self.path)
         dialect = DIALECTS.get(self.path)
         count = self.path == "/v1/messages/count_tokens"  # Anthropic's: the prompt's tokens
+        if self.path == "/lora-adapters":
+            self._set_lora()
+            return
         if self.path not in FIELDS and self.path not in NATIVE and tokens is None and dialect is None and not count:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
             return
         try:
-            length = int(self.headers.get("Content-Length", "0"))
-            if length < 0:  # read(-1) would wait for the client to close its side
-                raise BadRequest(f"Content-Length must be >= 0, got {length}")
-            body = json.loads(self.rfile.read(length) or b"null")
+            body = self._json_body()
+            lora = self.server.lora_scales(body)
             route = "/v1/chat/completions" if dialect is not None or count else self.path
             if dialect is not None:
                 body = dialect.chat_body(body)
@@ -210,6 +214,7 @@ class Handler(JSONEventHandler):
             return
         kw = {**self.server.sampling, **kw}  # the server's sampling defaults under the request's
         with self.server.slot(self._prompt_tokens(llm, route, kw)) as (llm, release):
+            llm.set_lora_scales(lora)
             if self.path in NATIVE:
                 self._native(llm, release, body, NATIVE[self.path])
                 return
@@ -231,6 +236,26 @@ class Handler(JSONEventHandler):
                 done=True,
                 release=release,
             )
+
+    def _json_body(self) -> Any:
+        length = int(self.headers.get("Content-Length", "0"))
+        if length < 0:  # read(-1) would wait for the client to close its side
+            raise BadRequest(f"Content-Length must be >= 0, got {length}")
+        return json.loads(self.rfile.read(length) or b"null")
+
+    def _set_lora(self) -> None:
+        """POST /lora-adapters: the scales generations use from now on (llama-server's)."""
+        try:
+            body = self._json_body()
+            if not isinstance(body, list):
+                raise BadRequest("Request body must be an array")
+            scales = listed_scales(body, len(self.server.lora))
+        except (ValueError, json.JSONDecodeError) as e:
+            self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, f"bad request: {e}"))
+            return
+        for adapter, scale in zip(self.server.lora, scales):
+            adapter["scale"] = scale
+        self._send_json(HTTPStatus.OK, {"success": True})
 
     def _prompt_tokens(self, llm: SpeculativeLlama, route: str, kw: dict[str, Any]) -> list[int] | None:
         """The tokens an OpenAI route's generation will start from, for the server to pick the slot that holds

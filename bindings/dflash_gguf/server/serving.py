@@ -13,6 +13,7 @@ from typing import Any
 import llama_cpp
 
 from ..speculative import SpeculativeLlama
+from .lora import adapter_list, listed_scales
 from .metrics import ServerMetrics
 from .routes import Handler
 
@@ -37,6 +38,7 @@ class DFlashServer(ThreadingHTTPServer):
         sampling: dict[str, Any] | None = None,
         reasoning_budget: int = -1,
         reasoning_budget_message: str | None = None,
+        lora_init_without_apply: bool = False,
     ) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
@@ -50,6 +52,11 @@ class DFlashServer(ThreadingHTTPServer):
         self.reasoning_budget: dict[str, Any] = {"reasoning_budget_tokens": reasoning_budget}
         if reasoning_budget_message:
             self.reasoning_budget["reasoning_budget_message"] = reasoning_budget_message
+        # the target's LoRA adapters at the scales generations use unless their request gives its own
+        # (POST /lora-adapters sets them; llama-server's --lora-init-without-apply: all 0 at first)
+        self.lora = adapter_list(llm)
+        for adapter in self.lora if lora_init_without_apply else ():
+            adapter["scale"] = 0.0
         self.created = int(time.time())
         self.slots = [llm]
         self._callers_hook = llm.on_generation  # server_close gives it back, from a failed bind too
@@ -75,6 +82,13 @@ class DFlashServer(ThreadingHTTPServer):
         self.metrics = ServerMetrics(llm._spec.n_max)  # the longest draft, "auto"'s included
         for s in self.slots:
             s.on_generation = self.metrics.add
+
+    def lora_scales(self, body: Any) -> list[float]:
+        """The adapters' scales a request's generation uses: its `lora` list's, else the server's."""
+        entries = body.get("lora") if isinstance(body, dict) else None
+        if entries is None or entries == []:
+            return [a["scale"] for a in self.lora]
+        return listed_scales(entries, len(self.lora))
 
     def metrics_text(self) -> str:
         """/metrics' text: the counters, and the requests in a slot and waiting for one now."""
@@ -166,6 +180,7 @@ def make_server(
     sampling: dict[str, Any] | None = None,
     reasoning_budget: int = -1,
     reasoning_budget_message: str | None = None,
+    lora_init_without_apply: bool = False,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
@@ -178,7 +193,8 @@ def make_server(
     --chat-template-kwargs). `sampling`: create_* arguments (temperature, top_k, ..., max_tokens) every
     generation takes unless its request names them (llama-server's --temp, ..., -n). `reasoning_budget`,
     `reasoning_budget_message`: every chat's reasoning budget unless its request gives one (llama-server's
-    --reasoning-budget, --reasoning-budget-message; -1: none)."""
+    --reasoning-budget, --reasoning-budget-message; -1: none). `lora_init_without_apply`: the target's LoRA
+    adapters at scale 0 until POST /lora-adapters or a request's `lora` sets one (llama-server's)."""
     return DFlashServer(
         (host, port),
         llm,
@@ -192,6 +208,7 @@ def make_server(
         sampling,
         reasoning_budget,
         reasoning_budget_message,
+        lora_init_without_apply,
     )
 
 
@@ -210,6 +227,7 @@ def serving(
     sampling: dict[str, Any] | None = None,
     reasoning_budget: int = -1,
     reasoning_budget_message: str | None = None,
+    lora_init_without_apply: bool = False,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
     test): yields the port (port 0: any free one), shuts the server down after."""
@@ -227,6 +245,7 @@ def serving(
         sampling,
         reasoning_budget,
         reasoning_budget_message,
+        lora_init_without_apply,
     )
     with running(server) as bound:
         yield bound

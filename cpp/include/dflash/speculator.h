@@ -107,6 +107,9 @@ public:
     // one). Either way the next step() needs a start() first.
     SpeculatorState save_state();
     void load_state(const SpeculatorState & state);
+    // The target's LoRA adapters' scales (Target::set_lora_scales); a change empties the context, which
+    // holds what the old weights computed (the next start() prefills the whole prompt).
+    void set_lora_scales(const std::vector<float> & scales);
 
 private:
     // auto mode: times a plain decode and a draft + verify of every draft length on a context of

@@ -40,6 +40,9 @@ struct TargetOptions {
     // K/V instead of 768 MiB); a rollback past what they still hold restores a prompt's checkpoint and
     // re-decodes the tokens after it
     bool swa_full = false;
+    // LoRA adapters (GGUF file, scale) on the target's weights, as llama-server's --lora / --lora-scaled:
+    // loaded once with the model, applied to each context at these scales (set_lora_scales changes them)
+    std::vector<std::pair<std::string, float>> loras;
 };
 
 // How the target's memory goes back to an earlier position.
@@ -143,6 +146,11 @@ public:
     uint32_t n_ctx() const;
     uint32_t n_batch() const { return n_batch_; }            // rows per llama_decode call
     uint64_t decode_calls() const { return decode_calls_; }  // llama_decode calls made through this object
+    // the LoRA adapters' files and their scales in this context (TargetOptions::loras, as set since)
+    const std::vector<std::pair<std::string, float>> & loras() const { return opts_.loras; }
+    // The adapters' scales in this context (one per adapter; 0 leaves one out). What the context holds was
+    // computed with the old ones: the caller drops it when they change.
+    void set_lora_scales(const std::vector<float> & scales);
     bool is_eog(int32_t tok) const { return llama_vocab_is_eog(vocab_, tok); }
 
 private:
@@ -171,8 +179,11 @@ private:
     void save_checkpoint(Checkpoint c);  // of the sequence as it is now, into c.bytes (reusing its capacity)
     const Checkpoint * checkpoint_for(int32_t p) const;  // the one a rollback to p restores; null: none
 
+    void apply_loras();  // opts_.loras' scales onto ctx_
+
     llama_model * model_ = nullptr;
-    std::shared_ptr<llama_model> shared_model_;  // model_ when loaded here (null when adopted)
+    std::shared_ptr<llama_model> shared_model_;   // model_ when loaded here (null when adopted)
+    std::vector<llama_adapter_lora *> adapters_;  // opts_.loras' adapters, freed with the model
     llama_context * ctx_ = nullptr;
     bool owns_ = false;  // of ctx_
     std::string path_;   // the file and the options ctx_ was made with, for share()
