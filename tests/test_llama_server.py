@@ -357,6 +357,53 @@ def test_native_routes_are_llama_server_s(llama_server: Path, tinycode: Path, tm
                 assert out["tokens_predicted"] == 200 and out["stop_type"] == "limit", server_base
 
 
+def test_completion_probabilities_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """/completion's n_probs: each generated token's id, text, bytes and log-probability and the most likely
+    tokens' as llama-server lists them (an end of text the target sampled among them), whole and streamed
+    (the chunks' lists joined)."""
+    from tinycode import drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    def same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+        """The same lists, the log-probabilities within 0.01 (the two servers' logits differ in the last bits)."""
+        rows = [[(p, *p["top_logprobs"]) for p in probs] for probs in (a, b)]
+        pairs = [(s, t) for r, q in zip(*rows) for s, t in zip(r, q)]
+        return (
+            [len(r) for r in rows[0]] == [len(r) for r in rows[1]]
+            and all(s["id"] == t["id"] and s["token"] == t["token"] and s["bytes"] == t["bytes"] for s, t in pairs)
+            and all(abs(s["logprob"] - t["logprob"]) < 0.01 for s, t in pairs)
+        )
+
+    target = tinycode / "target-f16.gguf"
+    requests = [
+        {"prompt": prompts(tinycode)[0], "n_predict": 8, "n_probs": 3},
+        {"prompt": 'if __name__ == "__main__":\n    main()\n', "n_predict": 40, "n_probs": 2},  # ends the text
+    ]
+    with (
+        running_server(llama_server, target, tmp_path / "probs.log") as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2, n_max=3) as llm,
+        serving(llm, "ours") as port,
+    ):
+        for req in requests:
+            req = {**req, "temperature": 0.0, "cache_prompt": False}
+            (_, ours), (_, theirs) = (http_json(b + "/completion", req) for b in (f"http://127.0.0.1:{port}", base))
+            assert ours["content"] == theirs["content"]
+            probs = theirs["completion_probabilities"]
+            assert same(ours["completion_probabilities"], probs), (ours["completion_probabilities"], probs)
+            streamed = [
+                [
+                    p
+                    for _, e in sse_events(b + "/completion", {**req, "stream": True}, REQUEST_TIMEOUT_S)
+                    for p in e.get("completion_probabilities", [])
+                ]
+                for b in (f"http://127.0.0.1:{port}", base)
+            ]
+            assert same(streamed[0], probs) and same(streamed[1], probs), streamed
+        assert theirs["stop_type"] == "eos"
+
+
 @pytest.mark.parametrize("template", [None, "Qwen-Qwen3-0.6B"])
 def test_props_and_health_are_llama_server_s(
     llama_server: Path, tinycode: Path, tmp_path: Path, template: str | None

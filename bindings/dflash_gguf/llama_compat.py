@@ -31,13 +31,16 @@ TokenLogprob = tuple[float, list[tuple[int, float]]]
 class LogprobEntry:
     """One token of a completion's logprobs: `token` is the text it completes (its piece decoded after the
     bytes before it; "" for the leading bytes of a character split over several tokens), `piece` its
-    bytes; `top`: (key, bytes, logprob) of the most likely, the token itself under `token`."""
+    bytes; `top`: (key, bytes, logprob) of the most likely, the token itself under `token`; `id` the token's
+    id and `best` (id, logprob) of the most likely."""
 
     token: str
     piece: bytes
     offset: int
     logprob: float | None
     top: list[tuple[str, bytes, float]] | None
+    id: int = -1
+    best: tuple[tuple[int, float], ...] = ()
 
 
 class LogprobCursor:
@@ -90,9 +93,10 @@ class LogprobCursor:
     def _entry(self, tok: int, text: str, piece: bytes, pending: bytes, entry: TokenLogprob | None) -> LogprobEntry:
         offset = self._base + self._chars
         if entry is None:
-            return LogprobEntry(text, piece, offset, None, None)
+            return LogprobEntry(text, piece, offset, None, None, tok)
         lp, best = entry
-        return LogprobEntry(text, piece, offset, lp, top_keys(tok, text, piece, lp, best, pending, self._piece))
+        top = top_keys(tok, text, piece, lp, best, pending, self._piece)
+        return LogprobEntry(text, piece, offset, lp, top, tok, tuple(best))
 
 
 def top_keys(

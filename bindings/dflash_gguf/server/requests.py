@@ -155,6 +155,11 @@ def native_kwargs(body: Any, required: tuple[str, ...]) -> dict[str, Any]:
     if isinstance(n_predict, bool) or not isinstance(n_predict, int):
         raise BadRequest(f'"n_predict" must be an integer (-1: until the end of the text), got {n_predict!r}')
     kw = {k: v for k, v in body.items() if k in NATIVE_FIELDS}
+    n_probs = body.get("n_probs", 0)
+    if isinstance(n_probs, bool) or not isinstance(n_probs, int) or n_probs < 0:
+        raise BadRequest(f'"n_probs" must be an integer >= 0, got {n_probs!r}')
+    if n_probs:  # the generation records what the route's completion_probabilities list
+        kw["logprobs"] = n_probs
     if "mirostat" in kw:
         kw["mirostat_mode"] = kw.pop("mirostat")
     kw["max_tokens"] = None if n_predict < 0 else n_predict

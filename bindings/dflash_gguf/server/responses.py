@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
+from ..llama_compat import LogprobEntry
 from ..speculative import GenerationStats, SpeculativeLlama
 from .requests import BadRequest
 
@@ -40,10 +42,15 @@ def detokenize_response(llm: SpeculativeLlama, body: Any) -> dict[str, Any]:
     return {"content": b"".join(llm.detokenize([t], special=True) for t in tokens).decode("utf-8", "replace")}
 
 
-def native_response(text: str, model: str, last: tuple[str, SpeculativeLlama] | None) -> dict[str, Any]:
+def native_response(
+    text: str, model: str, last: tuple[str, SpeculativeLlama] | None, probs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """One /completion or /infill answer or stream chunk in llama-server's native shape; the last (`last`: the
-    prompt as text and the model that generated it) with stop true, how it stopped and the figures."""
+    prompt as text and the model that generated it) with stop true, how it stopped and the figures; `probs`
+    (n_probs) its tokens' completion_probabilities (native_probs)."""
     out: dict[str, Any] = {"content": text, "stop": last is not None, "model": model}
+    if probs:
+        out["completion_probabilities"] = probs
     if last is not None:
         prompt, llm = last
         s = llm.stats
@@ -60,6 +67,34 @@ def native_response(text: str, model: str, last: tuple[str, SpeculativeLlama] | 
             timings=timings(s),
         )
     return out
+
+
+def native_probs(entries: list[LogprobEntry], piece: Callable[[int, bool], bytes]) -> list[dict[str, Any]]:
+    """llama-server's completion_probabilities of generated tokens (n_probs): each token's id, text (its own
+    piece, short of a character it leaves unfinished), bytes and log-probability under the raw logits, and
+    the most likely tokens' the same way."""
+
+    def token(tok: int, logprob: float) -> dict[str, Any]:
+        p = piece(tok, False)
+        return {"id": tok, "token": whole_characters(p), "bytes": list(p), "logprob": logprob}
+
+    return [
+        {**token(e.id, e.logprob), "top_logprobs": [token(i, v) for i, v in e.best]}
+        for e in entries
+        if e.logprob is not None
+    ]
+
+
+def whole_characters(piece: bytes) -> str:
+    """`piece` as text without a character its last bytes begin and do not finish (llama-server's
+    validate_utf8)."""
+    for i in range(1, min(4, len(piece)) + 1):
+        lead = piece[-i]
+        needs = 2 if lead & 0xE0 == 0xC0 else 3 if lead & 0xF0 == 0xE0 else 4 if lead & 0xF8 == 0xF0 else 0
+        if i < needs:
+            piece = piece[:-i]
+            break
+    return piece.decode("utf-8", "replace")
 
 
 # llama-server's ChatML, the template its /props shows for a model without one (chat.chatml renders it)

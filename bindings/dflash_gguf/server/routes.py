@@ -9,6 +9,7 @@ from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
+from ..llama_compat import LogprobCursor
 from ..speculative import SpeculativeLlama
 from . import anthropic_messages, openai_responses
 from .lora import listed_scales
@@ -16,6 +17,7 @@ from .requests import FIELDS, NATIVE, BadRequest, request_kwargs
 from .responses import (
     detokenize_response,
     error_body,
+    native_probs,
     native_response,
     openai_last_events,
     props_response,
@@ -309,6 +311,19 @@ class Handler(JSONEventHandler):
         model_name = self.server.model_name
         stream = isinstance(body, dict) and bool(body.get("stream"))
         prompt: list[str] = []  # the prompt as text, once made
+        # n_probs: the generated tokens' probabilities, handed out with the text they bring
+        cursor = LogprobCursor(llm._completion_tokens, llm._token_logprobs, llm._spec.token_to_piece, 0)
+        released = 0
+
+        def probs(text: str, last: bool, earlier: list[dict[str, Any]] | None = None) -> list[dict[str, Any]] | None:
+            """The probabilities of the tokens that bring `text` (after `earlier`'s), the last: and the end of
+            text the target sampled."""
+            nonlocal released
+            if not isinstance(body, dict) or not body.get("n_probs"):
+                return None
+            released += len(text)
+            taken = cursor.take(released, llm._end_token if last else None)
+            return (earlier or []) + native_probs(taken, llm._spec.token_to_piece)
 
         def start() -> Any:
             tokens, kw = make_request(llm, body)
@@ -322,16 +337,22 @@ class Handler(JSONEventHandler):
         def native(chunks: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             try:
                 for c in chunks:
-                    yield native_response(c["choices"][0]["text"], model_name, None)
+                    text = c["choices"][0]["text"]
+                    yield native_response(text, model_name, None, probs(text, False))
             finally:
                 chunks.close()  # type: ignore[attr-defined]
+
+        def final(text: str, held: dict[str, Any] | None = None) -> dict[str, Any]:
+            """The last answer: the whole result, or the stream's last chunk (`held`, its tokens listed)."""
+            listed = probs("", True, held.get("completion_probabilities")) if held else probs(text, True)
+            return native_response(text, model_name, (prompt[0], llm), listed)
 
         self._generate(
             start,
             stream,
             1,
-            lambda out: native_response(out["choices"][0]["text"], model_name, (prompt[0], llm)),
-            lambda held: [native_response(held["content"], model_name, (prompt[0], llm))],
+            lambda out: final(out["choices"][0]["text"]),
+            lambda held: [final(held["content"], held)],
             done=False,
             release=release,
         )
