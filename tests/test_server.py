@@ -319,7 +319,10 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
     vocab = tmp_path / "vocab.json"  # drafts from the first 1024 ids, in every slot
     vocab.write_text(json.dumps({"format": "dflash-draft-vocab", "n_vocab": 2048, "tokens": list(range(1024))}))
     template = tmp_path / "tagged.jinja"
-    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[assistant{{ mark }}] ")
+    template.write_text(
+        "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+        "[assistant{{ mark }}{{ enable_thinking }}{{ reasoning_effort }}] "
+    )
     args = [
         sys.executable,
         "-m",
@@ -344,7 +347,11 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         "--chat-template-file",
         str(template),
         "--chat-template-kwargs",
-        '{"mark": "!"}',
+        '{"mark": "!", "enable_thinking": true}',
+        "-rea",
+        "off",
+        "--reasoning-effort",
+        "low",
         "--temp",
         "0",
         "-n",
@@ -362,11 +369,12 @@ def test_cli_serves_until_interrupted(tmp_path: Path) -> None:
         port = int(found.group(1))
         status, models = request(port, "GET", "/v1/models")
         assert status == 200 and models["data"][0]["id"] == "tiny-cli"
-        # chats in the given template, with the given kwargs under a request's own
+        # chats in the given template, with the given kwargs (-rea and --reasoning-effort over them) under a
+        # request's own
         chat = {"messages": [{"role": "user", "content": "hi"}]}
-        assert request(port, "POST", "/apply-template", chat)[1]["prompt"] == "[user] hi\n[assistant!] "
-        mine = {**chat, "chat_template_kwargs": {"mark": "?"}}
-        assert request(port, "POST", "/apply-template", mine)[1]["prompt"] == "[user] hi\n[assistant?] "
+        assert request(port, "POST", "/apply-template", chat)[1]["prompt"] == "[user] hi\n[assistant!Falselow] "
+        mine = {**chat, "chat_template_kwargs": {"mark": "?", "reasoning_effort": "high"}}
+        assert request(port, "POST", "/apply-template", mine)[1]["prompt"] == "[user] hi\n[assistant?Falsehigh] "
         # --temp 0 -n 6: what a request does not say (greedy: the same text twice; 6 tokens), its own over them
         text = prompts()[1]["text"]
         bare = [request(port, "POST", "/v1/completions", {"prompt": text})[1] for _ in range(2)]

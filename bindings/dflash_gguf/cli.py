@@ -172,6 +172,16 @@ _MODEL_OPTIONS = [
 ]
 
 
+def _template_kwargs(kwargs: dict[str, Any], reasoning: str, effort: str | None) -> dict[str, Any]:
+    """Chat template arguments with -rea / --reasoning-effort's over them (llama-server's: "default" effort
+    leaves the template's own)."""
+    if reasoning != "auto":
+        kwargs = {**kwargs, "enable_thinking": reasoning == "on"}
+    if effort is not None and effort != "default":
+        kwargs = {**kwargs, "reasoning_effort": effort}
+    return kwargs
+
+
 def _lora_adapters(lora: tuple[str, ...], lora_scaled: tuple[str, ...]) -> list[tuple[str, float]]:
     """--lora's and --lora-scaled's adapters, (file, scale) each, in llama-server's order (--lora first)."""
     out = [(f, 1.0) for item in lora for f in item.split(",") if f]
@@ -197,8 +207,21 @@ def _options(options: list[Callable[..., Any]]) -> Callable[..., Any]:
 
 _model_options = _options(_MODEL_OPTIONS)
 # chat's and serve's (llama-server's and llama-cli's)
-_reasoning_budget_options = _options(
+_reasoning_options = _options(
     [
+        click.option(
+            "-rea",
+            "--reasoning",
+            type=click.Choice(["on", "off", "auto"]),
+            default="auto",
+            show_default=True,
+            help="Think or not, where the chat template lets one choose (enable_thinking; auto: the template's "
+            "default).",
+        ),
+        click.option(
+            "--reasoning-effort",
+            help="The reasoning effort the chat template gets (reasoning_effort: low, medium, high, ...; gpt-oss's).",
+        ),
         click.option(
             "--reasoning-budget",
             type=click.IntRange(min=-1),
@@ -425,8 +448,8 @@ def generate(
     show_default=True,
     help="deepseek: a reasoning model's thinking shown dimmed, kept out of the conversation; none: as text.",
 )
-@click.option("--no-thinking", is_flag=True, help="Ask the template not to think (enable_thinking false: Qwen3's).")
-@_reasoning_budget_options
+@click.option("--no-thinking", is_flag=True, help="Ask the template not to think (the same as -rea off).")
+@_reasoning_options
 def chat(
     system_prompt: str | None,
     prompt: str | None,
@@ -434,6 +457,8 @@ def chat(
     n_predict: int,
     reasoning_format: str,
     no_thinking: bool,
+    reasoning: str,
+    reasoning_effort: str | None,
     reasoning_budget: int,
     reasoning_budget_message: str | None,
     **options: Any,
@@ -449,7 +474,7 @@ def chat(
     reply_options = dict(
         max_tokens=None if n_predict < 0 else n_predict,
         reasoning_format=reasoning_format,
-        chat_template_kwargs={"enable_thinking": False} if no_thinking else None,
+        chat_template_kwargs=_template_kwargs({}, "off" if no_thinking else reasoning, reasoning_effort) or None,
         reasoning_budget_tokens=reasoning_budget,
         reasoning_budget_message=reasoning_budget_message,
         **_sampling(**options),
@@ -494,7 +519,7 @@ def chat(
     help="A JSON object every chat's template gets, under a request's own (llama-server's; e.g. "
     "'{\"enable_thinking\": false}').",
 )
-@_reasoning_budget_options
+@_reasoning_options
 @click.option(
     "-np",
     "--parallel",
@@ -530,6 +555,8 @@ def serve(
     cache_ram: int,
     reasoning_format: str,
     chat_template_kwargs: str | None,
+    reasoning: str,
+    reasoning_effort: str | None,
     reasoning_budget: int,
     reasoning_budget_message: str | None,
     parallel: int,
@@ -555,6 +582,7 @@ def serve(
             _fail(ValueError(f"--chat-template-kwargs: not JSON: {e}"))
         if not isinstance(template_kwargs, dict):
             _fail(ValueError(f"--chat-template-kwargs must be a JSON object, got {chat_template_kwargs}"))
+    template_kwargs = _template_kwargs(template_kwargs or {}, reasoning, reasoning_effort) or None
     try:
         llm = _open_model(**model)
         if cache_ram:
