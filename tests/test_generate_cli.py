@@ -146,3 +146,21 @@ def test_batch_size_reaches_libllama() -> None:
     r = run_generate("-p", "def f(x):", "-b", "64", "--verbose")
     assert r.returncode == 0, r.stderr
     assert re.search(r"n_batch\s+= 64\b", r.stderr) and re.search(r"n_ubatch\s+= 64\b", r.stderr), r.stderr[-2000:]
+
+
+def test_llama_server_spellings_and_lora_options() -> None:
+    """llama-server's -md / --spec-draft-n-max / -devd open the same pair as ours (the options given last
+    win); --lora-scaled at 0 is the adapter-free text, at 1 another, and a malformed one is refused."""
+    from tinycode import lora_gguf
+
+    text = prompts()[2]["text"]
+    ours = run_generate("-p", text)
+    theirs = run_generate("-md", str(drafter_gguf("f32")), "--spec-draft-n-max", "3", "-devd", "cpu", "-p", text)
+    assert ours.returncode == theirs.returncode == 0, theirs.stderr
+    assert theirs.stdout == ours.stdout
+    lora = str(lora_gguf())
+    assert run_generate("--lora-scaled", f"{lora}:0", "-p", text).stdout == ours.stdout
+    adapted = run_generate("--lora", lora, "-p", text)
+    assert adapted.returncode == 0 and adapted.stdout != ours.stdout, adapted.stderr
+    bad = run_generate("--lora-scaled", lora, "-p", text)
+    assert bad.returncode == 2 and "expected FNAME:SCALE" in bad.stderr, bad.stderr

@@ -93,13 +93,24 @@ _CHAT_TEMPLATE_OPTION = click.option(
 # the options that open a target + drafter pair (generate, chat, serve)
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
-    click.option("--draft", "-d", required=True, type=click.Path(dir_okay=False), help="DFlash drafter GGUF."),
+    click.option(
+        "--draft",
+        "-d",
+        "-md",
+        "--spec-draft-model",
+        "draft",
+        required=True,
+        type=click.Path(dir_okay=False),
+        help="DFlash drafter GGUF (also llama-server's -md / --spec-draft-model).",
+    ),
     click.option(
         "--n-max",
+        "--spec-draft-n-max",
+        "n_max",
         default="auto",
         show_default=True,
         help='Drafted tokens verified per step: "auto" (chosen per step from measured costs) or an int '
-        "(0 = block size - 1).",
+        "(0 = block size - 1); also llama-server's --spec-draft-n-max.",
     ),
     click.option(
         "--draft-q",
@@ -136,9 +147,13 @@ _MODEL_OPTIONS = [
     ),
     click.option(
         "--device",
+        "-devd",
+        "--spec-draft-device",
+        "device",
         default="auto",
         show_default=True,
-        help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ...",
+        help="ggml device for the drafter: auto (where the target's layers are), cpu, CUDA0, ... (also "
+        "llama-server's -devd / --spec-draft-device).",
     ),
     click.option(
         "--no-repack",
