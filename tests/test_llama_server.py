@@ -666,6 +666,12 @@ def test_reasoning_budgets_are_llama_server_s(llama_server: Path, template: str,
             assert mine["content"], (extra, mine)  # the budget ended the thinking: the answer follows
             streams = [sse_deltas(b + "/v1/chat/completions", {**req, "stream": True}) for b in (ours_base, base)]
             assert streams[0] == streams[1], extra
+        # llama-server's control route's answers where no generation is under way, and to bad requests
+        for control in ({"id": "chatcmpl-x", "action": "reasoning_end"}, {"action": "reasoning_end"}, {"id": "x"}):
+            answers = [http_json(b + "/v1/chat/completions/control", control) for b in (ours_base, base)]
+            # (an error in OpenAI's shape, llama-server's with its code: the same status and message)
+            said = [(status, a.get("error", {}).get("message", a)) for status, a in answers]
+            assert said[0] == said[1], (control, answers)
         messages = {**chat, "thinking": {"type": "enabled", "budget_tokens": 4}}
         answers = [http_json(b + "/v1/messages", messages)[1]["content"] for b in (ours_base, base)]
         blocks = [[(b["type"], b.get("text", b.get("thinking"))) for b in a] for a in answers]

@@ -113,3 +113,43 @@ def test_a_budget_spent_inside_a_character_waits_for_its_end(llm: SpeculativeLla
         assert not ends or set(out[:2] + out[2 + len(FORCED) :]) == {token}
         assert ends or set(out) == {token}  # never a whole character: the forced end never comes
         assert run(llm, prompt, plain=True, logit_bias={token: 100.0}, reasoning=reasoning) == out
+
+
+THINKING_TEMPLATE = (  # opens the thinking, as Qwen3.5's and DeepSeek-R1's templates do
+    "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]\n<think>\n{% endif %}"
+)
+
+
+def test_end_reasoning_ends_a_streamed_thinking_as_a_budget_would() -> None:
+    """end_reasoning() during a chat streamed with reasoning_control ends its thinking at the next step: the
+    reply is the one some reasoning budget gives (the thinking cut, the message and </think>, the answer);
+    without reasoning_control, or with no generation under way, it does nothing and says so."""
+    messages = [{"role": "user", "content": "import os"}]
+    kw: dict[str, Any] = {"max_tokens": 40, "temperature": 0.0, "reasoning_format": "deepseek"}
+    with SpeculativeLlama(
+        str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS, chat_template=THINKING_TEMPLATE
+    ) as chat:
+
+        def streamed(**options: Any) -> tuple[dict[str, str], list[bool]]:
+            joined, answers = {"reasoning_content": "", "content": ""}, []
+            for i, chunk in enumerate(chat.create_chat_completion(messages, stream=True, **kw, **options)):
+                for key in joined:
+                    joined[key] += chunk["choices"][0]["delta"].get(key) or ""
+                if i == 3:
+                    answers.append(chat.end_reasoning())
+            return joined, answers
+
+        free = chat.create_chat_completion(messages, **kw)["choices"][0]["message"]
+        assert free["reasoning_content"] and not free["content"]  # the model never ends a thinking itself
+        assert streamed() == ({"reasoning_content": free["reasoning_content"], "content": ""}, [False])
+        ended, answers = streamed(reasoning_control=True, reasoning_budget_message=" ok")
+        assert answers == [True] and ended["content"] and ended["reasoning_content"].endswith(" ok")
+        budgeted = [
+            chat.create_chat_completion(messages, reasoning_budget_tokens=n, reasoning_budget_message=" ok", **kw)[
+                "choices"
+            ][0]["message"]
+            for n in range(1, 20)
+        ]
+        assert {"role": "assistant", **ended} in budgeted
+        assert not chat.end_reasoning()

@@ -662,3 +662,50 @@ def test_slots_say_which_slot_is_busy_and_what_each_holds() -> None:
         with running(make_server(llm, port=0, slots=False)) as port:
             assert request(port, "GET", "/slots")[0] == 501
             assert request(port, "GET", "/props")[1]["endpoint_slots"] is False
+
+
+def test_a_streamed_thinking_is_ended_on_request() -> None:
+    """POST /v1/chat/completions/control {"id", "action": "reasoning_end"} (llama-server's) during a chat
+    streamed with reasoning_control: the thinking ends (the budget's message, then the answer), the stream
+    goes on; an id no generation has, or a completion made without reasoning_control, says so."""
+    from test_reasoning_budget import THINKING_TEMPLATE
+
+    chat = {
+        "messages": [{"role": "user", "content": "import os"}],
+        "max_tokens": 2000,  # the model never ends a thinking itself: long enough to be under way
+        "temperature": 0.0,
+        "stream": True,
+        "reasoning_budget_message": " ok",
+    }
+    with (
+        SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=4096, chat_template=THINKING_TEMPLATE) as llm,
+        serving(llm) as port,
+    ):
+        control = {"id": "chatcmpl-none", "action": "reasoning_end"}
+        assert request(port, "POST", "/v1/chat/completions/control", control) == (
+            200,
+            {"success": False, "message": "no active completion for this id"},
+        )
+        for armed in (True, False):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            body = json.dumps({**chat, "reasoning_control": armed})
+            conn.request("POST", "/v1/chat/completions", body=body, headers={"Content-Type": "application/json"})
+            stream = conn.getresponse()
+            joined, answer = {"reasoning_content": "", "content": ""}, None
+            for line in stream:
+                if not line.startswith(b"data: {"):
+                    continue
+                chunk = json.loads(line[len(b"data: ") :])
+                for key in joined:
+                    joined[key] += (chunk["choices"] or [{}])[0].get("delta", {}).get(key) or ""
+                if answer is None and joined["reasoning_content"]:
+                    _, answer = request(port, "POST", "/v1/chat/completions/control", {**control, "id": chunk["id"]})
+            conn.close()
+            if armed:
+                assert answer == {"success": True}
+                assert joined["reasoning_content"].endswith(" ok") and joined["content"], joined
+            else:
+                assert answer == {"success": False, "message": "reasoning control not enabled for this completion"}
+                assert not joined["content"], joined
+        for bad in ({"action": "reasoning_end"}, {"id": "x", "action": "stop"}):
+            assert request(port, "POST", "/v1/chat/completions/control", bad)[0] == 400

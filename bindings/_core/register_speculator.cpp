@@ -217,6 +217,14 @@ void register_speculator(py::module_ & m) {
             },
             "The target's LoRA adapters: [(file, scale in this context)]")
         .def(
+            "end_reasoning",
+            [](PySpeculator & p) {
+                Busy busy(p.mu, "this SpeculativeLlama");
+                return live(p).end_reasoning();
+            },
+            "The thinking under way ends now: its reasoning budget's forced end comes next (between steps). "
+            "False without a budget or a thinking being counted.")
+        .def(
             "set_lora_scales",
             [](PySpeculator & p, const std::vector<float> & scales) {
                 Busy busy(p.mu, "this SpeculativeLlama");

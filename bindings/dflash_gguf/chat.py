@@ -63,6 +63,7 @@ class ChatMixin:
         parallel_tool_calls: bool = True,
         reasoning_budget_tokens: int | None = None,
         reasoning_budget_message: str | None = None,
+        reasoning_control: bool = False,
     ) -> dict[str, Any] | Iterator[dict[str, Any]]:
         """Chat with the target GGUF's chat template (ChatML when it has none), as llama_cpp.Llama's
         template-based chat handlers do. `grammar` and `logits_processor` as in create_completion.
@@ -88,6 +89,9 @@ class ChatMixin:
         `reasoning_budget_tokens=N` (llama-server's --reasoning-budget): once a reasoning model has thought N
         tokens, the end of its thinking is written for it (`reasoning_budget_message`, then the closing tag)
         and it goes on to the answer; 0 ends the thinking at once; None or -1: no budget.
+        `reasoning_control=True` (llama-server's): `end_reasoning()`, called from another thread while the
+        reply streams, ends its thinking so (the budget's message then too). The reply's id is
+        `self.completion_id` from the call on.
         `logprobs=True` (with `top_logprobs=n`): the reply's tokens' log-probabilities in OpenAI's shape.
         Sampling options as in create_completion."""
         n_logprobs = (top_logprobs or 0) if logprobs else None
@@ -114,10 +118,16 @@ class ChatMixin:
             given = ["tools"]
         stops = ([stop] if isinstance(stop, str) else list(stop or [])) + template_stops
         reasoning = self._reasoning_budget(
-            messages, template_args, prompt, reasoning_budget_tokens, reasoning_budget_message, bool(triggers)
+            messages,
+            template_args,
+            prompt,
+            reasoning_budget_tokens,
+            reasoning_budget_message,
+            bool(triggers) or reasoning_control,
         )
         sampling = self._sampling(max_tokens, grammars[given[0]] if given else None, locals(), triggers, reasoning)
         cid, created = f"chatcmpl-{uuid.uuid4()}", int(time.time())
+        self.completion_id = cid
         markers = (self.tokenize(m.encode(), add_bos=False, special=True) for m in reply_markers(syntax))
         shown = frozenset(ids[0] for ids in markers if len(ids) == 1)  # the markers that are a token each
         chunks = self._completion_chunks(
@@ -207,17 +217,18 @@ class ChatMixin:
         prompt: str,
         tokens: int | None,
         message: str | None,
-        lazy_grammar: bool,
+        armed: bool,
     ) -> ReasoningBudget | None:
         """llama-server's reasoning budget for a chat whose prompt is `prompt`: where the template thinks and
-        there is a budget, or a lazy grammar to hold back while the model thinks."""
+        there is a budget, or (`armed`) a lazy grammar to hold back while the model thinks or an end of the
+        thinking to force on request."""
         budget = -1 if tokens is None else tokens
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < -1:
             raise ValueError(f"reasoning_budget_tokens must be an int >= 0 (-1 or None: no budget), got {tokens!r}")
         if message is not None and not isinstance(message, str):
             raise ValueError(f"reasoning_budget_message must be text, got {message!r:.80}")
         tags = thinking_tags(self.chat_template or "")
-        if tags is None or (budget < 0 and not lazy_grammar):
+        if tags is None or (budget < 0 and not armed):
             return None
         # the template's opening of the reply (llama-server's generation prompt): what rendering the
         # conversation without it leaves out

@@ -138,6 +138,8 @@ class GenerationMixin:
             seed = random.getrandbits(63)
         self.finish_reason = "length"
         self._end_token: int | None = None  # the end-of-generation token it ended at
+        self._end_reasoning = False
+        self._reasoning_armed = sampling.reasoning is not None  # end_reasoning() can end its thinking
         t0 = time.perf_counter()
         self._take_context_from_llama()
         try:
@@ -195,6 +197,9 @@ class GenerationMixin:
                         "the adopted llama_cpp.Llama decoded in the shared context while this "
                         "generation was streaming; its K/V is gone (finish or close a stream first)"
                     )
+                if self._end_reasoning:  # asked for by end_reasoning(), from any thread
+                    self._end_reasoning = False
+                    self._spec.end_reasoning()
                 # a step drafts no further than the tokens still wanted
                 pending, full = self._spec.step_plain() if plain else self._spec.step(limit - n_out)
                 if logprobs is not None:

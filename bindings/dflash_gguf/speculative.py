@@ -213,6 +213,9 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         self._completion_tokens: list[int] = []
         self._token_logprobs: list[TokenLogprob | None] = []
         self._end_token: int | None = None
+        self._end_reasoning = False  # end_reasoning()'s request, read by the generation between steps
+        self._reasoning_armed = False  # the generation under way has a reasoning budget end_reasoning() can use
+        self.completion_id: str | None = None  # the id of the chat completion under way, or the last one
         self.stats = GenerationStats()
         # called with each generation's statistics as it ends, on the generating thread (a server's /metrics)
         self.on_generation: Callable[[GenerationStats], None] | None = None
@@ -298,6 +301,16 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         )
         obj.n_batch = self.n_batch
         return obj
+
+    def end_reasoning(self) -> bool:
+        """From any thread, while a chat made with `reasoning_control=True` (or a reasoning budget) streams:
+        its thinking ends at the next step, the end of thinking (the budget's message and closing tag) written
+        for it, and the reply goes on to its answer (llama-server's `reasoning_end` control; a desktop app's
+        "answer now"). False when no such generation is under way."""
+        if not self._lock.locked() or not self._reasoning_armed:
+            return False
+        self._end_reasoning = True
+        return True
 
     @property
     def lora_adapters(self) -> list[dict[str, Any]]:

@@ -91,6 +91,13 @@ void ReasoningBudget::accept(int32_t token) {
     }
 }
 
+bool ReasoningBudget::end_now() {
+    if (state_ != State::Counting) return false;
+    ends_.reset();
+    force();
+    return true;
+}
+
 int32_t ReasoningBudget::forced_token() const {
     return state_ == State::Forcing && forced_at_ < forced_.size() ? forced_[forced_at_] : -1;
 }

@@ -49,6 +49,7 @@ FIELDS = {
             "chat_template_kwargs",
             "reasoning_budget_tokens",
             "reasoning_budget_message",
+            "reasoning_control",
         },
     ),
 }

@@ -182,6 +182,9 @@ class Handler(JSONEventHandler):
         if self.path == "/lora-adapters":
             self._set_lora()
             return
+        if self.path == "/v1/chat/completions/control":
+            self._control()
+            return
         if self.path not in FIELDS and self.path not in NATIVE and tokens is None and dialect is None and not count:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
             return
@@ -244,6 +247,27 @@ class Handler(JSONEventHandler):
         if length < 0:  # read(-1) would wait for the client to close its side
             raise BadRequest(f"Content-Length must be >= 0, got {length}")
         return json.loads(self.rfile.read(length) or b"null")
+
+    def _control(self) -> None:
+        """llama-server's control of a chat completion under way: {"id", "action": "reasoning_end"} ends the
+        thinking of one made with reasoning_control (or a reasoning budget)."""
+        try:
+            body = self._json_body()
+            if not isinstance(body, dict) or not body.get("id"):
+                raise BadRequest("missing completion id")
+            if body.get("action") != "reasoning_end":
+                raise BadRequest("unknown control action")
+        except (ValueError, json.JSONDecodeError) as e:
+            self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, str(e)))
+            return
+        llm = self.server.generating(body["id"])
+        if llm is None:
+            answer = {"success": False, "message": "no active completion for this id"}
+        elif not llm.end_reasoning():
+            answer = {"success": False, "message": "reasoning control not enabled for this completion"}
+        else:
+            answer = {"success": True}
+        self._send_json(HTTPStatus.OK, answer)
 
     def _set_lora(self) -> None:
         """POST /lora-adapters: the scales generations use from now on (llama-server's)."""

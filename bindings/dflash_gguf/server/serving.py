@@ -83,6 +83,11 @@ class DFlashServer(ThreadingHTTPServer):
         for s in self.slots:
             s.on_generation = self.metrics.add
 
+    def generating(self, completion_id: str) -> SpeculativeLlama | None:
+        """The slot generating the chat completion of this id, if any."""
+        with self._freed:
+            return next((s for s in self.slots if s not in self._free and s.completion_id == completion_id), None)
+
     def lora_scales(self, body: Any) -> list[float]:
         """The adapters' scales a request's generation uses: its `lora` list's, else the server's."""
         entries = body.get("lora") if isinstance(body, dict) else None

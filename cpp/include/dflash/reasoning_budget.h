@@ -42,6 +42,9 @@ public:
     // ends_character(token): the token's text does not stop inside a UTF-8 character
     ReasoningBudget(const ReasoningBudgetParams & params, std::function<bool(int32_t)> ends_character);
     void accept(int32_t token);
+    // A thinking being counted ends now: its forced end comes next (llama-server's reasoning_end control).
+    // False where there is none (not thinking, or already ending).
+    bool end_now();
     int32_t forced_token() const;  // the token that must come next, or -1
     bool thinking() const { return state_ != State::Idle && state_ != State::Done; }
     State state() const { return state_; }

@@ -110,6 +110,9 @@ public:
     // The target's LoRA adapters' scales (Target::set_lora_scales); a change empties the context, which
     // holds what the old weights computed (the next start() prefills the whole prompt).
     void set_lora_scales(const std::vector<float> & scales);
+    // The thinking under way ends now: the reasoning budget's forced end comes next (between steps; false
+    // without a budget or a thinking being counted).
+    bool end_reasoning() { return budget_ && budget_->end_now(); }
 
 private:
     // auto mode: times a plain decode and a draft + verify of every draft length on a context of
