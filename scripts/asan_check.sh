@@ -39,7 +39,7 @@ PYEOF
 LIBASAN="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so.6)"
 if [ "$#" -eq 0 ]; then
   set -- tests/test_loader.py tests/test_graph_parity.py tests/test_api.py tests/test_state.py tests/test_sampling.py tests/test_chat_reply.py \
-         tests/test_draft_length.py tests/test_share_weights.py tests/test_draft_vocab.py tests/test_reasoning_budget.py tests/test_lora.py \
+         tests/test_draft_length.py tests/test_share_weights.py tests/test_draft_vocab.py tests/test_reasoning_budget.py tests/test_lora.py tests/test_kv_cache_types.py \
          "tests/test_lossless.py::test_greedy_lossless_bundled" "tests/test_lossless.py::test_rollback_gives_identical_outputs" \
          "tests/test_lossless.py::test_generation_to_a_full_context" tests/test_hardening.py \
          tests/test_arch_targets.py -k "not long_run and not llama_server"

@@ -182,7 +182,8 @@ void register_speculator(py::module_ & m) {
                          const std::string & sampler,
                          const std::vector<std::pair<std::string, std::string>> & tensor_overrides,
                          const std::vector<int32_t> & draft_vocab, bool swa_full,
-                         const std::vector<std::pair<std::string, float>> & loras) {
+                         const std::vector<std::pair<std::string, float>> & loras, const std::string & type_k,
+                         const std::string & type_v) {
                  const auto sopt = spec_options(n_max, adaptive, draft_q, fallback, sampler);
                  dflash::TargetOptions topt;
                  topt.n_ctx = n_ctx;
@@ -193,6 +194,8 @@ void register_speculator(py::module_ & m) {
                  topt.tensor_overrides = tensor_overrides;
                  topt.swa_full = swa_full;
                  topt.loras = loras;
+                 topt.type_k = dflash::kv_cache_type(type_k);
+                 topt.type_v = dflash::kv_cache_type(type_v);
                  py::gil_scoped_release nogil;
                  return make_speculator(
                      [&](uint32_t max_draft) {
@@ -208,7 +211,8 @@ void register_speculator(py::module_ & m) {
              py::arg("repack") = py::none(), py::arg("sampler") = "gumbel",
              py::arg("tensor_overrides") = std::vector<std::pair<std::string, std::string>>{},
              py::arg("draft_vocab") = std::vector<int32_t>{}, py::arg("swa_full") = false,
-             py::arg("loras") = std::vector<std::pair<std::string, float>>{})
+             py::arg("loras") = std::vector<std::pair<std::string, float>>{}, py::arg("type_k") = "f16",
+             py::arg("type_v") = "f16")
         .def_property_readonly(
             "loras",
             [](PySpeculator & p) {

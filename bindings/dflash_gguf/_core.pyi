@@ -145,6 +145,8 @@ class Speculator:
         draft_vocab: list[int] = ...,
         swa_full: bool = False,
         loras: list[tuple[str, float]] = ...,
+        type_k: str = "f16",
+        type_v: str = "f16",
     ) -> None: ...
     @property
     def loras(self) -> list[tuple[str, float]]: ...

@@ -90,6 +90,7 @@ _CHAT_TEMPLATE_OPTION = click.option(
     help="Chat in this Jinja template instead of the target GGUF's (llama-server's --chat-template-file).",
 )
 
+_KV_CACHE_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 # the options that open a target + drafter pair (generate, chat, serve)
 _MODEL_OPTIONS = [
     click.option("--target", "-m", required=True, type=click.Path(dir_okay=False), help="Target model GGUF."),
@@ -173,6 +174,24 @@ _MODEL_OPTIONS = [
     ),
     *_PLACEMENT_OPTIONS,
     _DRAFT_VOCAB_OPTION,
+    click.option(
+        "--cache-type-k",
+        "-ctk",
+        "cache_type_k",
+        type=click.Choice(_KV_CACHE_TYPES),
+        default="f16",
+        show_default=True,
+        help="The target's K cache type (llama-server's; q8_0 halves a long context's memory).",
+    ),
+    click.option(
+        "--cache-type-v",
+        "-ctv",
+        "cache_type_v",
+        type=click.Choice(_KV_CACHE_TYPES),
+        default="f16",
+        show_default=True,
+        help="The target's V cache type (a quantized one turns flash attention on, as llama-server does).",
+    ),
     click.option(
         "--lora",
         multiple=True,
@@ -334,6 +353,8 @@ def _open_model(
     chat_template_file: str | None = None,
     lora: tuple[str, ...] = (),
     lora_scaled: tuple[str, ...] = (),
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
     **kw: Any,
 ) -> SpeculativeLlama:
     from .speculative import SpeculativeLlama
@@ -360,6 +381,8 @@ def _open_model(
         draft_vocab=draft_vocab,
         verbose=verbose,
         lora_adapters=_lora_adapters(lora, lora_scaled),
+        type_k=cache_type_k,
+        type_v=cache_type_v,
         **kw,
     )
 

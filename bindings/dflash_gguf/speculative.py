@@ -42,6 +42,21 @@ def draft_device_for(device: str, n_gpu_layers: int) -> str:
     return device
 
 
+def kv_cache_type(t: int | str | None) -> str:
+    """A K/V cache type as llama-server names it: a name ("q8_0"), or llama_cpp.Llama's GGML type number
+    (type_k=8); None: f16."""
+    if t is None:
+        return "f16"
+    if isinstance(t, int) and not isinstance(t, bool):
+        import gguf
+
+        try:
+            return gguf.GGMLQuantizationType(t).name.lower()
+        except ValueError:
+            raise ValueError(f"type_k / type_v: {t} is no GGML type") from None
+    return str(t)
+
+
 def lora_list(adapters: Sequence[tuple[str, float]] | None, path: str | None, scale: float) -> list[tuple[str, float]]:
     """The LoRA adapters to load, (file, scale) each: `adapters` (llama-server's --lora-scaled), then
     llama_cpp.Llama's `lora_path` at `lora_scale`."""
@@ -158,6 +173,8 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         lora_path: str | None = None,
         lora_scale: float = 1.0,
         lora_adapters: Sequence[tuple[str, float]] | None = None,
+        type_k: int | str | None = None,
+        type_v: int | str | None = None,
         _core: Speculator | None = None,
     ) -> None:
         # libllama logs through llama-cpp-python's logger; like llama_cpp.Llama, quiet unless verbose
@@ -190,6 +207,8 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
                     draft_vocab=ids or [],
                     swa_full=swa_full,
                     loras=loras,
+                    type_k=kv_cache_type(type_k),
+                    type_v=kv_cache_type(type_v),
                     **loop,
                 ),
                 target,

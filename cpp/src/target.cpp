@@ -170,6 +170,17 @@ llama_flash_attn_type target_flash_attn(int n_gpu_layers) {
     return n_gpu_layers == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED : LLAMA_FLASH_ATTN_TYPE_AUTO;
 }
 
+ggml_type kv_cache_type(const std::string & name) {
+    static const ggml_type kTypes[] = {GGML_TYPE_F32,  GGML_TYPE_F16,    GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+                                       GGML_TYPE_Q4_1, GGML_TYPE_IQ4_NL, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1};
+    std::string names;
+    for (ggml_type t : kTypes) {
+        if (name == ggml_type_name(t)) return t;
+        names += std::string(names.empty() ? "" : ", ") + ggml_type_name(t);
+    }
+    throw Error("K/V cache type must be one of " + names + ", got '" + name + "'");
+}
+
 Target::Target(const std::string & path, const TargetOptions & opts) {
     struct stat st{};
     if (stat(path.c_str(), &st) != 0) {
@@ -234,11 +245,16 @@ void Target::open_context(const std::string & path, const TargetOptions & opts) 
     cp.n_threads_batch = n_threads;
     cp.no_perf = true;
     cp.n_rs_seq = opts.n_rs_seq;  // libllama clamps it to 0 for archs without snapshot rollback
-    cp.flash_attn_type = target_flash_attn(opts.n_gpu_layers);
+    cp.flash_attn_type =
+        ggml_is_quantized(opts.type_v) ? LLAMA_FLASH_ATTN_TYPE_ENABLED : target_flash_attn(opts.n_gpu_layers);
     cp.swa_full = opts.swa_full;
+    cp.type_k = opts.type_k;
+    cp.type_v = opts.type_v;
     ctx_ = llama_init_from_model(model_, cp);
     if (!ctx_) {
-        throw Error(path + ": libllama could not create a context (n_ctx " + std::to_string(opts.n_ctx) + ")");
+        throw Error(path + ": libllama could not create a context (n_ctx " + std::to_string(opts.n_ctx) +
+                    ", K/V cache " + ggml_type_name(opts.type_k) + "/" + ggml_type_name(opts.type_v) +
+                    "; see its log above)");
     }
     owns_ = true;
     path_ = path;
