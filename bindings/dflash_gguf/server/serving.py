@@ -224,35 +224,12 @@ def serving(
     api_key: str | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
-    reasoning_format: str = "deepseek",
-    parallel: int = 1,
-    metrics: bool = False,
-    slots: bool = True,
-    chat_template_kwargs: dict[str, Any] | None = None,
-    sampling: dict[str, Any] | None = None,
-    reasoning_budget: int = -1,
-    reasoning_budget_message: str | None = None,
-    lora_init_without_apply: bool = False,
+    **options: Any,
 ) -> Iterator[int]:
     """make_server served from a daemon thread for the `with` block (an app that embeds the server, a
-    test): yields the port (port 0: any free one), shuts the server down after."""
-    server = make_server(
-        llm,
-        host,
-        port,
-        model_name,
-        api_key,
-        reasoning_format,
-        parallel,
-        metrics,
-        slots,
-        chat_template_kwargs,
-        sampling,
-        reasoning_budget,
-        reasoning_budget_message,
-        lora_init_without_apply,
-    )
-    with running(server) as bound:
+    test): yields the port (port 0: any free one), shuts the server down after. `options`: make_server's
+    others (reasoning_format, parallel, metrics, ...)."""
+    with running(make_server(llm, host, port, model_name, api_key, **options)) as bound:
         yield bound
 
 
