@@ -1028,3 +1028,48 @@ def test_lora_adapters_are_llama_server_s(llama_server: Path, tinycode: Path, tm
         assert [a["scale"] for a in same("/lora-adapters")] == [0.0, 1.0]
         assert text({}) not in (both, alone)
         assert text({"lora": [{"id": 0, "scale": 1.0}]}) == alone
+
+
+def test_slot_actions_are_llama_server_s(llama_server: Path, tinycode: Path, tmp_path: Path) -> None:
+    """POST /slots/{id}?action=save|restore|erase: the same answers as llama-server's (fields, token counts;
+    the bytes and times are each server's own, the files each one's format) and the same refusals (a slot id
+    past the last is refused here, where llama-server 0.3.36 answers as for an empty slot)."""
+    from tinycode import drafter_gguf
+
+    from dflash_gguf import SpeculativeLlama
+    from dflash_gguf.server import serving
+
+    target = tinycode / "target-f16.gguf"
+    theirs_dir, ours_dir = tmp_path / "theirs", tmp_path / "ours"
+    theirs_dir.mkdir()
+    ours_dir.mkdir()
+    req = {"prompt": prompts(tinycode)[0], "n_predict": 16, "temperature": 0.0}
+    with (
+        running_server(
+            llama_server, target, tmp_path / "slots.log", extra_args=["--slot-save-path", f"{theirs_dir}/"]
+        ) as base,
+        SpeculativeLlama(str(target), str(drafter_gguf("f32")), n_ctx=1024, n_threads=2) as llm,
+        serving(llm, slot_save_path=str(ours_dir)) as port,
+    ):
+        servers = (f"http://127.0.0.1:{port}", base)
+
+        def both(path: str, body: Any = None) -> list[tuple[int, Any]]:
+            return [http_json(s + path, body) for s in servers]
+
+        both("/completion", req)
+        saved = both("/slots/0?action=save", {"filename": "s.bin"})
+        assert [s[0] for s in saved] == [200, 200]
+        assert saved[0][1].keys() == saved[1][1].keys()
+        assert saved[0][1]["n_saved"] == saved[1][1]["n_saved"], saved
+        erased = both("/slots/0?action=erase", {})
+        assert erased[0] == erased[1] == (200, {"id_slot": 0, "n_erased": saved[0][1]["n_saved"]})
+        restored = both("/slots/0?action=restore", {"filename": "s.bin"})
+        assert restored[0][1].keys() == restored[1][1].keys()
+        assert restored[0][1]["n_restored"] == restored[1][1]["n_restored"] == saved[0][1]["n_saved"]
+        for path, body in (
+            ("/slots/0?action=save", {"filename": "../s.bin"}),
+            ("/slots/0?action=copy", {"filename": "s.bin"}),
+        ):
+            answers = both(path, body)
+            said = [(status, a["error"]["message"]) for status, a in answers]
+            assert said[0] == said[1], (path, answers)

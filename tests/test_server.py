@@ -709,3 +709,43 @@ def test_a_streamed_thinking_is_ended_on_request() -> None:
                 assert not joined["content"], joined
         for bad in ({"action": "reasoning_end"}, {"id": "x", "action": "stop"}):
             assert request(port, "POST", "/v1/chat/completions/control", bad)[0] == 400
+
+
+def test_slots_are_saved_restored_and_erased(tmp_path: Path) -> None:
+    """POST /slots/{id}?action=save|restore|erase (llama-server's, with --slot-save-path): a slot's context
+    saved to a file comes back after an erase (the next request reuses it and answers as before); bad
+    requests are refused by name; without a directory the route is off."""
+    prompt = {"prompt": prompts()[0]["text"], "max_tokens": 16, **GREEDY}
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=1024, n_threads=THREADS) as llm:
+        with serving(llm) as port:
+            assert request(port, "POST", "/slots/0?action=save", {"filename": "a"})[0] == 501
+        with serving(llm, slot_save_path=str(tmp_path)) as port:
+            first = request(port, "POST", "/v1/completions", prompt)[1]
+            held = first["usage"]["prompt_tokens"] + 15  # the prompt and the tokens decoded after it
+            status, saved = request(port, "POST", "/slots/0?action=save", {"filename": "chat.bin"})
+            assert status == 200 and (saved["id_slot"], saved["filename"], saved["n_saved"]) == (0, "chat.bin", held)
+            assert saved["n_written"] == (tmp_path / "chat.bin").stat().st_size and "save_ms" in saved["timings"]
+            assert request(port, "POST", "/slots/0?action=erase")[1] == {"id_slot": 0, "n_erased": held}
+            cold = request(port, "POST", "/v1/completions", prompt)[1]
+            assert cold["timings"]["cache_n"] == 0  # erased: the prompt decoded again
+            request(port, "POST", "/slots/0?action=erase")
+            status, restored = request(port, "POST", "/slots/0?action=restore", {"filename": "chat.bin"})
+            assert status == 200 and (restored["n_restored"], restored["n_read"]) == (held, saved["n_written"])
+            again = request(port, "POST", "/v1/completions", prompt)[1]
+            assert again["timings"]["cache_n"] == first["usage"]["prompt_tokens"] - 1  # the restored context
+            assert again["choices"][0]["text"] == first["choices"][0]["text"]
+            (tmp_path / "junk.bin").write_bytes(b"not a slot")
+            for path, body, why in (
+                ("/slots/0?action=save", {"filename": "../escape"}, "Invalid filename"),
+                ("/slots/7?action=save", {"filename": "a"}, "Invalid slot ID"),
+                ("/slots/0?action=load", {"filename": "a"}, "Invalid action"),
+                ("/slots/0?action=restore", {"filename": "missing.bin"}, "Unable to restore slot: missing.bin"),
+                ("/slots/0?action=restore", {"filename": "junk.bin"}, "not a slot file"),
+            ):
+                status, answer = request(port, "POST", path, body)
+                assert status == 400 and why in answer["error"]["message"], (path, answer)
+            assert not (tmp_path.parent / "escape").exists()
+            # the server goes on serving, the slot usable
+            assert (
+                request(port, "POST", "/v1/completions", prompt)[1]["choices"][0]["text"] == first["choices"][0]["text"]
+            )

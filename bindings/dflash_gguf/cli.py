@@ -574,6 +574,12 @@ def chat(
     "start, in Prometheus' text format under llama-server's names.",
 )
 @click.option(
+    "--slot-save-path",
+    type=click.Path(file_okay=False, exists=True),
+    help="Serve POST /slots/{id}?action=save|restore|erase: slot contexts saved to and restored from files of "
+    "this directory (llama-server's).",
+)
+@click.option(
     "--lora-init-without-apply",
     is_flag=True,
     help="Load the LoRA adapters at scale 0 until POST /lora-adapters or a request's `lora` sets one (llama-server's).",
@@ -602,6 +608,7 @@ def serve(
     slots: bool,
     n_predict: int | None,
     lora_init_without_apply: bool,
+    slot_save_path: str | None,
     **model: Any,
 ) -> None:
     """An OpenAI-compatible server: /v1/completions, /v1/chat/completions, /v1/responses (streaming too),
@@ -643,6 +650,7 @@ def serve(
             reasoning_budget,
             reasoning_budget_message,
             lora_init_without_apply,
+            slot_save_path,
         )
     except (ValueError, RuntimeError, OSError) as e:
         _fail(e)

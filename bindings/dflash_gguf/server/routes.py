@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hmac
 import json
+import time
 from collections.abc import Callable, Iterator
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import parse_qs, urlsplit
 
+from .. import DFlashError
 from ..llama_compat import LogprobCursor
 from ..speculative import SpeculativeLlama
 from . import anthropic_messages, openai_responses
@@ -24,6 +26,7 @@ from .responses import (
     timings,
     tokenize_response,
 )
+from .slot_files import read_slot, valid_filename, write_slot
 from .streaming import JSONEventHandler
 
 if TYPE_CHECKING:
@@ -185,6 +188,9 @@ class Handler(JSONEventHandler):
         if self.path == "/v1/chat/completions/control":
             self._control()
             return
+        if self.path.startswith("/slots/"):
+            self._slot_action(self.path[len("/slots/") :])
+            return
         if self.path not in FIELDS and self.path not in NATIVE and tokens is None and dialect is None and not count:
             self._send_json(HTTPStatus.NOT_FOUND, error_body(HTTPStatus.NOT_FOUND, f"no route POST {self.path}"))
             return
@@ -267,6 +273,53 @@ class Handler(JSONEventHandler):
             answer = {"success": False, "message": "reasoning control not enabled for this completion"}
         else:
             answer = {"success": True}
+        self._send_json(HTTPStatus.OK, answer)
+
+    def _slot_action(self, id_slot: str) -> None:
+        """llama-server's POST /slots/{id}?action=save|restore|erase: a slot's context to a file of the
+        --slot-save-path directory, back from one, or forgotten (each once the slot is free)."""
+        server = self.server
+        if server.slot_save_path is None:
+            message = "This server does not support slots action. Start it with `--slot-save-path`"
+            self._send_json(HTTPStatus.NOT_IMPLEMENTED, error_body(HTTPStatus.NOT_IMPLEMENTED, message))
+            return
+        action = parse_qs(self._query).get("action", [""])[0]
+        try:
+            body = self._json_body() if action in ("save", "restore") else None
+            if not id_slot.isdigit() or int(id_slot) >= len(server.slots):
+                raise BadRequest("Invalid slot ID")
+            if action not in ("save", "restore", "erase"):
+                raise BadRequest("Invalid action")
+            filename = body.get("filename") if isinstance(body, dict) else None
+            if action != "erase" and not valid_filename(filename):
+                raise BadRequest("Invalid filename")
+            i = int(id_slot)
+            t0 = time.perf_counter()
+            with server.slot_at(i) as llm:
+                if action == "save":
+                    state = llm.save_state()
+                    written = write_slot(server.slot_save_path / filename, state)
+                    answer = {"id_slot": i, "filename": filename, "n_saved": state.n_tokens, "n_written": written}
+                    answer["timings"] = {"save_ms": (time.perf_counter() - t0) * 1e3}
+                elif action == "restore":
+                    try:
+                        state, read = read_slot(server.slot_save_path / filename)
+                        llm.load_state(state)
+                    except (ValueError, DFlashError) as e:
+                        raise BadRequest(f"Unable to restore slot: {e}") from None
+                    answer = {"id_slot": i, "filename": filename, "n_restored": state.n_tokens, "n_read": read}
+                    answer["timings"] = {"restore_ms": (time.perf_counter() - t0) * 1e3}
+                else:
+                    answer = {"id_slot": i, "n_erased": len(llm._spec.cached_tokens)}
+                    llm.reset()
+        except (ValueError, json.JSONDecodeError) as e:
+            self._send_json(HTTPStatus.BAD_REQUEST, error_body(HTTPStatus.BAD_REQUEST, str(e)))
+            return
+        except OSError:  # the directory is not writable, full, ...
+            self._send_json(
+                HTTPStatus.INTERNAL_SERVER_ERROR, error_body(HTTPStatus.INTERNAL_SERVER_ERROR, "Unable to save slot")
+            )
+            return
         self._send_json(HTTPStatus.OK, answer)
 
     def _set_lora(self) -> None:

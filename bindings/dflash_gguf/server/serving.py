@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import llama_cpp
@@ -39,6 +40,7 @@ class DFlashServer(ThreadingHTTPServer):
         reasoning_budget: int = -1,
         reasoning_budget_message: str | None = None,
         lora_init_without_apply: bool = False,
+        slot_save_path: str | None = None,
     ) -> None:
         if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
             raise ValueError(f"parallel must be an int >= 1, got {parallel!r}")
@@ -57,6 +59,7 @@ class DFlashServer(ThreadingHTTPServer):
         self.lora = adapter_list(llm)
         for adapter in self.lora if lora_init_without_apply else ():
             adapter["scale"] = 0.0
+        self.slot_save_path = None if slot_save_path is None else Path(slot_save_path)  # POST /slots/{id}'s files
         self.created = int(time.time())
         self.slots = [llm]
         self._callers_hook = llm.on_generation  # server_close gives it back, from a failed bind too
@@ -148,6 +151,23 @@ class DFlashServer(ThreadingHTTPServer):
         finally:
             release()
 
+    @contextlib.contextmanager
+    def slot_at(self, i: int) -> Iterator[SpeculativeLlama]:
+        """Slot `i`, once free (after the generation it may be running), for what is done to it by id."""
+        llm = self.slots[i]
+        with self._freed:
+            self._waiting += 1
+            while llm not in self._free:
+                self._freed.wait()
+            self._waiting -= 1
+            self._free.remove(llm)
+        try:
+            yield llm
+        finally:
+            with self._freed:
+                self._free.append(llm)
+                self._freed.notify_all()
+
     def server_close(self) -> None:
         super().server_close()
         self.llm.on_generation = self._callers_hook  # llm is the caller's
@@ -186,6 +206,7 @@ def make_server(
     reasoning_budget: int = -1,
     reasoning_budget_message: str | None = None,
     lora_init_without_apply: bool = False,
+    slot_save_path: str | None = None,
 ) -> DFlashServer:
     """A server for `llm` (not started: call serve_forever(), shutdown() from another thread). With an
     `api_key`, every route but /health needs `Authorization: Bearer <api_key>` (llama-server's --api-key).
@@ -199,7 +220,9 @@ def make_server(
     generation takes unless its request names them (llama-server's --temp, ..., -n). `reasoning_budget`,
     `reasoning_budget_message`: every chat's reasoning budget unless its request gives one (llama-server's
     --reasoning-budget, --reasoning-budget-message; -1: none). `lora_init_without_apply`: the target's LoRA
-    adapters at scale 0 until POST /lora-adapters or a request's `lora` sets one (llama-server's)."""
+    adapters at scale 0 until POST /lora-adapters or a request's `lora` sets one (llama-server's).
+    `slot_save_path`: a directory POST /slots/{id}?action=save|restore writes slot files to and reads them
+    from (llama-server's --slot-save-path)."""
     return DFlashServer(
         (host, port),
         llm,
@@ -214,6 +237,7 @@ def make_server(
         reasoning_budget,
         reasoning_budget_message,
         lora_init_without_apply,
+        slot_save_path,
     )
 
 
