@@ -1627,3 +1627,32 @@ def _whole(piece: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def test_generate_and_the_other_llama_cpp_accessors() -> None:
+    """llama_cpp.Llama.generate's arguments and tokens (greedy, with a repeat penalty: the same as
+    llama_cpp.Llama's own, the end-of-text token yielded as it yields it), set_seed fixing a sampled text,
+    n_embd and token_nl as llama_cpp.Llama's."""
+    import llama_cpp
+
+    ref = llama_cpp.Llama(str(TARGET), n_ctx=N_CTX, n_threads=THREADS, verbose=False)
+    with SpeculativeLlama(str(TARGET), str(drafter_gguf("f32")), n_ctx=N_CTX, n_threads=THREADS) as llm:
+        assert (llm.n_embd(), llm.token_nl()) == (ref.n_embd(), ref.token_nl())
+        for text, n in ((prompts()[0]["text"], 24), ('if __name__ == "__main__":\n    main()\n', 200)):
+            tokens = llm.tokenize(text.encode(), add_bos=False)
+            kw = {"temp": 0.0, "repeat_penalty": 1.1}
+            ours = list(itertools.islice(llm.generate(tokens, **kw), n))
+            theirs = list(itertools.islice(ref.generate(tokens, **kw), len(ours) + 1))
+            assert ours == theirs[: len(ours)]
+        assert ours[-1] == llm.token_eos() and len(ours) < 200  # the second text ends: its end token comes last
+
+        def sampled() -> list[int]:
+            return list(itertools.islice(llm.generate(tokens, temp=0.9, top_k=0, top_p=1.0, min_p=0.0), 24))
+
+        llm.set_seed(5)
+        first = sampled()
+        llm.set_seed(6)
+        other = sampled()
+        llm.set_seed(5)
+        assert sampled() == first != other
+    ref.close()

@@ -436,6 +436,9 @@ void register_speculator(py::module_ & m) {
                                    return d;
                                })
         .def_property_readonly("n_vocab", [](PySpeculator & p) { return live(p).target().n_vocab(); })
+        .def_property_readonly("n_embd", [](PySpeculator & p) { return live(p).target().n_embd(); })
+        .def_property_readonly("token_nl",
+                               [](PySpeculator & p) { return llama_vocab_nl(live(p).target().vocab()); })
         .def_property_readonly("draft_vocab_size",
                                [](PySpeculator & p) { return live(p).drafter().draft_vocab_size(); })
         .def_property_readonly("draft_hparams",

@@ -76,6 +76,58 @@ class GenerationMixin:
             stopping_criteria=stopping_criteria,
         )
 
+    def generate(
+        self,
+        tokens: Sequence[int],
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        typical_p: float = 1.0,
+        temp: float = 0.80,
+        repeat_penalty: float = 1.0,
+        reset: bool = True,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        tfs_z: float = 1.0,
+        mirostat_mode: int = 0,
+        mirostat_tau: float = 5.0,
+        mirostat_eta: float = 0.1,
+        penalize_nl: bool = True,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
+        stopping_criteria: StoppingCriteria | None = None,
+        grammar: Any = None,
+    ) -> Iterator[int]:
+        """llama_cpp.Llama.generate: the tokens sampled after `tokens`, up to and including an end-of-generation
+        token (which llama_cpp.Llama yields too), or to the context's end. `reset`, `tfs_z` and `penalize_nl`
+        are taken and ignored as llama_cpp.Llama 0.3.36 ignores the last two (the context's common prefix is
+        reused either way); the seed is set_seed's (random without one)."""
+        yield from self.generate_tokens(
+            tokens,
+            max_tokens=None,
+            temperature=temp,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            typical_p=typical_p,
+            repeat_penalty=repeat_penalty,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            mirostat_mode=mirostat_mode,
+            mirostat_tau=mirostat_tau,
+            mirostat_eta=mirostat_eta,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            grammar=grammar,
+            seed=self._seed,
+        )
+        if self._end_token is not None:
+            yield self._end_token
+
+    def set_seed(self, seed: int) -> None:
+        """llama_cpp.Llama.set_seed: generate()'s seed, and where a completion or chat names none, the start of
+        the chain their seeds are drawn from (each the next of a random.Random seeded with the last)."""
+        self._seed = None if seed < 0 or seed == 0xFFFFFFFF else seed  # llama.cpp's default seed: random
+
     def _sampling(
         self,
         max_tokens: int | None,
@@ -134,8 +186,9 @@ class GenerationMixin:
         room = self.n_ctx() - len(prompt)  # as llama_cpp.Llama: the completion fits the context with its prompt
         # below 0 no limit (the public calls turn llama_cpp.Llama's 0 into None); 0 scores the prompt alone
         limit = room if max_tokens is None or max_tokens < 0 else min(max_tokens, room)
-        if seed is None or seed < 0:
-            seed = random.getrandbits(63)
+        if seed is None or seed < 0:  # set_seed's chain, as llama_cpp.Llama's, else a random one
+            seed = random.getrandbits(63) if self._seed is None else random.Random(self._seed).randint(0, 2**32)
+            self._seed = None if self._seed is None else seed
         self.finish_reason = "length"
         self._end_token: int | None = None  # the end-of-generation token it ended at
         self._end_reasoning = False

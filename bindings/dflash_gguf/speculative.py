@@ -235,6 +235,7 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
         self._end_reasoning = False  # end_reasoning()'s request, read by the generation between steps
         self._reasoning_armed = False  # the generation under way has a reasoning budget end_reasoning() can use
         self.completion_id: str | None = None  # the id of the chat completion under way, or the last one
+        self._seed: int | None = None  # set_seed's
         self.stats = GenerationStats()
         # called with each generation's statistics as it ends, on the generating thread (a server's /metrics)
         self.on_generation: Callable[[GenerationStats], None] | None = None
@@ -405,6 +406,12 @@ class SpeculativeLlama(GenerationMixin, CompletionMixin, ChatMixin, StateMixin):
 
     def n_vocab(self) -> int:
         return self._spec.n_vocab
+
+    def n_embd(self) -> int:
+        return self._spec.n_embd
+
+    def token_nl(self) -> int:
+        return self._spec.token_nl
 
     def token_eos(self) -> int:
         return self._spec.token_eos
