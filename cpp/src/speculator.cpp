@@ -483,19 +483,23 @@ int32_t Speculator::forced_token() {
 }
 
 bool Speculator::ends_character(int32_t token) const {
-    std::string piece(64, '\0');
-    int32_t n = llama_token_to_piece(target_->vocab(), token, piece.data(), (int32_t)piece.size(), 0, false);
+    // called per thinking token: the piece goes to the stack (a longer one, rare, to the heap)
+    char buf[128];
+    std::string longer;
+    const char * piece = buf;
+    int32_t n = llama_token_to_piece(target_->vocab(), token, buf, (int32_t)sizeof buf, 0, false);
     if (n < 0) {
-        piece.resize((size_t)-n);
-        n = llama_token_to_piece(target_->vocab(), token, piece.data(), (int32_t)piece.size(), 0, false);
+        longer.resize((size_t)-n);
+        n = llama_token_to_piece(target_->vocab(), token, longer.data(), (int32_t)longer.size(), 0, false);
+        piece = longer.data();
     }
-    piece.resize((size_t)std::max(n, 0));
+    const size_t len = (size_t)std::max(n, 0);
     // whole where the last lead byte has all its continuation bytes after it
-    for (size_t i = 1; i <= std::min<size_t>(4, piece.size()); ++i) {
-        const unsigned char c = (unsigned char)piece[piece.size() - i];
+    for (size_t i = 1; i <= std::min<size_t>(4, len); ++i) {
+        const unsigned char c = (unsigned char)piece[len - i];
         if ((c & 0xC0) != 0x80) return i >= (c >= 0xF0 ? 4u : c >= 0xE0 ? 3u : c >= 0xC0 ? 2u : 1u);
     }
-    return piece.empty();
+    return len == 0;
 }
 
 void Speculator::describe(StepOutput & out, uint32_t first_row) {
@@ -593,8 +597,9 @@ StepOutput Speculator::step(uint32_t max_tokens) {
             }
         }
     }
-    // the rows the reasoning budget forces once the drafts before them are accepted: drafted as forced
-    if (budget_ && budget_->thinking()) {
+    // the rows the reasoning budget forces once the drafts before them are accepted: drafted as forced (the
+    // budget is copied and run over the drafts only where forcing may begin within them)
+    if (budget_ && budget_->may_force_within(m)) {
         ReasoningBudget ahead = *budget_;
         for (uint32_t t = 0; t < m; ++t) {
             if (const int32_t forced = ahead.forced_token(); forced >= 0) {

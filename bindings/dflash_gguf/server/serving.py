@@ -126,16 +126,37 @@ class DFlashServer(ThreadingHTTPServer):
         for one when every slot is busy: the one whose context holds the longest prefix of `prompt`
         (llama-server's choice by prompt similarity), so that conversations that take turns each come back to
         their own; among equals, the one freed last."""
+        held = llama_cpp.Llama.longest_token_prefix
+
+        def pick() -> SpeculativeLlama | None:
+            if not self._free:
+                return None
+            return max(reversed(self._free), key=lambda s: held(s._spec.cached_tokens, prompt) if prompt else 0)
+
+        with self._taken(pick) as (llm, release):
+            with self._freed:
+                self._task_of[id(llm)] = self._tasks
+                self._tasks += 1
+            yield llm, release
+
+    @contextlib.contextmanager
+    def slot_at(self, i: int) -> Iterator[SpeculativeLlama]:
+        """Slot `i`, once free (after the generation it may be running), for what is done to it by id."""
+        with self._taken(lambda: self.slots[i] if self.slots[i] in self._free else None) as (llm, _):
+            yield llm
+
+    @contextlib.contextmanager
+    def _taken(
+        self, pick: Callable[[], SpeculativeLlama | None]
+    ) -> Iterator[tuple[SpeculativeLlama, Callable[[], None]]]:
+        """The free slot `pick` chooses (waiting until it chooses one) and the call that frees it (at the
+        latest on leaving). Every waiter is woken by a freed slot: each wants its own kind of slot."""
         with self._freed:
             self._waiting += 1
-            while not self._free:
+            while (llm := pick()) is None:
                 self._freed.wait()
             self._waiting -= 1
-            held = llama_cpp.Llama.longest_token_prefix
-            llm = max(reversed(self._free), key=lambda s: held(s._spec.cached_tokens, prompt) if prompt else 0)
             self._free.remove(llm)
-            self._task_of[id(llm)] = self._tasks
-            self._tasks += 1
         freed = False
 
         def release() -> None:
@@ -144,29 +165,12 @@ class DFlashServer(ThreadingHTTPServer):
                 freed = True
                 with self._freed:
                     self._free.append(llm)
-                    self._freed.notify()
+                    self._freed.notify_all()
 
         try:
             yield llm, release
         finally:
             release()
-
-    @contextlib.contextmanager
-    def slot_at(self, i: int) -> Iterator[SpeculativeLlama]:
-        """Slot `i`, once free (after the generation it may be running), for what is done to it by id."""
-        llm = self.slots[i]
-        with self._freed:
-            self._waiting += 1
-            while llm not in self._free:
-                self._freed.wait()
-            self._waiting -= 1
-            self._free.remove(llm)
-        try:
-            yield llm
-        finally:
-            with self._freed:
-                self._free.append(llm)
-                self._freed.notify_all()
 
     def server_close(self) -> None:
         super().server_close()

@@ -47,6 +47,11 @@ public:
     bool end_now();
     int32_t forced_token() const;  // the token that must come next, or -1
     bool thinking() const { return state_ != State::Idle && state_ != State::Done; }
+    // forcing is under way, or may begin within the next n tokens of this thinking
+    bool may_force_within(uint32_t n) const {
+        return state_ == State::Forcing || state_ == State::WaitingUtf8 ||
+               (state_ == State::Counting && remaining_ <= (int64_t)n);
+    }
     State state() const { return state_; }
     // the closing tag that ended the thinking, while Done (nullptr: none, or not Done)
     const TokenSeq * closed_by() const {
