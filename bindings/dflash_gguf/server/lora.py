@@ -9,6 +9,8 @@ from typing import Any
 from ..speculative import SpeculativeLlama
 from .requests import BadRequest
 
+NAMES = ("task_name", "prompt_prefix")  # the adapter file's adapter.lora.* texts GET /lora-adapters lists
+
 
 def adapter_list(llm: SpeculativeLlama) -> list[dict[str, Any]]:
     """GET /lora-adapters' entries: id, path, scale, and the task name and prompt prefix the adapter's file
@@ -21,9 +23,6 @@ def adapter_list(llm: SpeculativeLlama) -> list[dict[str, Any]]:
         meta = {k: fields[f"adapter.lora.{k}"].contents() if f"adapter.lora.{k}" in fields else "" for k in NAMES}
         out.append({**adapter, **meta})
     return out
-
-
-NAMES = ("task_name", "prompt_prefix")
 
 
 def listed_scales(entries: Any, n_adapters: int) -> list[float]:
